@@ -1,0 +1,205 @@
+"""``ttsq``: submit speech jobs, look them up, run a worker.
+
+Thin by design: parse flags, build ``Settings``, call ``ttsq``. Errors are one line on stderr and a
+non-zero exit (2 for bad input or settings, 1 for everything else), never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from ttsq import __version__
+from ttsq.config import Settings
+from ttsq.errors import ConfigError, InvalidRequest, TTSQError
+from ttsq.request import FORMATS, LANGUAGES, JobResult
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _one_line_errors(command: F) -> F:
+    """Turn ttsq's errors into ``ttsq: error: ...`` and an exit code."""
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except (InvalidRequest, ConfigError) as exc:
+            _fail(str(exc), 2)
+        except TTSQError as exc:
+            _fail(str(exc), 1)
+        except OSError as exc:
+            _fail(f"{type(exc).__name__}: {exc}", 1)
+    return wrapper  # type: ignore[return-value]
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"ttsq: error: {message.splitlines()[0] if message else 'failed'}", err=True)
+    sys.exit(code)
+
+
+def _settings(ctx: click.Context, **overrides: Any) -> Settings:
+    return Settings.from_env(**ctx.obj, **overrides)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ttsq")
+@click.option("--broker-url", envvar="TTSQ_BROKER_URL", help="Celery broker (redis://...). [TTSQ_BROKER_URL]")
+@click.option("--result-backend", envvar="TTSQ_RESULT_BACKEND",
+              help="Celery result backend (redis://...). [TTSQ_RESULT_BACKEND]")
+@click.option("--cache-url", envvar="TTSQ_CACHE_URL", help="Redis for the cache index. [TTSQ_CACHE_URL]")
+@click.option("--storage-url", envvar="TTSQ_STORAGE_URL",
+              help="s3://bucket/prefix or a local folder. [TTSQ_STORAGE_URL]")
+@click.pass_context
+def cli(ctx: click.Context, broker_url: str | None, result_backend: str | None, cache_url: str | None,
+        storage_url: str | None) -> None:
+    """ttsq: distributed text-to-speech on Celery and Redis."""
+    ctx.obj = {"broker_url": broker_url, "result_backend": result_backend, "cache_url": cache_url,
+               "storage_url": storage_url}
+
+
+@cli.command()
+@click.argument("text")
+@click.option("--instruct", default="", help="Voice description, in words (VoiceDesign).")
+@click.option("--language", default="auto", show_default=True,
+              help=f"One of {', '.join(LANGUAGES)}, or a code like ko, en, ja.")
+@click.option("--format", "audio_format", type=click.Choice(FORMATS), default=None,
+              help="Output format. Default: from the -o extension, else wav.")
+@click.option("--seed", type=int, default=None, help="Sampling seed (part of the cache key).")
+@click.option("--wait/--no-wait", default=True, show_default=True, help="Wait for the result.")
+@click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds to wait.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the audio to this file (implies --wait).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--embedded", is_flag=True,
+              help="Start a private Redis and an in-process espeak worker for this one job.")
+@click.pass_context
+@_one_line_errors
+def submit(ctx: click.Context, text: str, instruct: str, language: str, audio_format: str | None,
+           seed: int | None, wait: bool, timeout: float, output: Path | None, as_json: bool,
+           embedded: bool) -> None:
+    """Synthesize TEXT (or '-' to read it from stdin)."""
+    from ttsq.client import Client
+
+    if text == "-":
+        try:
+            text = sys.stdin.buffer.read().decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidRequest("text", "is not valid UTF-8") from None
+    if audio_format is None:
+        suffix = output.suffix.lower().lstrip(".") if output else ""
+        audio_format = suffix if suffix in FORMATS else "wav"
+    fields: dict[str, Any] = {"instruct": instruct, "language": language, "format": audio_format}
+    if seed is not None:
+        fields["seed"] = seed
+    settings = _settings(ctx)
+
+    if embedded:
+        from ttsq.embedded import Embedded
+
+        # Validate before starting anything: bad input costs no Redis and no engine load.
+        from ttsq.request import Limits, SynthesisRequest
+
+        SynthesisRequest.from_dict({"text": text, **fields}, Limits(
+            max_text_chars=settings.max_text_chars, max_instruct_chars=settings.max_instruct_chars))
+        with Embedded(settings.replace(engine="espeak")) as stack:
+            client = Client(stack.settings, app=stack.app)
+            job = client.submit(text, **fields)
+            _report(job.wait(timeout), output=output, as_json=as_json, client=client)
+        return
+
+    client = Client(settings)
+    job = client.submit(text, **fields)
+    if job.result is None and not wait and output is None:
+        click.echo(json.dumps({"id": job.id, "key": job.key, "state": "PENDING"}) if as_json
+                   else f"queued {job.id}")
+        return
+    _report(job.wait(timeout), output=output, as_json=as_json, client=client)
+
+
+@cli.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@click.pass_context
+@_one_line_errors
+def status(ctx: click.Context, job_id: str, as_json: bool) -> None:
+    """Show the state of job JOB_ID."""
+    from ttsq.client import Client
+
+    info = Client(_settings(ctx)).status(job_id)
+    if as_json:
+        click.echo(json.dumps(info))
+    elif "error" in info:
+        click.echo(f"{info['state']} {info['error']}")
+    elif "result" in info:
+        click.echo(f"{info['state']} {_summary(info['result'])}")
+    else:
+        click.echo(info["state"])
+
+
+@cli.command()
+@click.argument("job_id")
+@click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds to wait.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the audio to this file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_context
+@_one_line_errors
+def result(ctx: click.Context, job_id: str, timeout: float, output: Path | None, as_json: bool) -> None:
+    """Wait for job JOB_ID and print its result with a freshly signed URL."""
+    from ttsq.client import Client
+
+    client = Client(_settings(ctx))
+    _report(client.wait(job_id, timeout=timeout), output=output, as_json=as_json, client=client)
+
+
+@cli.command()
+@click.option("--engine", default=None, help="Engine name (espeak, qwen). [TTSQ_ENGINE]")
+@click.option("--max-batch", type=int, default=None, help="Largest batch. [TTSQ_MAX_BATCH]")
+@click.option("--max-wait-ms", type=int, default=None,
+              help="Longest wait for a batch to fill after its first job. [TTSQ_MAX_WAIT_MS]")
+@click.option("-n", "--hostname", default=None, help="Celery node name (default ENGINE@host).")
+@click.pass_context
+@_one_line_errors
+def worker(ctx: click.Context, engine: str | None, max_batch: int | None, max_wait_ms: int | None,
+           hostname: str | None) -> None:
+    """Run a worker: load the engine, then consume jobs until SIGTERM."""
+    from ttsq.workers.celery_worker import run_worker
+
+    settings = _settings(ctx, engine=engine, max_batch=max_batch, max_wait_ms=max_wait_ms)
+    sys.exit(run_worker(settings, hostname=hostname))
+
+
+def _report(result: JobResult, *, output: Path | None, as_json: bool, client: Any) -> None:
+    if output is not None:
+        output.write_bytes(_fetch(result["url"]))
+    if as_json:
+        click.echo(json.dumps(result, ensure_ascii=False))
+    elif output is not None:
+        click.echo(f"wrote {output}: {_summary(result)}")
+    else:
+        click.echo(f"{_summary(result)} {result['url']}")
+
+
+def _summary(result: JobResult) -> str:
+    source = "cached" if result["cached"] else "synthesized"
+    return (f"{result['duration_s']:.2f}s {result['format']} {result['sample_rate']} Hz, {source} "
+            f"by {result['engine']}, key {result['key'][:12]}")
+
+
+def _fetch(url: str) -> bytes:
+    if not url.startswith(("http://", "https://", "file://")):
+        raise TTSQError(f"cannot download from a {url.split(':', 1)[0]} URL")
+    with urllib.request.urlopen(url, timeout=60) as response:  # noqa: S310 - scheme checked above
+        data: bytes = response.read()
+        return data
+
+
+def main() -> None:
+    cli(prog_name="ttsq")

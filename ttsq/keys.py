@@ -1,0 +1,48 @@
+"""The content key: one SHA-256 over everything that shapes the audio.
+
+Two requests with the same key must be allowed to share one stored file, so the key covers the
+engine and the exact model revision as well as every request field that changes the sound, and
+nothing else (no request id, no time). The recipe is canonical JSON: sorted keys, no whitespace,
+UTF-8, with text already NFC-normalized by ``SynthesisRequest``. Python's float repr is the shortest
+round-trip form, so the bytes are the same on every Python 3 version and every machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import TYPE_CHECKING, Any
+
+from ttsq.constants import KEY_SCHEMA_VERSION, POSTPROCESS_VERSION
+
+if TYPE_CHECKING:
+    from ttsq.engines.base import EngineIdentity
+    from ttsq.request import SynthesisRequest
+
+#: File extension per output format.
+EXTENSIONS = {"wav": "wav", "flac": "flac", "ogg": "ogg", "mp3": "mp3"}
+
+
+def canonical_json(value: Any) -> bytes:
+    """The one serialization that keys are computed over."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")
+
+
+def content_key(request: SynthesisRequest, identity: EngineIdentity) -> str:
+    """Hex SHA-256 of the request as the given engine would render it."""
+    material = {
+        "schema": KEY_SCHEMA_VERSION,
+        "postprocess": POSTPROCESS_VERSION,
+        "engine": identity.engine,
+        "model": identity.model,
+        "revision": identity.revision,
+        "sample_rate": identity.sample_rate,
+        **request.to_dict(),
+    }
+    return hashlib.sha256(canonical_json(material)).hexdigest()
+
+
+def object_key(key: str, audio_format: str) -> str:
+    """Where the audio for a content key lives in storage (fanned out by the first two hex digits)."""
+    return f"audio/{key[:2]}/{key}.{EXTENSIONS[audio_format]}"

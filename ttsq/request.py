@@ -1,0 +1,221 @@
+"""What a job is: the request a producer sends and the result a worker returns.
+
+Both are plain JSON on the wire (the kwargs and the return value of the ``ttsq.synthesize`` task), so a
+web backend can build them without importing ttsq. ``SynthesisRequest.from_dict`` is the one place
+where input is validated; producers call it before anything is queued and workers call it again on
+every message, because a raw ``send_task`` bypasses the producer.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, TypedDict, get_args
+
+from ttsq.errors import InvalidRequest
+
+Mode = Literal["voice_design", "custom_voice", "voice_clone"]
+AudioFormat = Literal["wav", "flac", "ogg", "mp3"]
+
+MODES: tuple[str, ...] = get_args(Mode)
+FORMATS: tuple[str, ...] = get_args(AudioFormat)
+
+#: The ten languages Qwen3-TTS speaks, by the lowercase English name qwen-tts uses, plus "auto".
+LANGUAGES: tuple[str, ...] = (
+    "auto", "chinese", "english", "japanese", "korean", "german",
+    "french", "russian", "portuguese", "spanish", "italian",
+)
+_LANGUAGE_ALIASES: dict[str, str] = {
+    "zh": "chinese", "zh-cn": "chinese", "cmn": "chinese", "mandarin": "chinese", "中文": "chinese",
+    "en": "english", "eng": "english",
+    "ja": "japanese", "jp": "japanese", "日本語": "japanese",
+    "ko": "korean", "kor": "korean", "한국어": "korean",
+    "de": "german", "fr": "french", "ru": "russian", "pt": "portuguese",
+    "es": "spanish", "it": "italian",
+}
+
+# Sampling ranges: wide enough for every sane use, narrow enough that a typo is caught at the edge.
+_FLOAT_RANGES: dict[str, tuple[float, float]] = {
+    "temperature": (0.01, 2.0),
+    "top_p": (0.01, 1.0),
+    "repetition_penalty": (0.5, 2.0),
+}
+_INT_RANGES: dict[str, tuple[int, int]] = {
+    "top_k": (1, 1000),
+    "max_new_tokens": (1, 8192),  # codec frames; 8192 frames at 12.5 Hz is about 11 minutes
+    "seed": (0, 2**32 - 1),
+}
+# Bidi embeddings, overrides and isolates: they make text render differently from what is spoken.
+_BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+_WHITESPACE = re.compile(r"\s+")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """Input limits, taken from settings at the edge."""
+
+    max_text_chars: int = 5000
+    max_instruct_chars: int = 1000
+
+
+@dataclass(frozen=True, kw_only=True)
+class SynthesisRequest:
+    """One synthesis job, validated and normalized. Build it with ``from_dict``."""
+
+    text: str
+    mode: Mode = "voice_design"
+    language: str = "auto"
+    instruct: str = ""
+    speaker: str = ""
+    #: Object key of a reference recording in ttsq's storage (voice_clone only).
+    reference: str = ""
+    format: AudioFormat = "wav"
+    seed: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    repetition_penalty: float | None = None
+    #: Frame cap; None lets the engine derive it from the text length.
+    max_new_tokens: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], limits: Limits | None = None) -> SynthesisRequest:
+        """Validate untrusted input (task kwargs, parsed JSON, flags); raise ``InvalidRequest``."""
+        limits = limits or Limits()
+        if not isinstance(data, Mapping):
+            raise InvalidRequest("request", f"expected a JSON object, got {type(data).__name__}")
+        known = set(cls.__dataclass_fields__)
+        for name in data:
+            if name not in known:
+                raise InvalidRequest(str(name)[:40], f"unknown field; expected one of {sorted(known)}")
+        if "text" not in data:
+            raise InvalidRequest("text", "is required")
+
+        text = _clean_text("text", data["text"], limits.max_text_chars, required=True)
+        instruct = _clean_text("instruct", data.get("instruct", ""), limits.max_instruct_chars)
+        mode = _choice("mode", data.get("mode", "voice_design"), MODES)
+        fmt = _choice("format", data.get("format", "wav"), FORMATS)
+        language = _language(data.get("language", "auto"))
+        speaker = _clean_text("speaker", data.get("speaker", ""), 64)
+        reference = _clean_text("reference", data.get("reference", ""), 1024)
+
+        if mode == "custom_voice" and not speaker:
+            raise InvalidRequest("speaker", "is required for mode custom_voice")
+        if mode != "custom_voice" and speaker:
+            raise InvalidRequest("speaker", f"is only used by mode custom_voice, not {mode}")
+        if mode == "voice_clone" and not reference:
+            raise InvalidRequest("reference", "is required for mode voice_clone")
+        if mode != "voice_clone" and reference:
+            raise InvalidRequest("reference", f"is only used by mode voice_clone, not {mode}")
+
+        numbers: dict[str, Any] = {}
+        for name, (low, high) in _FLOAT_RANGES.items():
+            numbers[name] = _number(name, data.get(name), float, low, high)
+        for name, (ilow, ihigh) in _INT_RANGES.items():
+            numbers[name] = _number(name, data.get(name), int, ilow, ihigh)
+
+        return cls(text=text, mode=mode, language=language, instruct=instruct, speaker=speaker,  # type: ignore[arg-type]
+                   reference=reference, format=fmt, **numbers)  # type: ignore[arg-type]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The task kwargs: plain JSON, accepted back by ``from_dict``."""
+        return asdict(self)
+
+    def group(self) -> tuple[Any, ...]:
+        """Requests with equal groups can share one forward pass."""
+        # The seed is part of the group: a seed is set once per forward pass, not per row.
+        return (self.mode, self.language, self.seed, self.temperature, self.top_p,
+                self.top_k, self.repetition_penalty, self.max_new_tokens)
+
+    def describe(self) -> str:
+        """A log-safe summary: never the text itself."""
+        return f"mode={self.mode} language={self.language} chars={len(self.text)} format={self.format}"
+
+
+class Timings(TypedDict):
+    """Seconds spent in each stage of one job."""
+
+    queue_wait_s: float
+    synthesis_s: float
+    encode_s: float
+    upload_s: float
+
+
+class JobResult(TypedDict):
+    """The return value of ``ttsq.synthesize``: plain JSON, no audio and no input text."""
+
+    key: str
+    url: str
+    url_expires_s: int
+    object_key: str
+    format: str
+    content_type: str
+    sample_rate: int
+    duration_s: float
+    bytes: int
+    cached: bool
+    engine: str
+    model: str
+    model_revision: str
+    batch_size: int
+    #: Request fields the engine could not honour (for example an instruct for espeak).
+    ignored: list[str]
+    timings: Timings
+
+
+def _clean_text(name: str, value: Any, max_chars: int, *, required: bool = False) -> str:
+    if not isinstance(value, str):
+        raise InvalidRequest(name, f"expected a string, got {type(value).__name__}")
+    for ch in value:
+        category = unicodedata.category(ch)
+        if category == "Cs":
+            raise InvalidRequest(name, "is not valid UTF-8")
+        if category == "Cc" and ch not in "\t\n\r":
+            raise InvalidRequest(name, f"contains control character U+{ord(ch):04X}")
+        if ch in _BIDI_CONTROLS:
+            raise InvalidRequest(name, f"contains bidirectional control character U+{ord(ch):04X}")
+    text = _WHITESPACE.sub(" ", unicodedata.normalize("NFC", value)).strip()
+    if required and not text:
+        raise InvalidRequest(name, "is empty")
+    if len(text) > max_chars:
+        raise InvalidRequest(name, f"is {len(text)} characters; the limit is {max_chars}")
+    return text
+
+
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if not isinstance(value, str):
+        raise InvalidRequest(name, f"expected a string, got {type(value).__name__}")
+    if value.lower() not in allowed:
+        raise InvalidRequest(name, f"unknown value {value[:40]!r}; expected one of {', '.join(allowed)}")
+    return value.lower()
+
+
+def _language(value: Any) -> str:
+    if not isinstance(value, str):
+        raise InvalidRequest("language", f"expected a string, got {type(value).__name__}")
+    lowered = value.strip().lower()
+    language = _LANGUAGE_ALIASES.get(lowered, lowered)
+    if language not in LANGUAGES:
+        raise InvalidRequest("language",
+                             f"unknown language {value[:40]!r}; expected one of {', '.join(LANGUAGES)}")
+    return language
+
+
+def _number(name: str, value: Any, kind: type, low: float, high: float) -> Any:
+    if value is None:
+        return None
+    # bool is an int in Python; "temperature": true is a typo, not 1.0.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidRequest(name, f"expected a number, got {type(value).__name__}")
+    if kind is int and isinstance(value, float):
+        if not value.is_integer():
+            raise InvalidRequest(name, f"expected an integer, got {value}")
+        value = int(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidRequest(name, "must be a finite number")
+    if not low <= value <= high:
+        raise InvalidRequest(name, f"{value} is out of range [{low}, {high}]")
+    return kind(value)

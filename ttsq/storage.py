@@ -1,0 +1,158 @@
+"""Where audio lives: S3-compatible object storage, or a local folder.
+
+Both implementations keep one promise: ``put`` is idempotent, because a key always names the same
+audio (it is a content hash). A redelivered job therefore rewrites nothing, and an object is either
+absent or whole: S3 PUT is atomic per object and the local store writes to a temporary file and
+renames it into place.
+
+URLs are made when asked for (presigned with an expiry), never stored, so a stale URL can always be
+refreshed from the key.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import urlparse
+
+from ttsq.errors import StorageError
+
+if TYPE_CHECKING:
+    from ttsq.config import Settings
+
+logger = logging.getLogger(__name__)
+
+
+class Storage(Protocol):
+    """An object store addressed by keys like ``audio/ab/ab12....wav``."""
+
+    def put(self, key: str, data: bytes, content_type: str) -> bool:
+        """Store ``data`` under ``key`` unless it is already there; return True if written."""
+        ...
+
+    def exists(self, key: str) -> bool:
+        """Whether an object is stored under ``key``."""
+        ...
+
+    def get(self, key: str) -> bytes:
+        """The stored bytes; ``StorageError`` if absent."""
+        ...
+
+    def url(self, key: str, expires_s: int) -> str:
+        """A URL a client can fetch the object from for at least ``expires_s`` seconds."""
+        ...
+
+
+class LocalStorage:
+    """A folder on this machine; URLs are ``file://`` URLs. For one machine and the embedded mode."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).expanduser().resolve()
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / key).resolve()
+        # Keys come from content hashes, but a store must not write outside its root whatever it is given.
+        if not path.is_relative_to(self.root) or path == self.root:
+            raise StorageError(f"object key escapes the storage folder: {key!r}")
+        return path
+
+    def put(self, key: str, data: bytes, content_type: str) -> bool:
+        path = self._path(key)
+        if path.exists():
+            return False
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".partial-")
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise StorageError(f"cannot write {key} under {self.root}: {exc.strerror}") from exc
+        return True
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except OSError as exc:
+            raise StorageError(f"cannot read {key} under {self.root}: {exc.strerror}") from exc
+
+    def url(self, key: str, expires_s: int) -> str:
+        return self._path(key).as_uri()
+
+
+class S3Storage:
+    """S3, MinIO, R2 or any S3-compatible store, through boto3."""
+
+    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str = "", region: str = "") -> None:
+        import boto3
+        from botocore.config import Config
+
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        config = Config(
+            signature_version="s3v4",
+            # Path-style addressing is what MinIO and most S3-compatible servers expect.
+            s3={"addressing_style": "path" if endpoint_url else "auto"},
+            retries={"mode": "standard", "max_attempts": 5},
+            connect_timeout=5,
+            read_timeout=30,
+        )
+        # Credentials come from boto3's chain (environment, shared config, instance role), never
+        # from ttsq settings, task arguments or results.
+        self._client: Any = boto3.client("s3", endpoint_url=endpoint_url or None,
+                                         region_name=region or None, config=config)
+
+    def put(self, key: str, data: bytes, content_type: str) -> bool:
+        if self.exists(key):
+            return False
+        self._call("put_object", Key=self.prefix + key, Body=data, ContentType=content_type)
+        return True
+
+    def exists(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self._client.head_object(Bucket=self.bucket, Key=self.prefix + key)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise StorageError(f"s3 head_object {key}: {exc}") from exc
+        except Exception as exc:
+            raise StorageError(f"s3 head_object {key}: {exc}") from exc
+        return True
+
+    def get(self, key: str) -> bytes:
+        response = self._call("get_object", Key=self.prefix + key)
+        body: bytes = response["Body"].read()
+        return body
+
+    def url(self, key: str, expires_s: int) -> str:
+        url: str = self._client.generate_presigned_url(
+            "get_object", Params={"Bucket": self.bucket, "Key": self.prefix + key}, ExpiresIn=expires_s)
+        return url
+
+    def _call(self, method: str, **params: Any) -> Any:
+        try:
+            return getattr(self._client, method)(Bucket=self.bucket, **params)
+        except Exception as exc:  # botocore raises many unrelated types for one outage
+            raise StorageError(f"s3 {method} {params.get('Key', '')}: {exc}") from exc
+
+
+def open_storage(settings: Settings) -> Storage:
+    """The store named by ``TTSQ_STORAGE_URL``."""
+    url = settings.storage_url
+    if url.startswith("s3://"):
+        parsed = urlparse(url)
+        return S3Storage(parsed.netloc, parsed.path, endpoint_url=settings.s3_endpoint_url,
+                         region=settings.s3_region)
+    if url.startswith("file://"):
+        return LocalStorage(urlparse(url).path)
+    if "://" in url:
+        raise StorageError(f"unsupported storage URL scheme in {url!r}; use s3://bucket/prefix or a folder")
+    return LocalStorage(url)

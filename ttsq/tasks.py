@@ -1,0 +1,121 @@
+"""The Celery app and the public ``ttsq.synthesize`` task.
+
+One explicit app per settings object (no ``shared_task``, no ``current_app``). The task is thin: it
+hands its JSON kwargs to the worker runtime, which a ``worker_init`` handler builds (engine loaded and
+warmed) before the worker consumes its first message. Producers build the same app to send.
+
+Contract for web backends that do not import ttsq::
+
+    celery.send_task("ttsq.synthesize", kwargs={"text": "...", "language": "korean"}, queue="ttsq")
+
+returns a ``JobResult`` dict (see ``ttsq.request``) or fails with ``InvalidRequest`` / ``EngineError``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from celery import Celery, signals
+
+from ttsq.constants import TASK_NAME
+from ttsq.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from ttsq.config import Settings
+    from ttsq.request import JobResult
+    from ttsq.worker import WorkerRuntime
+
+logger = logging.getLogger(__name__)
+
+#: Message header with the producer's wall-clock send time, for the queue-wait figure.
+SENT_AT_HEADER = "ttsq_sent_at"
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """Every Celery setting ttsq depends on, in one place."""
+    visibility = settings.visibility_timeout_s
+    return {
+        "broker_url": settings.broker_url,
+        "result_backend": settings.result_backend,
+        # JSON only: a pickled message would be code execution for anyone who can write to Redis.
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "event_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        # At-least-once: ack after the job is stored, so a worker that dies loses nothing.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        # Flower sees every job: sent, received, started, succeeded/failed.
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "task_track_started": True,
+        "result_expires": settings.result_ttl_s,
+        "result_extended": False,  # extended results would copy the kwargs (the input text) into Redis
+        # Redis redelivers unacked messages after the visibility timeout; set it everywhere Celery
+        # reads it, and sweep for abandoned messages every second instead of every ~100 s.
+        "broker_transport_options": {
+            "visibility_timeout": visibility,
+            "unacked_restore_interval": 1,
+            "unacked_restore_throttle": 1,
+            "socket_timeout": 30,
+            "socket_connect_timeout": 5,
+            "health_check_interval": 30,
+        },
+        "result_backend_transport_options": {"visibility_timeout": visibility},
+        "visibility_timeout": visibility,
+        "redis_socket_connect_timeout": 5,
+        "broker_connection_retry_on_startup": True,
+        "task_default_queue": settings.queue,
+        "task_routes": {TASK_NAME: {"queue": settings.queue}},
+        "worker_hijack_root_logger": False,
+    }
+
+
+def make_app(settings: Settings) -> Celery:
+    """The Celery app for these settings, with ``ttsq.synthesize`` registered."""
+    app = Celery("ttsq", set_as_current=False)
+    app.conf.update(celery_config(settings))
+    holder: dict[str, WorkerRuntime] = {}
+
+    @app.task(name=TASK_NAME, bind=True, acks_late=True)
+    def synthesize(self: Any, *args: Any, **kwargs: Any) -> JobResult:
+        if args:
+            raise InvalidRequest("args", "ttsq.synthesize takes keyword arguments only (kwargs=...)")
+        runtime = holder.get("runtime")
+        if runtime is None:  # only a worker started without our worker_init handler gets here
+            raise RuntimeError("ttsq worker runtime is not initialised")
+        sent_at = self.request.get(SENT_AT_HEADER)
+        queue_wait = max(0.0, time.time() - float(sent_at)) if isinstance(sent_at, (int, float)) else None
+        return runtime.run(kwargs, task_id=self.request.id, queue_wait_s=queue_wait)
+
+    def on_worker_init(sender: Any = None, **_: Any) -> None:
+        # Celery signals are process-wide; only the worker of this app builds this app's runtime.
+        if getattr(sender, "app", None) is not app or "runtime" in holder:
+            return
+        logging.getLogger("celery.app.trace").addFilter(_redact_return_value)
+        from ttsq.worker import WorkerRuntime
+
+        runtime = WorkerRuntime(settings)
+        runtime.start()  # load and warm the engine before the consumer connects
+        holder["runtime"] = runtime
+
+    def on_worker_shutdown(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is app and "runtime" in holder:
+            holder.pop("runtime").close()
+
+    signals.worker_init.connect(on_worker_init, weak=False)
+    signals.worker_shutdown.connect(on_worker_shutdown, weak=False)
+    return app
+
+
+
+def _redact_return_value(record: logging.LogRecord) -> bool:
+    """Celery's task log lines carry the kwargs (input text) and the return value (a presigned URL)."""
+    if isinstance(record.args, dict):
+        redacted = {"return_value": "<ttsq result>", "args": "<redacted>", "kwargs": "<redacted>"}
+        record.args = {name: redacted.get(name, value) for name, value in record.args.items()}
+    return True

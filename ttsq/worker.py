@@ -1,0 +1,126 @@
+"""What a worker does with one job: re-check, batch, encode, store, index.
+
+``WorkerRuntime`` lives once per worker process. Task threads call ``run``; the batcher thread is the
+only one that touches the engine. The order of the stages is the delivery guarantee:
+
+1. validate the kwargs again (a raw ``send_task`` never met the producer's checks);
+2. re-check the cache: the message may be a redelivery of a job that already finished;
+3. synthesize in a batch;
+4. encode and ``put`` the object (idempotent: same key, same audio);
+5. write the index entry last, so the index never points at a missing object;
+6. release the single-flight claim and return; Celery acks after the return.
+
+A worker killed anywhere in 3-6 has its message redelivered, and the rerun is harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import TYPE_CHECKING, Any
+
+from ttsq.audio import CONTENT_TYPES, encode
+from ttsq.batching import Batcher
+from ttsq.cache import CacheIndex, IndexEntry, result_from_entry
+from ttsq.engines import create_engine
+from ttsq.errors import JobTimeout
+from ttsq.keys import content_key, object_key
+from ttsq.request import JobResult, Limits, SynthesisRequest, Timings
+from ttsq.storage import open_storage
+
+if TYPE_CHECKING:
+    from ttsq.config import Settings
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerRuntime:
+    """Engine, batcher, storage and cache index of one worker process."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.limits = Limits(max_text_chars=settings.max_text_chars,
+                             max_instruct_chars=settings.max_instruct_chars)
+        self.engine = create_engine(settings)
+        self.storage = open_storage(settings)
+        self.cache = CacheIndex(settings.cache_url, ttl_s=settings.cache_ttl_s)
+        self.batcher: Batcher | None = None
+
+    def start(self) -> None:
+        """Load and warm the engine, start the batcher, announce the model to producers."""
+        started = time.perf_counter()
+        self.engine.load()
+        self.engine.warmup()
+        self.batcher = Batcher(self.engine, max_batch=self.settings.max_batch,
+                               max_wait_s=self.settings.max_wait_ms / 1000)
+        self.cache.publish_identity(self.settings.engine, self.engine.identity.to_dict())
+        logger.info("engine %s ready in %.2fs (model %s, revision %s, max_batch %d)",
+                    self.settings.engine, time.perf_counter() - started, self.engine.identity.model,
+                    self.engine.identity.revision, self.settings.max_batch)
+
+    def close(self) -> None:
+        if self.batcher is not None:
+            self.batcher.stop()
+        self.engine.close()
+        self.cache.close()
+
+    def run(self, kwargs: dict[str, Any], *, task_id: str, queue_wait_s: float | None) -> JobResult:
+        """Run one job to a stored, indexed result."""
+        request = SynthesisRequest.from_dict(kwargs, self.limits)
+        identity = self.engine.identity
+        key = content_key(request, identity)
+        try:
+            entry = self.cache.get(key)
+            if entry is not None:
+                self.cache.count("cache_hits_worker")
+                logger.info("job %s: cache hit %s", task_id, key[:12])
+                return self.result(key, entry, cached=True, batch_size=0, ignored=[],
+                                   timings=Timings(queue_wait_s=queue_wait_s or 0.0, synthesis_s=0.0,
+                                                   encode_s=0.0, upload_s=0.0))
+            return self._synthesize(request, key, task_id=task_id, queue_wait_s=queue_wait_s)
+        finally:
+            # Success or failure, this job no longer produces the key: let the next submit try.
+            self.cache.release(key, task_id)
+
+    def _synthesize(self, request: SynthesisRequest, key: str, *, task_id: str,
+                    queue_wait_s: float | None) -> JobResult:
+        assert self.batcher is not None, "WorkerRuntime.start() was not called"
+        future = self.batcher.submit(request)
+        try:
+            item = future.result(timeout=self.settings.job_timeout_s)
+        except FutureTimeout:
+            future.cancel()
+            raise JobTimeout(f"no batch finished this job within {self.settings.job_timeout_s}s") from None
+
+        started = time.perf_counter()
+        audio = encode(item.output.samples, item.output.sample_rate, request.format)
+        encoded = time.perf_counter()
+        target = object_key(key, request.format)
+        written = self.storage.put(target, audio.data, audio.content_type)
+        uploaded = time.perf_counter()
+
+        identity = self.engine.identity
+        entry = IndexEntry(object_key=target, format=request.format,
+                           content_type=CONTENT_TYPES[request.format], sample_rate=audio.sample_rate,
+                           duration_s=audio.duration_s, bytes=len(audio.data), engine=identity.engine,
+                           model=identity.model, model_revision=identity.revision)
+        self.cache.put(key, entry)
+        self.cache.count("items_synthesized")
+        if written:
+            self.cache.count("objects_written")
+        logger.info("job %s: synthesized %s in batch %d of %d (%.2fs audio)", task_id, key[:12],
+                    item.batch_id, item.batch_size, audio.duration_s)
+        return self.result(key, entry, cached=False, batch_size=item.batch_size,
+                           ignored=list(item.output.ignored),
+                           timings=Timings(queue_wait_s=round(queue_wait_s or 0.0, 4),
+                                           synthesis_s=round(item.synthesis_s, 4),
+                                           encode_s=round(encoded - started, 4),
+                                           upload_s=round(uploaded - encoded, 4)))
+
+    def result(self, key: str, entry: IndexEntry, *, cached: bool, batch_size: int, ignored: list[str],
+               timings: Timings) -> JobResult:
+        return result_from_entry(key, entry, url=self.storage.url(entry["object_key"], self.settings.url_expiry_s),
+                                 url_expires_s=self.settings.url_expiry_s, cached=cached,
+                                 batch_size=batch_size, ignored=ignored, timings=timings)
+

@@ -1,0 +1,1 @@
+"""Worker entrypoints, installed as ``ttsq.workers`` (see the README's layout section)."""

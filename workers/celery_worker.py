@@ -1,0 +1,36 @@
+"""Start one Celery worker process for ttsq: threads pool, engine loaded before consuming.
+
+The threads pool is deliberate: CUDA does not survive ``fork``, so a GPU worker is one process whose
+task threads hand requests to the batcher thread that owns the device.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import TYPE_CHECKING
+
+from ttsq.tasks import make_app
+
+if TYPE_CHECKING:
+    from ttsq.config import Settings
+
+
+def run_worker(settings: Settings, *, hostname: str | None = None) -> int:
+    """Run a worker in this process until it is told to stop; return its exit code."""
+    logging.basicConfig(level=settings.log_level,
+                        format="%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s")
+    app = make_app(settings)
+    app.set_default()  # pool threads resolve the app through Celery's process default
+    worker = app.Worker(
+        hostname=hostname or f"{settings.engine}@{socket.gethostname()}",
+        pool_cls="threads",
+        # Twice the batch: while one batch runs, the next one is already waiting in the batcher.
+        concurrency=settings.concurrency,
+        queues=[settings.queue],
+        loglevel=settings.log_level,
+        without_mingle=True,
+        without_gossip=True,
+    )
+    worker.start()
+    return int(worker.exitcode or 0)
