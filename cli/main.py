@@ -31,11 +31,14 @@ def _one_line_errors(command: F) -> F:
         try:
             return command(*args, **kwargs)
         except (InvalidRequest, ConfigError) as exc:
-            _fail(str(exc), 2)
+            message, code = str(exc), 2
         except TTSQError as exc:
-            _fail(str(exc), 1)
+            message, code = str(exc), 1
         except OSError as exc:
-            _fail(f"{type(exc).__name__}: {exc}", 1)
+            message, code = f"{type(exc).__name__}: {exc}", 1
+        # Exit outside the except block: the traceback (and the Celery objects its frames hold) is
+        # released now, not during interpreter shutdown where their finalizers print noise.
+        _fail(message, code)
     return wrapper  # type: ignore[return-value]
 
 
@@ -196,10 +199,14 @@ def _summary(result: JobResult) -> str:
 def _fetch(url: str) -> bytes:
     if not url.startswith(("http://", "https://", "file://")):
         raise TTSQError(f"cannot download from a {url.split(':', 1)[0]} URL")
-    with urllib.request.urlopen(url, timeout=60) as response:  # noqa: S310 - scheme checked above
+    with urllib.request.urlopen(url, timeout=60) as response:
         data: bytes = response.read()
         return data
 
 
 def main() -> None:
     cli(prog_name="ttsq")
+
+
+if __name__ == "__main__":
+    main()

@@ -55,7 +55,7 @@ class CacheIndex:
 
     def get(self, key: str) -> IndexEntry | None:
         raw = self._do(lambda: self._redis.get(CACHE_PREFIX + key))
-        return None if raw is None else json.loads(raw)  # type: ignore[no-any-return]
+        return None if raw is None else json.loads(raw)
 
     def put(self, key: str, entry: IndexEntry) -> None:
         payload = json.dumps(entry, sort_keys=True)
@@ -82,7 +82,7 @@ class CacheIndex:
 
     def read_identity(self, engine: str) -> dict[str, Any] | None:
         raw = self._do(lambda: self._redis.get(ENGINE_PREFIX + engine))
-        return None if raw is None else json.loads(raw)  # type: ignore[no-any-return]
+        return None if raw is None else json.loads(raw)
 
     def count(self, name: str, amount: int = 1) -> None:
         self._do(lambda: self._redis.incrby(STATS_PREFIX + name, amount))

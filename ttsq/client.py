@@ -135,6 +135,9 @@ class Client:
             from celery.exceptions import TimeoutError as CeleryTimeout
 
             if isinstance(exc, CeleryTimeout):
+                # Stop listening for it now; left pending, Celery unsubscribes during interpreter
+                # shutdown and prints a traceback.
+                async_result.backend.remove_pending_result(async_result)
                 raise JobTimeout(f"job {task_id} not done after {timeout}s") from None
             if _is_connection_error(exc):
                 raise BrokerError(f"cannot reach the result backend: {exc}") from exc

@@ -81,7 +81,7 @@ def make_app(settings: Settings) -> Celery:
     app.conf.update(celery_config(settings))
     holder: dict[str, WorkerRuntime] = {}
 
-    @app.task(name=TASK_NAME, bind=True, acks_late=True)
+    @app.task(name=TASK_NAME, bind=True, acks_late=True)  # type: ignore[untyped-decorator]
     def synthesize(self: Any, *args: Any, **kwargs: Any) -> JobResult:
         if args:
             raise InvalidRequest("args", "ttsq.synthesize takes keyword arguments only (kwargs=...)")

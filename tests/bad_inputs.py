@@ -1,0 +1,26 @@
+"""The corpus of broken requests in ``tests/data/bad_requests.json``, expanded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CORPUS_PATH = Path(__file__).parent / "data" / "bad_requests.json"
+
+
+def load() -> list[Any]:
+    cases = []
+    for case in json.loads(CORPUS_PATH.read_text(encoding="utf-8")):
+        request = dict(case["request"])
+        if "_repeat" in request:
+            request["text"] = request["text"] * request.pop("_repeat")
+        if "_repeat_instruct" in request:
+            request["instruct"] = request["instruct"] * request.pop("_repeat_instruct")
+        cases.append(pytest.param(request, case["field"], id=case["name"]))
+    return cases
+
+
+BAD_REQUESTS = load()

@@ -1,0 +1,105 @@
+"""The batcher with the real espeak engine: fill, grouping, failure isolation, stop."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from ttsq.batching import Batcher, BatchItem
+from ttsq.config import Settings
+from ttsq.engines import create_engine
+from ttsq.engines.base import Engine, EngineOutput
+from ttsq.errors import EngineError
+from ttsq.request import SynthesisRequest
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Engine]:
+    engine = create_engine(Settings())
+    engine.load()
+    yield engine
+    engine.close()
+
+
+def request(text: str, **fields: object) -> SynthesisRequest:
+    return SynthesisRequest.from_dict({"text": text, **fields})
+
+
+def test_a_burst_from_many_threads_fills_every_batch(engine: Engine) -> None:
+    batcher = Batcher(engine, max_batch=4, max_wait_s=0.5)
+    with ThreadPoolExecutor(16) as pool:
+        items = list(pool.map(lambda i: batcher.submit(request(f"sentence number {i}")).result(10), range(16)))
+    batcher.stop()
+    assert all(isinstance(item, BatchItem) for item in items)
+    assert sorted(item.batch_size for item in items) == [4] * 16
+    assert len({item.batch_id for item in items}) == 4
+
+
+def test_requests_that_cannot_share_a_pass_ride_separate_batches(engine: Engine) -> None:
+    batcher = Batcher(engine, max_batch=8, max_wait_s=0.3)
+    futures = [batcher.submit(request("hello", language=lang)) for lang in ("english", "korean", "english")]
+    items = [future.result(10) for future in futures]
+    batcher.stop()
+    assert items[0].batch_id == items[2].batch_id != items[1].batch_id
+    assert (items[0].batch_size, items[1].batch_size) == (2, 1)
+
+
+def test_a_failing_item_fails_only_its_own_future(engine: Engine) -> None:
+    batcher = Batcher(engine, max_batch=8, max_wait_s=0.3)
+    futures = [batcher.submit(request(text)) for text in ("first", "...", "third")]
+    assert isinstance(futures[0].result(10), BatchItem)
+    with pytest.raises(EngineError):
+        futures[1].result(10)
+    assert isinstance(futures[2].result(10), BatchItem)
+    batcher.stop()
+
+
+def test_a_mode_the_engine_does_not_serve_fails_alone(engine: Engine) -> None:
+    batcher = Batcher(engine, max_batch=8, max_wait_s=0.3)
+    good = batcher.submit(request("fine"))
+    bad = batcher.submit(request("fine", mode="custom_voice", speaker="Sohee"))
+    assert isinstance(good.result(10), BatchItem)
+    with pytest.raises(EngineError, match="voice_design only"):
+        bad.result(10)
+    batcher.stop()
+
+
+class CrashingEngine:
+    """The real espeak engine behind a boundary that fails whole batches holding a poison text,
+    the way a device error takes down a forward pass."""
+
+    def __init__(self, inner: Engine) -> None:
+        self.inner = inner
+        self.identity = inner.identity
+        self.calls: list[int] = []
+
+    def load(self) -> None: ...
+    def warmup(self) -> None: ...
+    def close(self) -> None: ...
+
+    def synthesize_batch(self, requests: Sequence[SynthesisRequest]) -> list[EngineOutput | Exception]:
+        self.calls.append(len(requests))
+        if any(r.text == "poison" for r in requests):
+            raise RuntimeError("device fault")
+        return self.inner.synthesize_batch(requests)
+
+
+def test_a_batch_that_raises_is_retried_item_by_item(engine: Engine) -> None:
+    crashing = CrashingEngine(engine)
+    batcher = Batcher(crashing, max_batch=8, max_wait_s=0.3)
+    futures = [batcher.submit(request(text)) for text in ("one", "poison", "three")]
+    assert isinstance(futures[0].result(10), BatchItem)
+    with pytest.raises(EngineError, match="device fault"):
+        futures[1].result(10)
+    assert isinstance(futures[2].result(10), BatchItem)
+    batcher.stop()
+    assert crashing.calls == [3, 1, 1, 1]
+
+
+def test_stopped_batcher_refuses_new_work(engine: Engine) -> None:
+    batcher = Batcher(engine, max_batch=2, max_wait_s=0.01)
+    batcher.stop()
+    with pytest.raises(EngineError):
+        batcher.submit(request("late")).result(1)

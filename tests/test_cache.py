@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import redis
+
+from ttsq.cache import CacheIndex, IndexEntry, redact_url
+from ttsq.config import Settings
+from ttsq.embedded import free_port
+from ttsq.errors import BrokerError
+
+ENTRY = IndexEntry(object_key="audio/ab/ab.wav", format="wav", content_type="audio/wav", sample_rate=22050,
+                   duration_s=1.5, bytes=100, engine="espeak", model="espeak-ng", model_revision="1.52.0")
+
+
+def test_index_round_trip_with_ttl(settings: Settings, redis_client: redis.Redis) -> None:
+    index = CacheIndex(settings.cache_url, ttl_s=100)
+    assert index.get("ab") is None
+    index.put("ab", ENTRY)
+    assert index.get("ab") == ENTRY
+    ttl = redis.Redis.from_url(settings.cache_url).ttl("ttsq:cache:ab")
+    assert 90 < ttl <= 100
+
+
+def test_claim_is_single_flight_and_release_is_owner_only(settings: Settings) -> None:
+    index = CacheIndex(settings.cache_url, ttl_s=0)
+    assert index.claim("k", "task-1", 60) is None
+    assert index.claim("k", "task-2", 60) == "task-1"
+    index.release("k", "task-2")  # not the owner: no effect
+    assert index.claim("k", "task-3", 60) == "task-1"
+    index.release("k", "task-1")
+    assert index.claim("k", "task-3", 60) is None
+
+
+def test_identity_and_counters(settings: Settings) -> None:
+    index = CacheIndex(settings.cache_url, ttl_s=0)
+    index.publish_identity("espeak", {"engine": "espeak", "revision": "1"})
+    assert index.read_identity("espeak") == {"engine": "espeak", "revision": "1"}
+    assert index.read_identity("qwen") is None
+    index.count("x")
+    index.count("x", 2)
+    assert index.counter("x") == 3
+
+
+def test_unreachable_redis_is_a_broker_error_without_the_password() -> None:
+    index = CacheIndex(f"redis://:hunter2@127.0.0.1:{free_port()}/0", ttl_s=0)
+    try:
+        index.get("x")
+    except BrokerError as exc:
+        assert "hunter2" not in str(exc) and "***" in str(exc)
+    else:
+        raise AssertionError("expected BrokerError")
+
+
+def test_redact_url() -> None:
+    assert redact_url("redis://user:pw@host:6379/0") == "redis://user:***@host:6379/0"
+    assert redact_url("redis://host:6379/0") == "redis://host:6379/0"

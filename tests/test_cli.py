@@ -1,0 +1,146 @@
+"""The command line: CliRunner for the edges, real subprocesses for the whole path."""
+
+from __future__ import annotations
+
+import io
+import json
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import soundfile as sf
+from bad_inputs import BAD_REQUESTS
+from click.testing import CliRunner
+from conftest import WorkerProcess, queue_length, run_cli, settings_env
+
+from ttsq.cli.main import cli
+from ttsq.config import Settings
+from ttsq.embedded import free_port
+
+StartWorker = Callable[..., WorkerProcess]
+
+# Request fields the command line exposes as flags; the rest of the corpus is for the client.
+_FLAGS = {"text", "language", "format", "instruct", "seed"}
+
+
+def cli_args(request: dict[str, Any]) -> list[str]:
+    args = ["submit", str(request.get("text", ""))]
+    for name in ("language", "format", "instruct", "seed"):
+        if name in request:
+            args += [f"--{name}", str(request[name])]
+    return args
+
+
+@pytest.mark.parametrize(("data", "field"), [case for case in BAD_REQUESTS
+                                             if set(case.values[0]) <= _FLAGS and "text" in case.values[0]
+                                             and isinstance(case.values[0].get("text"), str)
+                                             and not isinstance(case.values[0].get("language", ""), int)])
+def test_bad_input_is_one_line_naming_the_field_and_nothing_is_queued(
+        settings: Settings, redis_client: redis.Redis, data: dict[str, Any], field: str) -> None:
+    result = CliRunner().invoke(cli, cli_args(data), env=settings_env(settings))
+    if field == "format":  # click rejects an unknown choice itself, naming the option
+        assert result.exit_code == 2 and "--format" in result.output
+    else:
+        assert result.exit_code == 2, result.output
+        lines = result.output.strip().splitlines()
+        assert lines == [lines[0]] and lines[0].startswith(f"ttsq: error: invalid {field}:")
+    assert queue_length(settings) == 0
+    assert redis_client.dbsize() == 0 and redis.Redis.from_url(settings.cache_url).dbsize() == 0
+
+
+def test_invalid_utf8_from_argv_and_stdin(settings: Settings) -> None:
+    for args, stdin in (([b"submit", b"caf\xe9 \xff"], None), (["submit", "-"], b"\xff\xfe broken")):
+        out = run_cli(*args, settings=settings, input=stdin)  # type: ignore[arg-type]
+        assert out.returncode == 2
+        assert out.stderr.decode().strip() == "ttsq: error: invalid text: is not valid UTF-8"
+    assert queue_length(settings) == 0
+
+
+@pytest.mark.parametrize("cache_down", [True, False])
+def test_broker_down_is_one_line_not_a_traceback(settings: Settings, cache_down: bool) -> None:
+    down = f"redis://127.0.0.1:{free_port()}"
+    cache = ["--cache-url", f"{down}/2"] if cache_down else []
+    out = run_cli("--broker-url", f"{down}/0", "--result-backend", f"{down}/1", *cache, "submit", "hello",
+                  settings=settings, timeout=60)
+    assert out.returncode == 1
+    assert out.stderr.decode().startswith("ttsq: error: cannot ")
+    assert len(out.stderr.decode().strip().splitlines()) == 1
+    assert queue_length(settings) == 0
+
+
+def test_storage_down_is_one_line(settings: Settings, start_worker: StartWorker, tmp_path: Path) -> None:
+    start_worker(settings)
+    out = run_cli("submit", "storage test", "-o", str(tmp_path / "x.wav"), "--timeout", "20",
+                  settings=settings.replace(s3_endpoint_url=f"http://127.0.0.1:{free_port()}"))
+    # The worker stores fine; this producer's own endpoint is down, so it cannot presign or fetch.
+    assert out.returncode == 1
+    assert out.stderr.decode().startswith("ttsq: error:")
+    assert len(out.stderr.decode().strip().splitlines()) == 1
+
+
+def test_timeout_is_one_line(settings: Settings) -> None:
+    out = run_cli("submit", "nobody listens", "--timeout", "1", settings=settings)
+    assert out.returncode == 1
+    assert out.stderr.decode().strip().endswith("not done after 1.0s")
+
+
+def test_submit_output_status_and_result_through_real_processes(settings: Settings, start_worker: StartWorker,
+                                                               tmp_path: Path) -> None:
+    start_worker(settings)
+    target = tmp_path / "hello.flac"
+    out = run_cli("submit", "안녕하세요, 반갑습니다.", "--language", "ko", "--instruct", "차분한 목소리",
+                  "-o", str(target), settings=settings)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.decode().startswith(f"wrote {target}:")
+    info = sf.info(io.BytesIO(target.read_bytes()))
+    assert info.format == "FLAC" and info.duration > 0.8  # the format follows the extension
+
+    queued = run_cli("submit", "-", "--no-wait", "--json", settings=settings, input=b"From stdin.")
+    assert queued.returncode == 0, queued.stderr
+    job_id = json.loads(queued.stdout)["id"]
+    result = run_cli("result", job_id, "--json", settings=settings)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["format"] == "wav"
+    status = run_cli("status", job_id, settings=settings)
+    assert status.stdout.decode().startswith("SUCCESS ")
+
+
+def test_json_result_reports_ignored_fields(settings: Settings, start_worker: StartWorker) -> None:
+    start_worker(settings)
+    result = CliRunner().invoke(cli, ["submit", "Hello", "--instruct", "a warm voice", "--json"],
+                                env=settings_env(settings))
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["ignored"] == ["instruct"]
+
+
+def test_submit_help_never_imports_torch() -> None:
+    code = textwrap.dedent("""
+        import sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in {"torch", "transformers", "qwen_tts", "torchaudio"}:
+                    raise ImportError("blocked heavy import: " + name)
+        sys.meta_path.insert(0, Block())
+        from click.testing import CliRunner
+        from ttsq.cli.main import cli
+        result = CliRunner().invoke(cli, ["submit", "--help"])
+        assert result.exit_code == 0, result.output
+        assert "--instruct" in result.output
+        heavy = [m for m in sys.modules if m.split(".")[0] in {"torch", "transformers", "qwen_tts"}]
+        assert not heavy, heavy
+        print("ok")
+    """)
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_version() -> None:
+    from ttsq import __version__
+
+    assert CliRunner().invoke(cli, ["--version"]).output.strip() == f"ttsq, version {__version__}"

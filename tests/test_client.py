@@ -1,0 +1,140 @@
+"""End to end through real processes: client → Redis/Celery → ``ttsq worker`` → espeak → S3 → URL."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import textwrap
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import soundfile as sf
+from conftest import WorkerProcess, queue_length, s3_keys
+
+from ttsq.cache import CacheIndex
+from ttsq.client import Client
+from ttsq.config import Settings
+from ttsq.errors import BrokerError, InvalidRequest, JobTimeout
+from ttsq.tasks import make_app
+
+StartWorker = Callable[..., WorkerProcess]
+KOREAN = "안녕하세요. 티티에스큐 음성 합성 테스트입니다."
+
+
+def fetch(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read()  # type: ignore[no-any-return]
+
+
+def test_submit_to_url_to_valid_wav(settings: Settings, start_worker: StartWorker) -> None:
+    start_worker(settings)
+    client = Client(settings)
+    text = "The quick brown fox jumps over the lazy dog, twice, to make a longer sentence."
+    result = client.submit(text, language="english").wait(timeout=30)
+
+    assert result["url"].startswith(settings.s3_endpoint_url)  # a presigned URL on the S3 server
+    data = fetch(result["url"])
+    audio, rate = sf.read(io.BytesIO(data))
+    info = sf.info(io.BytesIO(data))
+    assert (info.format, info.subtype, rate) == ("WAV", "PCM_16", result["sample_rate"])
+    seconds = len(audio) / rate
+    # espeak speaks about 175 words a minute: 15 words take about 5 s
+    assert 3.0 < seconds < 8.0
+    assert seconds == pytest.approx(result["duration_s"], abs=0.01)
+    assert result["cached"] is False and result["batch_size"] >= 1
+    assert result["content_type"] == "audio/wav" and result["object_key"].endswith(".wav")
+    assert text not in json.dumps(result)
+    assert s3_keys(settings) == [f"{settings.storage_url.split('/', 3)[3]}/{result['object_key']}"]
+
+
+def test_second_submit_is_answered_from_the_cache_with_no_worker(settings: Settings,
+                                                                  start_worker: StartWorker) -> None:
+    worker = start_worker(settings)
+    client = Client(settings)
+    first = client.submit(KOREAN, language="korean", format="mp3").wait(timeout=30)
+    worker.stop()
+
+    job = client.submit(KOREAN, language="korean", format="mp3")
+    assert job.id is None and job.cached  # no task was created at all
+    assert job.result is not None
+    assert (job.result["key"], job.result["object_key"]) == (first["key"], first["object_key"])
+    assert fetch(job.result["url"]) == fetch(first["url"])
+    assert queue_length(settings) == 0
+
+
+def test_ten_concurrent_identical_submits_make_one_synthesis(settings: Settings,
+                                                              start_worker: StartWorker) -> None:
+    start_worker(settings)
+    client = Client(settings)
+    client.submit("warm up the model announcement").wait(timeout=30)
+    index = CacheIndex(settings.cache_url, ttl_s=0)
+    before = index.counter("items_synthesized")
+
+    def submit_and_wait(_: int) -> dict[str, object]:
+        return dict(Client(settings).submit("Ten producers, one job.").wait(timeout=30))
+
+    with ThreadPoolExecutor(10) as pool:
+        results = list(pool.map(submit_and_wait, range(10)))
+    assert len({r["key"] for r in results}) == 1
+    assert index.counter("items_synthesized") - before == 1
+    assert len([k for k in s3_keys(settings) if k.endswith(f"{results[0]['key']}.wav")]) == 1
+    assert len(s3_keys(settings)) == 2  # the warm-up's object and this one
+
+
+def test_plain_celery_client_without_ttsq_gets_a_result(settings: Settings, start_worker: StartWorker) -> None:
+    start_worker(settings)
+    script = textwrap.dedent(f"""
+        import json, sys
+        from celery import Celery
+        app = Celery(broker={settings.broker_url!r}, backend={settings.result_backend!r})
+        result = app.send_task("ttsq.synthesize", kwargs={{"text": "안녕하세요", "language": "korean"}},
+                               queue={settings.queue!r})
+        value = result.get(timeout=30)
+        assert not any(name == "ttsq" or name.startswith("ttsq.") for name in sys.modules), "imported ttsq"
+        print(json.dumps(value))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    value = json.loads(out.stdout.strip().splitlines()[-1])
+    assert value["format"] == "wav" and value["duration_s"] > 0.3
+    assert fetch(value["url"])[:4] == b"RIFF"
+
+
+def test_burst_fills_batches_and_one_invalid_item_fails_alone(settings: Settings,
+                                                              start_worker: StartWorker) -> None:
+    settings = settings.replace(max_batch=4, max_wait_ms=500)
+    client = Client(settings)
+    app = make_app(settings)
+    # Queue the whole burst first, so the worker finds 4 x max_batch jobs waiting.
+    jobs = [client.submit(f"Burst sentence number {i}.", language="english") for i in range(16)]
+    poison = app.send_task("ttsq.synthesize", kwargs={"text": "fine", "language": "klingon"},
+                           queue=settings.queue)
+    start_worker(settings)
+
+    results = [job.wait(timeout=60) for job in jobs]
+    with pytest.raises(InvalidRequest) as info:  # rebuilt from the JSON result: a typed error
+        poison.get(timeout=30)
+    assert info.value.field == "language"
+    assert all(not r["cached"] for r in results)
+    sizes = [r["batch_size"] for r in results]
+    assert sizes == [4] * 16, sizes
+    assert len({r["key"] for r in results}) == 16
+
+
+def test_wait_times_out_clearly_when_no_worker_runs(settings: Settings) -> None:
+    job = Client(settings).submit("nobody is listening")
+    with pytest.raises(JobTimeout):
+        job.wait(timeout=1)
+
+
+def test_broker_down_is_a_broker_error(settings: Settings) -> None:
+    from ttsq.embedded import free_port
+
+    down = f"redis://127.0.0.1:{free_port()}"
+    client = Client(settings.replace(broker_url=f"{down}/0", result_backend=f"{down}/1", cache_url=f"{down}/2"))
+    with pytest.raises(BrokerError):
+        client.submit("hello")

@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import pytest
+
+from ttsq.config import Settings
+from ttsq.errors import ConfigError
+
+
+def test_defaults_are_valid_and_concurrency_is_twice_the_batch() -> None:
+    settings = Settings.from_env({})
+    assert settings.engine == "espeak"
+    assert settings.concurrency == 2 * settings.max_batch
+
+
+def test_environment_is_read_and_flags_win() -> None:
+    env = {"TTSQ_MAX_BATCH": " 16 ", "TTSQ_ENGINE": "espeak", "TTSQ_STORAGE_URL": "s3://bucket/prefix"}
+    settings = Settings.from_env(env, max_wait_ms=5)
+    assert (settings.max_batch, settings.max_wait_ms, settings.storage_url) == (16, 5, "s3://bucket/prefix")
+    assert Settings.from_env(env, max_batch=2).max_batch == 2
+
+
+@pytest.mark.parametrize(("env", "variable"), [
+    ({"TTSQ_MAX_BATCH": "eight"}, "TTSQ_MAX_BATCH"),
+    ({"TTSQ_MAX_BATCH": "0"}, "TTSQ_MAX_BATCH"),
+    ({"TTSQ_MAX_WAIT_MS": "-1"}, "TTSQ_MAX_WAIT_MS"),
+    ({"TTSQ_URL_EXPIRY_S": "999999999"}, "TTSQ_URL_EXPIRY_S"),
+    ({"TTSQ_BROKER_URL": "amqp://localhost"}, "TTSQ_BROKER_URL"),
+    ({"TTSQ_STORAGE_URL": "s3://x"}, "TTSQ_STORAGE_URL"),
+    ({"TTSQ_LOG_LEVEL": "LOUD"}, "TTSQ_LOG_LEVEL"),
+    # a job still waiting when Redis redelivers it would run twice
+    ({"TTSQ_VISIBILITY_TIMEOUT_S": "60", "TTSQ_JOB_TIMEOUT_S": "60"}, "TTSQ_JOB_TIMEOUT_S"),
+])
+def test_bad_values_name_the_variable(env: dict[str, str], variable: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env(env)
+    assert info.value.variable == variable
+    assert str(info.value).startswith(variable)
+
+
+def test_settings_are_frozen() -> None:
+    settings = Settings()
+    with pytest.raises(AttributeError):
+        settings.max_batch = 3  # type: ignore[misc]
+    assert settings.replace(max_batch=3).max_batch == 3

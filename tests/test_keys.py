@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from ttsq.engines.base import EngineIdentity
+from ttsq.keys import content_key, object_key
+from ttsq.request import SynthesisRequest
+
+IDENTITY = EngineIdentity(engine="espeak", model="espeak-ng", revision="1.52.0", sample_rate=22050)
+REQUEST = {"text": "안녕하세요. 오늘 날씨가 좋네요.", "language": "korean",
+           "instruct": "차분하고 따뜻한 30대 여성 목소리", "seed": 7, "format": "wav"}
+# Pinned: if this changes, every cached object in every deployment is orphaned. Bump
+# KEY_SCHEMA_VERSION on purpose instead, and update this literal in the same commit.
+PINNED = "db3d4d8c3187c98dff61f6fe1ac69f952975568aa49efc597544c2074469bf8d"
+
+
+def key_of(**changes: object) -> str:
+    return content_key(SynthesisRequest.from_dict({**REQUEST, **changes}), IDENTITY)
+
+
+def test_key_of_a_fixed_request_is_pinned() -> None:
+    assert key_of() == PINNED
+
+
+def test_key_is_the_same_in_another_process_with_another_hash_seed() -> None:
+    code = ("from tests.test_keys import key_of; print(key_of())")
+    for seed in ("0", "12345"):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={"PYTHONHASHSEED": seed, "PATH": ""}, cwd=".")
+        assert out.stdout.strip() == PINNED
+
+
+def test_key_ignores_spelling_that_does_not_change_the_audio() -> None:
+    assert key_of(text="  안녕하세요.\n 오늘   날씨가 좋네요. ") == PINNED
+    assert key_of(language="ko") == PINNED
+    # NFD-composed Hangul normalizes to the same NFC text
+    import unicodedata
+    assert key_of(text=unicodedata.normalize("NFD", REQUEST["text"])) == PINNED  # type: ignore[arg-type]
+
+
+def test_everything_that_shapes_the_audio_changes_the_key() -> None:
+    variants = {key_of(text="다른 문장입니다."), key_of(language="english"), key_of(instruct="낮은 남성 목소리"),
+                key_of(seed=8), key_of(format="flac"), key_of(temperature=0.5), key_of(max_new_tokens=100)}
+    other_model = content_key(SynthesisRequest.from_dict(REQUEST),
+                              EngineIdentity(engine="espeak", model="espeak-ng", revision="1.53.0",
+                                             sample_rate=22050))
+    assert len(variants | {other_model, PINNED}) == 9
+
+
+def test_object_key_carries_the_extension() -> None:
+    assert object_key(PINNED, "mp3") == f"audio/db/{PINNED}.mp3"

@@ -1,0 +1,86 @@
+"""One contract, every storage backend: local folder and a real S3-compatible server (moto)."""
+
+from __future__ import annotations
+
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import BUCKET
+
+from ttsq.config import Settings
+from ttsq.errors import StorageError
+from ttsq.storage import LocalStorage, S3Storage, Storage, open_storage
+
+
+@pytest.fixture(params=["local", "s3"])
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Storage]:
+    if request.param == "local":
+        yield LocalStorage(tmp_path / "store")
+    else:
+        endpoint = request.getfixturevalue("s3_endpoint")
+        yield S3Storage(BUCKET, f"contract-{uuid.uuid4().hex[:8]}", endpoint_url=endpoint, region="us-east-1")
+
+
+def fetch(url: str) -> tuple[bytes, str]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read(), response.headers.get("Content-Type", "")
+
+
+def test_put_get_and_fetch_by_url(storage: Storage) -> None:
+    key = f"audio/ab/{uuid.uuid4().hex}.wav"
+    assert not storage.exists(key)
+    assert storage.put(key, b"RIFF-bytes", "audio/wav") is True
+    assert storage.exists(key)
+    assert storage.get(key) == b"RIFF-bytes"
+    body, content_type = fetch(storage.url(key, 60))
+    assert body == b"RIFF-bytes"
+    if isinstance(storage, S3Storage):
+        assert content_type == "audio/wav"
+
+
+def test_put_is_idempotent(storage: Storage) -> None:
+    key = f"audio/cd/{uuid.uuid4().hex}.mp3"
+    assert storage.put(key, b"first", "audio/mpeg") is True
+    assert storage.put(key, b"first", "audio/mpeg") is False
+    assert storage.get(key) == b"first"
+
+
+def test_missing_object_is_a_storage_error(storage: Storage) -> None:
+    with pytest.raises(StorageError):
+        storage.get("audio/00/missing.wav")
+
+
+def test_presigned_url_carries_the_configured_expiry(s3_endpoint: str) -> None:
+    storage = S3Storage(BUCKET, "expiry", endpoint_url=s3_endpoint, region="us-east-1")
+    assert "X-Amz-Expires=1234" in storage.url("audio/ab/x.wav", 1234)
+
+
+def test_local_storage_refuses_keys_outside_its_folder(tmp_path: Path) -> None:
+    with pytest.raises(StorageError):
+        LocalStorage(tmp_path).put("../escape.wav", b"x", "audio/wav")
+
+
+def test_local_storage_leaves_no_partial_files(tmp_path: Path) -> None:
+    store = LocalStorage(tmp_path)
+    store.put("audio/ef/one.wav", b"x" * 1000, "audio/wav")
+    assert [p.name for p in (tmp_path / "audio" / "ef").iterdir()] == ["one.wav"]
+
+
+def test_unreachable_s3_is_a_storage_error() -> None:
+    from ttsq.embedded import free_port
+
+    storage = S3Storage(BUCKET, "", endpoint_url=f"http://127.0.0.1:{free_port()}", region="us-east-1")
+    with pytest.raises(StorageError):
+        storage.put("audio/aa/x.wav", b"x", "audio/wav")
+
+
+def test_open_storage_follows_the_url(tmp_path: Path) -> None:
+    assert isinstance(open_storage(Settings(storage_url=str(tmp_path))), LocalStorage)
+    assert isinstance(open_storage(Settings(storage_url=f"file://{tmp_path}")), LocalStorage)
+    assert isinstance(open_storage(Settings(storage_url="s3://bucket/p", s3_endpoint_url="http://127.0.0.1:1")),
+                      S3Storage)
+    with pytest.raises(StorageError):
+        open_storage(Settings(storage_url="ftp://host/x"))
