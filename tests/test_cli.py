@@ -144,3 +144,20 @@ def test_version() -> None:
     from ttsq import __version__
 
     assert CliRunner().invoke(cli, ["--version"]).output.strip() == f"ttsq, version {__version__}"
+
+
+@pytest.mark.parametrize(("env", "code", "message"), [
+    ({"TTSQ_MAX_BATCH": "0"}, 2, "ttsq: error: TTSQ_MAX_BATCH: must be 1..256"),
+    ({"TTSQ_ENGINE": "qwen"}, 1, "ttsq: error: the qwen engine is not part of this release yet"),
+    ({"TTSQ_ENGINE": "festival"}, 2, "ttsq: error: TTSQ_ENGINE: unknown engine 'festival'"),
+])
+def test_worker_that_cannot_start_says_why_in_one_line(settings: Settings, env: dict[str, str], code: int,
+                                                        message: str) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "ttsq.cli.main", "worker"], env={**settings_env(settings), **env},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == code
+    assert out.stderr.strip().splitlines()[-1].startswith(message)
+    assert "Traceback" not in out.stderr

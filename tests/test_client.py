@@ -7,12 +7,15 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import soundfile as sf
+from bad_inputs import BAD_REQUESTS
 from conftest import WorkerProcess, queue_length, s3_keys
 
 from ttsq.cache import CacheIndex
@@ -138,3 +141,98 @@ def test_broker_down_is_a_broker_error(settings: Settings) -> None:
     client = Client(settings.replace(broker_url=f"{down}/0", result_backend=f"{down}/1", cache_url=f"{down}/2"))
     with pytest.raises(BrokerError):
         client.submit("hello")
+
+
+@pytest.mark.parametrize(("data", "field"), BAD_REQUESTS)
+def test_client_raises_a_typed_error_and_queues_nothing(settings: Settings, data: dict[str, object],
+                                                        field: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        Client(settings).submit(**data)
+    assert info.value.field == field
+    assert queue_length(settings) == 0
+
+
+def test_a_redelivered_job_is_answered_from_the_cache(settings: Settings, start_worker: StartWorker) -> None:
+    start_worker(settings)
+    client = Client(settings)
+    first = client.submit("Delivered twice.").wait(timeout=30)
+    synthesized = CacheIndex(settings.cache_url, ttl_s=0).counter("items_synthesized")
+    # The same message again, as Redis would redeliver it: straight onto the queue, no producer check.
+    again = make_app(settings).send_task("ttsq.synthesize", kwargs={"text": "Delivered twice."},
+                                         queue=settings.queue).get(timeout=30)
+    assert again["cached"] is True and again["key"] == first["key"] and again["batch_size"] == 0
+    assert CacheIndex(settings.cache_url, ttl_s=0).counter("items_synthesized") == synthesized
+
+
+def test_pickle_messages_are_refused_not_executed(settings: Settings, start_worker: StartWorker,
+                                                  tmp_path: Path) -> None:
+    from celery import Celery
+
+    worker = start_worker(settings)
+    marker = tmp_path / "pwned"
+    attacker = Celery(broker=settings.broker_url, backend=settings.result_backend)
+    attacker.conf.update(task_serializer="pickle", accept_content=["pickle", "json"])
+    attacker.send_task("ttsq.synthesize", kwargs={"text": Exploit(str(marker))}, queue=settings.queue,
+                       serializer="pickle")
+    # The worker keeps serving: a normal job right after the bad message completes.
+    assert Client(settings).submit("Still alive.").wait(timeout=30)["duration_s"] > 0
+    assert not marker.exists()
+    assert queue_length(settings) == 0  # refused and dropped, not left to be redelivered forever
+    assert "Refusing to deserialize untrusted content of type pickle" in worker.log()
+
+
+class Exploit:
+    """Unpickling this runs a command: what a pickle-accepting worker would execute."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        import os
+
+        return (os.system, (f"touch {self.path}",))
+
+
+def test_worker_logs_never_show_the_text_or_the_url(settings: Settings, start_worker: StartWorker) -> None:
+    worker = start_worker(settings)
+    secret = "Confidential sentence about project Nightingale."
+    result = Client(settings).submit(secret).wait(timeout=30)
+    bad = make_app(settings).send_task("ttsq.synthesize", kwargs={"text": secret, "format": "aiff"},
+                                       queue=settings.queue)
+    with pytest.raises(InvalidRequest):
+        bad.get(timeout=30)
+    worker.stop()
+    log = worker.log()
+    assert "succeeded" in log and "InvalidRequest" in log  # the log was written
+    assert "Nightingale" not in log
+    assert result["url"].split("?")[0] not in log and "Signature" not in log
+
+
+def test_every_job_sends_flower_events(settings: Settings, start_worker: StartWorker) -> None:
+    import threading
+
+    from celery.events import EventReceiver
+
+    app = make_app(settings)
+    seen: list[str] = []
+    ready = threading.Event()
+    receivers: list[EventReceiver] = []
+
+    def listen() -> None:
+        with app.connection() as connection:
+            receiver = EventReceiver(connection, handlers={"*": lambda event: seen.append(event["type"])}, app=app)
+            receivers.append(receiver)
+            ready.set()
+            receiver.capture(limit=None, timeout=None, wakeup=False)  # until should_stop
+
+    thread = threading.Thread(target=listen, daemon=True)
+    thread.start()
+    ready.wait(10)
+    start_worker(settings)
+    Client(settings, app=app).submit("Watched by Flower.").wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while "task-succeeded" not in seen and time.monotonic() < deadline:
+        time.sleep(0.1)
+    receivers[0].should_stop = True
+    thread.join(10)
+    assert {"task-sent", "task-received", "task-started", "task-succeeded"} <= set(seen)

@@ -98,7 +98,7 @@ class InProcessWorker:
     """A real Celery worker (threads pool) running in a thread of this process."""
 
     def __init__(self, app: Celery, settings: Settings, *, hostname: str = "embedded@localhost") -> None:
-        self.app = app
+        self.app = app  # built with a started WorkerRuntime
         self.settings = settings
         self.hostname = hostname
         self._ready = threading.Event()
@@ -115,7 +115,6 @@ class InProcessWorker:
             # this the tasks run but their results are never stored.
             self.app.set_default()
             try:
-                # Constructing the controller sends worker_init: the engine loads here.
                 self._worker = self.app.WorkController(
                     pool_cls="threads", concurrency=self.settings.concurrency, hostname=self.hostname,
                     ready_callback=ready, without_mingle=True, without_gossip=True,
@@ -151,13 +150,16 @@ class Embedded:
 
     def __enter__(self) -> Embedded:
         from ttsq.tasks import make_app
+        from ttsq.worker import WorkerRuntime
 
         self.redis.start()
         url = self.redis.url
         self.settings = self.base_settings.replace(broker_url=f"{url}/0", result_backend=f"{url}/1",
                                                    cache_url=f"{url}/2")
-        self.app = make_app(self.settings)
         try:
+            self.runtime = WorkerRuntime(self.settings)
+            self.runtime.start()
+            self.app = make_app(self.settings, runtime=self.runtime)
             self.worker = InProcessWorker(self.app, self.settings).start()
         except BaseException:
             self.redis.stop()
@@ -168,6 +170,7 @@ class Embedded:
                  tb: TracebackType | None) -> None:
         if self.worker is not None:
             self.worker.stop()
+            self.runtime.close()
         self.redis.stop()
         shutil.rmtree(self.redis.directory, ignore_errors=True)
 

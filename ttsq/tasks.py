@@ -1,8 +1,7 @@
 """The Celery app and the public ``ttsq.synthesize`` task.
 
 One explicit app per settings object (no ``shared_task``, no ``current_app``). The task is thin: it
-hands its JSON kwargs to the worker runtime, which a ``worker_init`` handler builds (engine loaded and
-warmed) before the worker consumes its first message. Producers build the same app to send.
+hands its JSON kwargs to the worker runtime. Producers build the same app, without a runtime, to send.
 
 Contract for web backends that do not import ttsq::
 
@@ -17,7 +16,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from celery import Celery, signals
+from celery import Celery
 
 from ttsq.constants import TASK_NAME
 from ttsq.errors import InvalidRequest
@@ -75,47 +74,24 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
 
 
-def make_app(settings: Settings) -> Celery:
-    """The Celery app for these settings, with ``ttsq.synthesize`` registered."""
+def make_app(settings: Settings, *, runtime: WorkerRuntime | None = None) -> Celery:
+    """The Celery app for these settings, with ``ttsq.synthesize`` registered.
+
+    Producers pass no runtime. A worker builds and starts its ``WorkerRuntime`` first (engine loaded
+    and warmed, so a broken model stops the process before it consumes anything) and passes it here.
+    """
     app = Celery("ttsq", set_as_current=False)
     app.conf.update(celery_config(settings))
-    holder: dict[str, WorkerRuntime] = {}
 
     @app.task(name=TASK_NAME, bind=True, acks_late=True)  # type: ignore[untyped-decorator]
     def synthesize(self: Any, *args: Any, **kwargs: Any) -> JobResult:
         if args:
             raise InvalidRequest("args", "ttsq.synthesize takes keyword arguments only (kwargs=...)")
-        runtime = holder.get("runtime")
-        if runtime is None:  # only a worker started without our worker_init handler gets here
-            raise RuntimeError("ttsq worker runtime is not initialised")
+        if runtime is None:
+            raise RuntimeError("this Celery app was built for a producer; start workers with `ttsq worker`")
         sent_at = self.request.get(SENT_AT_HEADER)
         queue_wait = max(0.0, time.time() - float(sent_at)) if isinstance(sent_at, (int, float)) else None
         return runtime.run(kwargs, task_id=self.request.id, queue_wait_s=queue_wait)
 
-    def on_worker_init(sender: Any = None, **_: Any) -> None:
-        # Celery signals are process-wide; only the worker of this app builds this app's runtime.
-        if getattr(sender, "app", None) is not app or "runtime" in holder:
-            return
-        logging.getLogger("celery.app.trace").addFilter(_redact_return_value)
-        from ttsq.worker import WorkerRuntime
-
-        runtime = WorkerRuntime(settings)
-        runtime.start()  # load and warm the engine before the consumer connects
-        holder["runtime"] = runtime
-
-    def on_worker_shutdown(sender: Any = None, **_: Any) -> None:
-        if getattr(sender, "app", None) is app and "runtime" in holder:
-            holder.pop("runtime").close()
-
-    signals.worker_init.connect(on_worker_init, weak=False)
-    signals.worker_shutdown.connect(on_worker_shutdown, weak=False)
     return app
 
-
-
-def _redact_return_value(record: logging.LogRecord) -> bool:
-    """Celery's task log lines carry the kwargs (input text) and the return value (a presigned URL)."""
-    if isinstance(record.args, dict):
-        redacted = {"return_value": "<ttsq result>", "args": "<redacted>", "kwargs": "<redacted>"}
-        record.args = {name: redacted.get(name, value) for name, value in record.args.items()}
-    return True

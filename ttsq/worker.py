@@ -50,6 +50,7 @@ class WorkerRuntime:
     def start(self) -> None:
         """Load and warm the engine, start the batcher, announce the model to producers."""
         started = time.perf_counter()
+        redact_task_logs()
         self.engine.load()
         self.engine.warmup()
         self.batcher = Batcher(self.engine, max_batch=self.settings.max_batch,
@@ -124,3 +125,16 @@ class WorkerRuntime:
                                  url_expires_s=self.settings.url_expiry_s, cached=cached,
                                  batch_size=batch_size, ignored=ignored, timings=timings)
 
+
+def redact_task_logs() -> None:
+    """Keep input text and presigned URLs out of Celery's own task log lines (worker processes)."""
+    trace_logger = logging.getLogger("celery.app.trace")
+    if _redact_return_value not in trace_logger.filters:
+        trace_logger.addFilter(_redact_return_value)
+
+def _redact_return_value(record: logging.LogRecord) -> bool:
+    """Celery's task log lines carry the kwargs (input text) and the return value (a presigned URL)."""
+    if isinstance(record.args, dict):
+        redacted = {"return_value": "<ttsq result>", "args": "<redacted>", "kwargs": "<redacted>"}
+        record.args = {name: redacted.get(name, value) for name, value in record.args.items()}
+    return True

@@ -11,6 +11,7 @@ import socket
 from typing import TYPE_CHECKING
 
 from ttsq.tasks import make_app
+from ttsq.worker import WorkerRuntime
 
 if TYPE_CHECKING:
     from ttsq.config import Settings
@@ -20,7 +21,11 @@ def run_worker(settings: Settings, *, hostname: str | None = None) -> int:
     """Run a worker in this process until it is told to stop; return its exit code."""
     logging.basicConfig(level=settings.log_level,
                         format="%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s")
-    app = make_app(settings)
+    # Load and warm the engine first: a model that cannot load stops the process here, with one
+    # clear error, before the worker takes a single message off the queue.
+    runtime = WorkerRuntime(settings)
+    runtime.start()
+    app = make_app(settings, runtime=runtime)
     app.set_default()  # pool threads resolve the app through Celery's process default
     worker = app.Worker(
         hostname=hostname or f"{settings.engine}@{socket.gethostname()}",
@@ -32,5 +37,8 @@ def run_worker(settings: Settings, *, hostname: str | None = None) -> int:
         without_mingle=True,
         without_gossip=True,
     )
-    worker.start()
+    try:
+        worker.start()
+    finally:
+        runtime.close()  # after the pool has joined: the batches in flight have finished
     return int(worker.exitcode or 0)
