@@ -2,13 +2,15 @@ from __future__ import annotations
 
 import redis
 
-from ttsq.cache import CacheIndex, IndexEntry, redact_url
+from ttsq.cache import CacheIndex, redact_url
 from ttsq.config import Settings
 from ttsq.embedded import free_port
 from ttsq.errors import BrokerError
+from ttsq.request import StoredAudio
 
-ENTRY = IndexEntry(object_key="audio/ab/ab.wav", format="wav", content_type="audio/wav", sample_rate=22050,
-                   duration_s=1.5, bytes=100, engine="espeak", model="espeak-ng", model_revision="1.52.0")
+ENTRY = StoredAudio(object_key="audio/ab/ab.wav", format="wav", content_type="audio/wav", sample_rate=22050,
+                   duration_s=1.5, bytes=100, engine="espeak", model="espeak-ng", model_revision="1.52.0",
+                    truncated=False)
 
 
 def test_index_round_trip_with_ttl(settings: Settings, redis_client: redis.Redis) -> None:

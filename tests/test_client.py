@@ -236,3 +236,12 @@ def test_every_job_sends_flower_events(settings: Settings, start_worker: StartWo
     receivers[0].should_stop = True
     thread.join(10)
     assert {"task-sent", "task-received", "task-started", "task-succeeded"} <= set(seen)
+
+
+def test_frame_cap_truncation_is_flagged_in_the_result(settings: Settings, start_worker: StartWorker) -> None:
+    start_worker(settings)
+    result = Client(settings).submit("This sentence is far longer than five frames of audio.",
+                                     max_new_tokens=5).wait(timeout=30)
+    assert result["truncated"] is True
+    assert result["duration_s"] == pytest.approx(5 / 12.5, abs=0.01)
+    assert Client(settings).submit("Short.").wait(timeout=30)["truncated"] is False

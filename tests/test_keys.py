@@ -3,6 +3,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from ttsq.engines.base import EngineIdentity
 from ttsq.keys import content_key, object_key
 from ttsq.request import SynthesisRequest
@@ -29,6 +31,39 @@ def test_key_is_the_same_in_another_process_with_another_hash_seed() -> None:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                              env={"PYTHONHASHSEED": seed, "PATH": ""}, cwd=".")
         assert out.stdout.strip() == PINNED
+
+
+def other_pythons() -> list[str]:
+    """Other CPython 3.10+ interpreters on this machine (pyenv's, or python3.X on PATH)."""
+    import shutil
+    from pathlib import Path
+
+    found = {str(p) for p in Path.home().glob(".pyenv/versions/3.1[0-9]*/bin/python3")}
+    found |= {w for v in range(10, 16) if (w := shutil.which(f"python3.{v}"))}
+    mine = sys.version_info[:2]
+    return sorted(p for p in found if subprocess.run(
+        [p, "-c", f"import sys; print(sys.version_info[:2] >= (3, 10) and sys.version_info[:2] != {mine!r})"],
+        capture_output=True, text=True).stdout.strip() == "True")
+
+
+def test_key_is_the_same_on_other_python_versions() -> None:
+    """keys.py and request.py use only the standard library, so any CPython 3.10+ can check the pin."""
+    interpreters = other_pythons()
+    if not interpreters:
+        pytest.skip("no other CPython 3.10+ on this machine to compare with")
+    from pathlib import Path
+
+    root = str(Path(__file__).parent.parent)
+    code = (f"import sys; sys.path.insert(0, {root!r})\n"
+            "from types import SimpleNamespace\n"
+            "from ttsq.keys import content_key\n"
+            "from ttsq.request import SynthesisRequest\n"
+            f"identity = SimpleNamespace(engine='espeak', model='espeak-ng', revision='1.52.0', sample_rate=22050)\n"
+            f"print(content_key(SynthesisRequest.from_dict({REQUEST!r}), identity))\n")
+    for python in interpreters:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == PINNED, python
 
 
 def test_key_ignores_spelling_that_does_not_change_the_audio() -> None:

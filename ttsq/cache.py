@@ -11,13 +11,13 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypedDict, TypeVar
+from typing import Any, TypeVar
 
 import redis
 
 from ttsq.constants import CACHE_PREFIX, ENGINE_PREFIX, INFLIGHT_PREFIX, STATS_PREFIX
 from ttsq.errors import BrokerError
-from ttsq.request import JobResult, Timings
+from ttsq.request import JobResult, StoredAudio, Timings
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -30,20 +30,6 @@ return 0
 """
 
 
-class IndexEntry(TypedDict):
-    """What the index remembers about one stored object."""
-
-    object_key: str
-    format: str
-    content_type: str
-    sample_rate: int
-    duration_s: float
-    bytes: int
-    engine: str
-    model: str
-    model_revision: str
-
-
 class CacheIndex:
     """Content-key index, single-flight claims, engine identities and counters in one Redis DB."""
 
@@ -53,11 +39,11 @@ class CacheIndex:
         self._redis = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10,
                                            health_check_interval=30, decode_responses=True)
 
-    def get(self, key: str) -> IndexEntry | None:
+    def get(self, key: str) -> StoredAudio | None:
         raw = self._do(lambda: self._redis.get(CACHE_PREFIX + key))
         return None if raw is None else json.loads(raw)
 
-    def put(self, key: str, entry: IndexEntry) -> None:
+    def put(self, key: str, entry: StoredAudio) -> None:
         payload = json.dumps(entry, sort_keys=True)
         self._do(lambda: self._redis.set(CACHE_PREFIX + key, payload, ex=self.ttl_s or None))
 
@@ -98,15 +84,11 @@ class CacheIndex:
             return call()
 
 
-def result_from_entry(key: str, entry: IndexEntry, *, url: str, url_expires_s: int, cached: bool,
+def result_from_entry(key: str, entry: StoredAudio, *, url: str, url_expires_s: int, cached: bool,
                       batch_size: int = 0, ignored: list[str] | None = None,
                       timings: Timings | None = None) -> JobResult:
-    """The public result dict for an index entry (shared by workers and the producer's cache hit)."""
-    return JobResult(key=key, url=url, url_expires_s=url_expires_s, object_key=entry["object_key"],
-                     format=entry["format"], content_type=entry["content_type"],
-                     sample_rate=entry["sample_rate"], duration_s=entry["duration_s"], bytes=entry["bytes"],
-                     cached=cached, engine=entry["engine"], model=entry["model"],
-                     model_revision=entry["model_revision"], batch_size=batch_size,
+    """The public result for an index entry (shared by workers and the producer's cache hit)."""
+    return JobResult(**entry, key=key, url=url, url_expires_s=url_expires_s, cached=cached, batch_size=batch_size,
                      ignored=ignored or [],
                      timings=timings or Timings(queue_wait_s=0.0, synthesis_s=0.0, encode_s=0.0, upload_s=0.0))
 

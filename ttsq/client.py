@@ -26,13 +26,14 @@ from ttsq.constants import TASK_NAME
 from ttsq.engines.base import EngineIdentity
 from ttsq.errors import BrokerError, JobFailed, JobTimeout, TTSQError
 from ttsq.keys import content_key
-from ttsq.request import JobResult, Limits, SynthesisRequest
+from ttsq.request import JobResult, Limits, RequestFields, SynthesisRequest
 from ttsq.storage import Storage, open_storage
 from ttsq.tasks import SENT_AT_HEADER, make_app
 
 if TYPE_CHECKING:
     from celery import Celery
     from celery.result import AsyncResult
+    from typing_extensions import Unpack
 
     from ttsq.config import Settings
 
@@ -82,8 +83,12 @@ class Client:
             self._storage = open_storage(self.settings)
         return self._storage
 
-    def submit(self, text: str | None = None, **fields: Any) -> Job:
-        """Validate and enqueue one request (or answer it from the cache)."""
+    def submit(self, text: str | None = None, **fields: Unpack[RequestFields]) -> Job:
+        """Validate and enqueue one request (or answer it from the cache).
+
+        ``fields`` are the request fields (``language="korean"``, ``instruct="..."``, ...); they are
+        validated like untrusted input, so a wrong name or value is an ``InvalidRequest``.
+        """
         request = SynthesisRequest.from_dict({"text": text, **fields} if text is not None else fields,
                                              self.limits)
         return self.submit_request(request)
@@ -180,7 +185,7 @@ class Client:
         self.app.close()
 
 
-def submit(text: str, *, settings: Settings | None = None, **fields: Any) -> Job:
+def submit(text: str, *, settings: Settings | None = None, **fields: Unpack[RequestFields]) -> Job:
     """One-off submit with settings from the environment. Keep a ``Client`` for more than one."""
     from ttsq.config import Settings
 

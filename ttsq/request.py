@@ -135,6 +135,23 @@ class SynthesisRequest:
         return f"mode={self.mode} language={self.language} chars={len(self.text)} format={self.format}"
 
 
+class RequestFields(TypedDict, total=False):
+    """Keyword arguments of ``Client.submit`` beside the text: the request fields, all optional."""
+
+    mode: Mode
+    language: str
+    instruct: str
+    speaker: str
+    reference: str
+    format: AudioFormat
+    seed: int
+    temperature: float
+    top_p: float
+    top_k: int
+    repetition_penalty: float
+    max_new_tokens: int
+
+
 class Timings(TypedDict):
     """Seconds spent in each stage of one job."""
 
@@ -144,22 +161,29 @@ class Timings(TypedDict):
     upload_s: float
 
 
-class JobResult(TypedDict):
-    """The return value of ``ttsq.synthesize``: plain JSON, no audio and no input text."""
+class StoredAudio(TypedDict):
+    """What the cache index remembers about one stored object."""
 
-    key: str
-    url: str
-    url_expires_s: int
     object_key: str
     format: str
     content_type: str
     sample_rate: int
     duration_s: float
     bytes: int
-    cached: bool
     engine: str
     model: str
     model_revision: str
+    #: The engine hit the frame cap before its end token: the audio may stop mid-sentence.
+    truncated: bool
+
+
+class JobResult(StoredAudio):
+    """The return value of ``ttsq.synthesize``: plain JSON, no audio and no input text."""
+
+    key: str
+    url: str
+    url_expires_s: int
+    cached: bool
     batch_size: int
     #: Request fields the engine could not honour (for example an instruct for espeak).
     ignored: list[str]

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 from ttsq.audio import CONTENT_TYPES, encode
 from ttsq.batching import Batcher
-from ttsq.cache import CacheIndex, IndexEntry, result_from_entry
+from ttsq.cache import CacheIndex, result_from_entry
 from ttsq.engines import create_engine
 from ttsq.errors import JobTimeout
 from ttsq.keys import content_key, object_key
-from ttsq.request import JobResult, Limits, SynthesisRequest, Timings
+from ttsq.request import JobResult, Limits, StoredAudio, SynthesisRequest, Timings
 from ttsq.storage import open_storage
 
 if TYPE_CHECKING:
@@ -102,10 +102,11 @@ class WorkerRuntime:
         uploaded = time.perf_counter()
 
         identity = self.engine.identity
-        entry = IndexEntry(object_key=target, format=request.format,
+        entry = StoredAudio(object_key=target, format=request.format,
                            content_type=CONTENT_TYPES[request.format], sample_rate=audio.sample_rate,
                            duration_s=audio.duration_s, bytes=len(audio.data), engine=identity.engine,
-                           model=identity.model, model_revision=identity.revision)
+                           model=identity.model, model_revision=identity.revision,
+                           truncated=item.output.truncated)
         self.cache.put(key, entry)
         self.cache.count("items_synthesized")
         if written:
@@ -119,7 +120,7 @@ class WorkerRuntime:
                                            encode_s=round(encoded - started, 4),
                                            upload_s=round(uploaded - encoded, 4)))
 
-    def result(self, key: str, entry: IndexEntry, *, cached: bool, batch_size: int, ignored: list[str],
+    def result(self, key: str, entry: StoredAudio, *, cached: bool, batch_size: int, ignored: list[str],
                timings: Timings) -> JobResult:
         return result_from_entry(key, entry, url=self.storage.url(entry["object_key"], self.settings.url_expiry_s),
                                  url_expires_s=self.settings.url_expiry_s, cached=cached,
@@ -131,6 +132,7 @@ def redact_task_logs() -> None:
     trace_logger = logging.getLogger("celery.app.trace")
     if _redact_return_value not in trace_logger.filters:
         trace_logger.addFilter(_redact_return_value)
+
 
 def _redact_return_value(record: logging.LogRecord) -> bool:
     """Celery's task log lines carry the kwargs (input text) and the return value (a presigned URL)."""
