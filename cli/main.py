@@ -36,6 +36,8 @@ def _one_line_errors(command: F) -> F:
             message, code = str(exc), 1
         except OSError as exc:
             message, code = f"{type(exc).__name__}: {exc}", 1
+        except Exception as exc:  # a bug or an unforeseen library error: still one line, still non-zero
+            message, code = f"unexpected {type(exc).__name__}: {exc}", 1
         # Exit outside the except block: the traceback (and the Celery objects its frames hold) is
         # released now, not during interpreter shutdown where their finalizers print noise.
         _fail(message, code)
@@ -72,9 +74,15 @@ def cli(ctx: click.Context, broker_url: str | None, result_backend: str | None, 
 @click.option("--instruct", default="", help="Voice description, in words (VoiceDesign).")
 @click.option("--language", default="auto", show_default=True,
               help=f"One of {', '.join(LANGUAGES)}, or a code like ko, en, ja.")
-@click.option("--format", "audio_format", type=click.Choice(FORMATS), default=None,
-              help="Output format. Default: from the -o extension, else wav.")
+@click.option("--format", "audio_format", default=None,
+              help=f"Output format: {', '.join(FORMATS)}. Default: from the -o extension, else wav.")
 @click.option("--seed", type=int, default=None, help="Sampling seed (part of the cache key).")
+@click.option("--temperature", type=float, default=None, help="Sampling temperature (engine default if unset).")
+@click.option("--top-p", type=float, default=None, help="Nucleus sampling threshold.")
+@click.option("--top-k", type=int, default=None, help="Top-k sampling.")
+@click.option("--repetition-penalty", type=float, default=None, help="Repetition penalty.")
+@click.option("--max-new-tokens", type=int, default=None,
+              help="Frame cap (12.5 frames per second of audio); derived from the text if unset.")
 @click.option("--wait/--no-wait", default=True, show_default=True, help="Wait for the result.")
 @click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds to wait.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -85,8 +93,9 @@ def cli(ctx: click.Context, broker_url: str | None, result_backend: str | None, 
 @click.pass_context
 @_one_line_errors
 def submit(ctx: click.Context, text: str, instruct: str, language: str, audio_format: str | None,
-           seed: int | None, wait: bool, timeout: float, output: Path | None, as_json: bool,
-           embedded: bool) -> None:
+           seed: int | None, temperature: float | None, top_p: float | None, top_k: int | None,
+           repetition_penalty: float | None, max_new_tokens: int | None, wait: bool, timeout: float,
+           output: Path | None, as_json: bool, embedded: bool) -> None:
     """Synthesize TEXT (or '-' to read it from stdin)."""
     from ttsq.client import Client
 
@@ -99,8 +108,9 @@ def submit(ctx: click.Context, text: str, instruct: str, language: str, audio_fo
         suffix = output.suffix.lower().lstrip(".") if output else ""
         audio_format = suffix if suffix in FORMATS else "wav"
     fields: dict[str, Any] = {"instruct": instruct, "language": language, "format": audio_format}
-    if seed is not None:
-        fields["seed"] = seed
+    sampling = {"seed": seed, "temperature": temperature, "top_p": top_p, "top_k": top_k,
+                "repetition_penalty": repetition_penalty, "max_new_tokens": max_new_tokens}
+    fields.update({name: value for name, value in sampling.items() if value is not None})
     settings = _settings(ctx)
 
     if embedded:
@@ -114,7 +124,7 @@ def submit(ctx: click.Context, text: str, instruct: str, language: str, audio_fo
         with Embedded(settings.replace(engine="espeak")) as stack:
             client = Client(stack.settings, app=stack.app)
             job = client.submit(text, **fields)
-            _report(job.wait(timeout), output=output, as_json=as_json, client=client)
+            _report(job.wait(timeout), output=output, as_json=as_json)
         return
 
     client = Client(settings)
@@ -123,7 +133,7 @@ def submit(ctx: click.Context, text: str, instruct: str, language: str, audio_fo
         click.echo(json.dumps({"id": job.id, "key": job.key, "state": "PENDING"}) if as_json
                    else f"queued {job.id}")
         return
-    _report(job.wait(timeout), output=output, as_json=as_json, client=client)
+    _report(job.wait(timeout), output=output, as_json=as_json)
 
 
 @cli.command()
@@ -159,7 +169,7 @@ def result(ctx: click.Context, job_id: str, timeout: float, output: Path | None,
     from ttsq.client import Client
 
     client = Client(_settings(ctx))
-    _report(client.wait(job_id, timeout=timeout), output=output, as_json=as_json, client=client)
+    _report(client.wait(job_id, timeout=timeout), output=output, as_json=as_json)
 
 
 @cli.command()
@@ -179,7 +189,7 @@ def worker(ctx: click.Context, engine: str | None, max_batch: int | None, max_wa
     sys.exit(run_worker(settings, hostname=hostname))
 
 
-def _report(result: JobResult, *, output: Path | None, as_json: bool, client: Any) -> None:
+def _report(result: JobResult, *, output: Path | None, as_json: bool) -> None:
     if output is not None:
         output.write_bytes(_fetch(result["url"]))
     if as_json:
@@ -205,7 +215,13 @@ def _fetch(url: str) -> bytes:
 
 
 def main() -> None:
-    cli(prog_name="ttsq")
+    """Console entry point: click's usage errors become one line too."""
+    try:
+        cli.main(prog_name="ttsq", standalone_mode=False)
+    except click.UsageError as exc:
+        _fail(exc.format_message(), 2)
+    except click.Abort:
+        _fail("aborted", 130)
 
 
 if __name__ == "__main__":

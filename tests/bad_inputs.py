@@ -19,8 +19,11 @@ def load() -> list[Any]:
             request["text"] = request["text"] * request.pop("_repeat")
         if "_repeat_instruct" in request:
             request["instruct"] = request["instruct"] * request.pop("_repeat_instruct")
-        cases.append(pytest.param(request, case["field"], id=case["name"]))
+        cases.append(pytest.param(request, case["field"], id=case["name"],
+                                  marks=[] if case.get("cli", True) else [pytest.mark.no_cli]))
     return cases
 
 
 BAD_REQUESTS = load()
+#: The cases a shell can express with ttsq's flags (no JSON types, no fields without a flag).
+BAD_CLI_REQUESTS = [case for case in BAD_REQUESTS if not any(m.name == "no_cli" for m in case.marks)]

@@ -97,12 +97,15 @@ class WorkerProcess:
                 [sys.executable, "-m", "ttsq.cli.main", "worker", "-n", self.hostname],
                 env=settings_env(self.settings), stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
-        # The worker announces its model after loading and warming the engine, just before consuming.
-        while not cache.exists(ENGINE_PREFIX + self.settings.engine):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"worker did not start:\n{self.log()}")
-            time.sleep(0.05)
-        cache.close()
+        try:
+            # The worker announces its model after loading and warming the engine, just before consuming.
+            while not cache.exists(ENGINE_PREFIX + self.settings.engine):
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"worker did not start:\n{self.log()}")
+                time.sleep(0.05)
+        finally:
+            cache.close()
         return self
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int | None:

@@ -11,7 +11,7 @@ from ttsq.batching import Batcher, BatchItem
 from ttsq.config import Settings
 from ttsq.engines import create_engine
 from ttsq.engines.base import Engine, EngineOutput
-from ttsq.errors import EngineError
+from ttsq.errors import EngineError, EngineUnavailable
 from ttsq.request import SynthesisRequest
 
 
@@ -23,12 +23,19 @@ def engine() -> Iterator[Engine]:
     engine.close()
 
 
+def started(engine: Engine, **options: float) -> Batcher:
+    """A batcher over an already loaded engine (the wrapper keeps the batcher from reloading or closing it)."""
+    batcher = Batcher(SharedEngine(engine), **options)  # type: ignore[arg-type]
+    batcher.start()
+    return batcher
+
+
 def request(text: str, **fields: object) -> SynthesisRequest:
     return SynthesisRequest.from_dict({"text": text, **fields})
 
 
 def test_a_burst_from_many_threads_fills_every_batch(engine: Engine) -> None:
-    batcher = Batcher(engine, max_batch=4, max_wait_s=0.5)
+    batcher = started(engine, max_batch=4, max_wait_s=0.5)
     with ThreadPoolExecutor(16) as pool:
         items = list(pool.map(lambda i: batcher.submit(request(f"sentence number {i}")).result(10), range(16)))
     batcher.stop()
@@ -38,7 +45,7 @@ def test_a_burst_from_many_threads_fills_every_batch(engine: Engine) -> None:
 
 
 def test_requests_that_cannot_share_a_pass_ride_separate_batches(engine: Engine) -> None:
-    batcher = Batcher(engine, max_batch=8, max_wait_s=0.3)
+    batcher = started(engine, max_batch=8, max_wait_s=0.3)
     futures = [batcher.submit(request("hello", language=lang)) for lang in ("english", "korean", "english")]
     items = [future.result(10) for future in futures]
     batcher.stop()
@@ -47,7 +54,7 @@ def test_requests_that_cannot_share_a_pass_ride_separate_batches(engine: Engine)
 
 
 def test_a_failing_item_fails_only_its_own_future(engine: Engine) -> None:
-    batcher = Batcher(engine, max_batch=8, max_wait_s=0.3)
+    batcher = started(engine, max_batch=8, max_wait_s=0.3)
     futures = [batcher.submit(request(text)) for text in ("first", "...", "third")]
     assert isinstance(futures[0].result(10), BatchItem)
     with pytest.raises(EngineError):
@@ -57,7 +64,7 @@ def test_a_failing_item_fails_only_its_own_future(engine: Engine) -> None:
 
 
 def test_a_mode_the_engine_does_not_serve_fails_alone(engine: Engine) -> None:
-    batcher = Batcher(engine, max_batch=8, max_wait_s=0.3)
+    batcher = started(engine, max_batch=8, max_wait_s=0.3)
     good = batcher.submit(request("fine"))
     bad = batcher.submit(request("fine", mode="custom_voice", speaker="Sohee"))
     assert isinstance(good.result(10), BatchItem)
@@ -66,9 +73,10 @@ def test_a_mode_the_engine_does_not_serve_fails_alone(engine: Engine) -> None:
     batcher.stop()
 
 
-class CrashingEngine:
-    """The real espeak engine behind a boundary that fails whole batches holding a poison text,
-    the way a device error takes down a forward pass."""
+class SharedEngine:
+    """The module's loaded espeak engine, shared by many batchers (load and close do nothing here),
+    behind a boundary that fails any whole batch holding the text "poison", the way a device fault
+    takes down a forward pass."""
 
     def __init__(self, inner: Engine) -> None:
         self.inner = inner
@@ -87,8 +95,9 @@ class CrashingEngine:
 
 
 def test_a_batch_that_raises_is_retried_item_by_item(engine: Engine) -> None:
-    crashing = CrashingEngine(engine)
+    crashing = SharedEngine(engine)
     batcher = Batcher(crashing, max_batch=8, max_wait_s=0.3)
+    batcher.start()
     futures = [batcher.submit(request(text)) for text in ("one", "poison", "three")]
     assert isinstance(futures[0].result(10), BatchItem)
     with pytest.raises(EngineError, match="device fault"):
@@ -99,7 +108,28 @@ def test_a_batch_that_raises_is_retried_item_by_item(engine: Engine) -> None:
 
 
 def test_stopped_batcher_refuses_new_work(engine: Engine) -> None:
-    batcher = Batcher(engine, max_batch=2, max_wait_s=0.01)
+    batcher = started(engine, max_batch=2, max_wait_s=0.01)
     batcher.stop()
     with pytest.raises(EngineError):
         batcher.submit(request("late")).result(1)
+
+
+class UnloadableEngine(SharedEngine):
+    def load(self) -> None:
+        raise EngineUnavailable("weights not found")
+
+
+def test_engine_load_errors_surface_from_start(engine: Engine) -> None:
+    batcher = Batcher(UnloadableEngine(engine), max_batch=2, max_wait_s=0.01)
+    with pytest.raises(EngineUnavailable, match="weights not found"):
+        batcher.start()
+    with pytest.raises(EngineError):
+        batcher.submit(request("never")).result(1)
+
+
+def test_stop_finishes_what_was_queued_before_it(engine: Engine) -> None:
+    batcher = Batcher(SharedEngine(engine), max_batch=2, max_wait_s=0.2)
+    batcher.start()
+    futures = [batcher.submit(request(f"queued {i}")) for i in range(5)]
+    assert batcher.stop(timeout=30) is True
+    assert all(isinstance(future.result(0), BatchItem) for future in futures)

@@ -42,3 +42,24 @@ def test_settings_are_frozen() -> None:
     with pytest.raises(AttributeError):
         settings.max_batch = 3  # type: ignore[misc]
     assert settings.replace(max_batch=3).max_batch == 3
+
+
+def test_log_level_is_normalized_for_logging() -> None:
+    assert Settings.from_env({"TTSQ_LOG_LEVEL": "debug"}).log_level == "DEBUG"
+
+
+@pytest.mark.parametrize(("variable", "value"), [
+    ("TTSQ_CACHE_URL", "redis://host:notaport/2"),
+    ("TTSQ_RESULT_BACKEND", "redis://host:6379/one"),
+    ("TTSQ_S3_ENDPOINT_URL", "minio:9000"),
+    ("TTSQ_S3_PUBLIC_ENDPOINT_URL", "http://host:port"),
+])
+def test_malformed_urls_are_refused_at_startup(variable: str, value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({variable: value})
+    assert info.value.variable == variable
+
+
+def test_unknown_override_is_a_config_error() -> None:
+    with pytest.raises(ConfigError):
+        Settings.from_env({}, max_bacth=3)

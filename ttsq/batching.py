@@ -45,7 +45,11 @@ class BatchItem:
 
 
 class Batcher:
-    """Collects requests from many threads into batches for one engine."""
+    """Collects requests from many threads into batches for one engine, on one thread.
+
+    The batcher thread is the only thread that ever touches the engine: it loads and warms it, runs
+    every batch and closes it. On a GPU that keeps the device context and streams on one thread.
+    """
 
     def __init__(self, engine: Engine, *, max_batch: int, max_wait_s: float) -> None:
         self.engine = engine
@@ -53,22 +57,67 @@ class Batcher:
         self.max_wait_s = max_wait_s
         self._queue: queue.Queue[Any] = queue.Queue()
         self._batch_ids = itertools.count(1)
-        self._thread = threading.Thread(target=self._loop, name="ttsq-batcher", daemon=True)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._ready = threading.Event()
+        self._load_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="ttsq-batcher", daemon=True)
+
+    def start(self, timeout: float = 600.0) -> None:
+        """Load and warm the engine on the batcher thread; return when it is ready, or raise."""
         self._thread.start()
+        if not self._ready.wait(timeout):
+            raise EngineError(f"engine did not load within {timeout:.0f}s")
+        if self._load_error is not None:
+            raise self._load_error
 
     def submit(self, request: SynthesisRequest) -> Future[BatchItem]:
         """Queue one request; the future resolves when its batch is done."""
         future: Future[BatchItem] = Future()
-        if not self._thread.is_alive():
-            future.set_exception(EngineError("the batcher has stopped"))
-            return future
-        self._queue.put((request, future))
+        with self._lock:  # no request may slip in behind the stop marker
+            if self._closed or not self._thread.is_alive():
+                future.set_exception(EngineError("the batcher has stopped"))
+            else:
+                self._queue.put((request, future))
         return future
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Finish what is queued, then end the thread."""
-        self._queue.put(_STOP)
-        self._thread.join(timeout)
+    def stop(self, timeout: float = 60.0) -> bool:
+        """Finish what is queued, close the engine, end the thread; False if it is still busy."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._queue.put(_STOP)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        if self._thread.is_alive():
+            logger.warning("batcher still running after %.0fs; leaving the engine to the process exit", timeout)
+            return False
+        return True
+
+    def _main(self) -> None:
+        try:
+            self.engine.load()
+            self.engine.warmup()
+        except BaseException as exc:
+            self._load_error = exc
+            self._closed = True
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            self._loop()
+        finally:
+            self.engine.close()
+            self._fail_leftovers()
+
+    def _fail_leftovers(self) -> None:
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not _STOP and item[1].set_running_or_notify_cancel():
+                item[1].set_exception(EngineError("the batcher stopped before this job ran"))
 
     def _collect(self) -> tuple[list[tuple[SynthesisRequest, Future[BatchItem]]], bool]:
         first = self._queue.get()

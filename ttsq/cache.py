@@ -11,13 +11,23 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 
-from ttsq.constants import CACHE_PREFIX, ENGINE_PREFIX, INFLIGHT_PREFIX, STATS_PREFIX
+from ttsq.constants import (
+    CACHE_PREFIX,
+    ENGINE_PREFIX,
+    INFLIGHT_PREFIX,
+    REDIS_CONNECT_TIMEOUT_S,
+    REDIS_HEALTH_CHECK_INTERVAL_S,
+    REDIS_SOCKET_TIMEOUT_S,
+    STATS_PREFIX,
+)
 from ttsq.errors import BrokerError
-from ttsq.request import JobResult, StoredAudio, Timings
+
+if TYPE_CHECKING:
+    from ttsq.request import StoredAudio
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -36,14 +46,18 @@ class CacheIndex:
     def __init__(self, url: str, *, ttl_s: int) -> None:
         self.url = url
         self.ttl_s = ttl_s
-        self._redis = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10,
-                                           health_check_interval=30, decode_responses=True)
+        self._redis = redis.Redis.from_url(url, socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+                                           socket_timeout=REDIS_SOCKET_TIMEOUT_S,
+                                           health_check_interval=REDIS_HEALTH_CHECK_INTERVAL_S,
+                                           decode_responses=True)
 
     def get(self, key: str) -> StoredAudio | None:
+        """The index entry for a content key, if the audio is stored."""
         raw = self._do(lambda: self._redis.get(CACHE_PREFIX + key))
         return None if raw is None else json.loads(raw)
 
     def put(self, key: str, entry: StoredAudio) -> None:
+        """Index stored audio; call only once the object is in storage."""
         payload = json.dumps(entry, sort_keys=True)
         self._do(lambda: self._redis.set(CACHE_PREFIX + key, payload, ex=self.ttl_s or None))
 
@@ -60,6 +74,7 @@ class CacheIndex:
         return self._do(attempt)
 
     def release(self, key: str, task_id: str) -> None:
+        """Drop the claim on ``key`` if ``task_id`` still holds it."""
         self._do(lambda: self._redis.eval(_RELEASE_IF_OWNER, 1, INFLIGHT_PREFIX + key, task_id))
 
     def publish_identity(self, engine: str, identity: dict[str, Any]) -> None:
@@ -67,30 +82,25 @@ class CacheIndex:
         self._do(lambda: self._redis.set(ENGINE_PREFIX + engine, json.dumps(identity, sort_keys=True)))
 
     def read_identity(self, engine: str) -> dict[str, Any] | None:
+        """The identity the workers of ``engine`` last announced."""
         raw = self._do(lambda: self._redis.get(ENGINE_PREFIX + engine))
         return None if raw is None else json.loads(raw)
 
     def count(self, name: str, amount: int = 1) -> None:
+        """Add to a counter (``ttsq:stats:<name>``)."""
         self._do(lambda: self._redis.incrby(STATS_PREFIX + name, amount))
 
     def counter(self, name: str) -> int:
+        """A counter's value (0 if never counted)."""
         return int(self._do(lambda: self._redis.get(STATS_PREFIX + name)) or 0)
 
     def close(self) -> None:
+        """Close the connection pool."""
         self._redis.close()
 
     def _do(self, call: Callable[[], T]) -> T:
         with _redis_errors(self.url):
             return call()
-
-
-def result_from_entry(key: str, entry: StoredAudio, *, url: str, url_expires_s: int, cached: bool,
-                      batch_size: int = 0, ignored: list[str] | None = None,
-                      timings: Timings | None = None) -> JobResult:
-    """The public result for an index entry (shared by workers and the producer's cache hit)."""
-    return JobResult(**entry, key=key, url=url, url_expires_s=url_expires_s, cached=cached, batch_size=batch_size,
-                     ignored=ignored or [],
-                     timings=timings or Timings(queue_wait_s=0.0, synthesis_s=0.0, encode_s=0.0, upload_s=0.0))
 
 
 @contextmanager

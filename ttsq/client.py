@@ -15,20 +15,20 @@ keeps the result single; only the short-circuit is lost.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from ttsq.cache import CacheIndex, result_from_entry
-from ttsq.constants import TASK_NAME
-from ttsq.engines.base import EngineIdentity
+from ttsq.cache import CacheIndex
+from ttsq.constants import IDENTITY_TTL_S, SENT_AT_HEADER, TASK_NAME
 from ttsq.errors import BrokerError, JobFailed, JobTimeout, TTSQError
-from ttsq.keys import content_key
-from ttsq.request import JobResult, Limits, RequestFields, SynthesisRequest
+from ttsq.keys import EngineIdentity, content_key
+from ttsq.request import JobResult, Limits, RequestFields, SynthesisRequest, result_from_stored
 from ttsq.storage import Storage, open_storage
-from ttsq.tasks import SENT_AT_HEADER, make_app
+from ttsq.tasks import make_app
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -38,8 +38,6 @@ if TYPE_CHECKING:
     from ttsq.config import Settings
 
 logger = logging.getLogger(__name__)
-
-_IDENTITY_TTL_S = 10.0  # how long a producer trusts the announced model before reading it again
 
 
 @dataclass
@@ -55,12 +53,14 @@ class Job:
 
     @property
     def cached(self) -> bool:
+        """Whether the result came from the cache without a new job."""
         return self.result is not None and self.result["cached"]
 
     def wait(self, timeout: float | None = None) -> JobResult:
         """Block until the job is done; raise ``JobTimeout`` or the job's own error."""
         if self.result is None:
-            assert self.id is not None
+            if self.id is None:
+                raise JobFailed("a job with neither a result nor a task id")
             self.result = self.client.wait(self.id, timeout=timeout)
         return self.result
 
@@ -79,6 +79,7 @@ class Client:
 
     @property
     def storage(self) -> Storage:
+        """The storage, opened on first use (boto3 clients are not free)."""
         if self._storage is None:
             self._storage = open_storage(self.settings)
         return self._storage
@@ -94,6 +95,7 @@ class Client:
         return self.submit_request(request)
 
     def submit_request(self, request: SynthesisRequest) -> Job:
+        """Enqueue an already validated request (design steps 2-5)."""
         identity = self.identity()
         task_id = str(uuid.uuid4())
         key = None
@@ -102,27 +104,30 @@ class Client:
             entry = self.cache.get(key)
             if entry is not None:
                 self.cache.count("cache_hits_producer")
-                return Job(id=None, key=key, client=self, result=result_from_entry(
+                return Job(id=None, key=key, client=self, result=result_from_stored(
                     key, entry, url=self.storage.url(entry["object_key"], self.settings.url_expiry_s),
                     url_expires_s=self.settings.url_expiry_s, cached=True))
             owner = self.cache.claim(key, task_id, self.settings.inflight_ttl_s)
             if owner is not None:
                 return Job(id=owner, key=key, client=self, joined=True)
+        sent = False
         try:
             self.app.send_task(TASK_NAME, kwargs=request.to_dict(), task_id=task_id,
                                queue=self.settings.queue, headers={SENT_AT_HEADER: time.time()},
                                # What logs and Flower show instead of the kwargs: never the text.
                                kwargsrepr=request.describe())
+            sent = True
         except Exception as exc:  # kombu raises OperationalError, redis-py its own; either way: broker down
-            if key is not None:
+            raise BrokerError(f"cannot reach the broker to enqueue: {type(exc).__name__}: {exc}") from exc
+        finally:
+            if key is not None and not sent:  # also on Ctrl-C: a stale claim would stall identical submits
                 self.cache.release(key, task_id)
-            raise BrokerError(f"cannot enqueue: {type(exc).__name__}: {exc}") from exc
         return Job(id=task_id, key=key, client=self)
 
     def identity(self) -> EngineIdentity | None:
         """The model the workers of ``TTSQ_ENGINE`` announced, if any."""
         read_at, identity = self._identity
-        if time.monotonic() - read_at > _IDENTITY_TTL_S:
+        if time.monotonic() - read_at > IDENTITY_TTL_S:
             raw = self.cache.read_identity(self.settings.engine)
             identity = EngineIdentity.from_dict(raw) if raw else None
             self._identity = (time.monotonic(), identity)
@@ -139,10 +144,11 @@ class Client:
         except Exception as exc:
             from celery.exceptions import TimeoutError as CeleryTimeout
 
-            if isinstance(exc, CeleryTimeout):
-                # Stop listening for it now; left pending, Celery unsubscribes during interpreter
-                # shutdown and prints a traceback.
+            # Stop listening for it now: left pending, Celery unsubscribes during interpreter shutdown,
+            # reconnecting to a Redis that may be gone and printing a traceback.
+            with contextlib.suppress(Exception):
                 async_result.backend.remove_pending_result(async_result)
+            if isinstance(exc, CeleryTimeout):
                 raise JobTimeout(f"job {task_id} not done after {timeout}s") from None
             if _is_connection_error(exc):
                 raise BrokerError(f"cannot reach the result backend: {exc}") from exc
@@ -161,7 +167,7 @@ class Client:
         if state == "FAILURE":
             out["error"] = f"{type(info).__name__}: {info}"
         elif state == "SUCCESS" and isinstance(info, dict):
-            out["result"] = self.refresh_url(info)  # type: ignore[arg-type]
+            out["result"] = self.refresh_url(cast("JobResult", info))
         return out
 
     def refresh_url(self, result: JobResult) -> JobResult:
@@ -178,9 +184,11 @@ class Client:
         return self.storage.get(result["object_key"])
 
     def async_result(self, task_id: str) -> AsyncResult:
+        """Celery's handle for a task id."""
         return self.app.AsyncResult(task_id)
 
     def close(self) -> None:
+        """Release Redis connections."""
         self.cache.close()
         self.app.close()
 
@@ -192,9 +200,16 @@ def submit(text: str, *, settings: Settings | None = None, **fields: Unpack[Requ
     return Client(settings or Settings.from_env()).submit(text, **fields)
 
 
-def _is_connection_error(exc: BaseException) -> bool:
+def _is_connection_error(exc: BaseException | None) -> bool:
+    """Whether an error (or anything in its cause chain) means Redis could not be reached."""
     import kombu.exceptions
     import redis.exceptions
 
-    return isinstance(exc, (redis.exceptions.ConnectionError, kombu.exceptions.OperationalError,
-                            ConnectionError))
+    while exc is not None:
+        if isinstance(exc, (redis.exceptions.ConnectionError, kombu.exceptions.OperationalError, ConnectionError)):
+            return True
+        # Celery's result consumer gives up reconnecting with a bare RuntimeError.
+        if isinstance(exc, RuntimeError) and "reconnect to the Celery result store" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False

@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from ttsq.constants import DEFAULT_QUEUE
 from ttsq.errors import ConfigError
@@ -37,6 +38,9 @@ class Settings:
     storage_url: str = "./ttsq-audio"
     #: For MinIO, R2 and other S3-compatible stores; empty means AWS.
     s3_endpoint_url: str = ""
+    #: Endpoint written into presigned URLs, when clients reach the store by another address than
+    #: the workers do (compose: workers use http://minio:9000, users http://localhost:9000).
+    s3_public_endpoint_url: str = ""
     s3_region: str = ""
     url_expiry_s: int = 3600
     #: How long a cache index entry lives; 0 keeps entries until Redis evicts them.
@@ -71,9 +75,11 @@ class Settings:
         _check(1 <= self.max_text_chars <= 1_000_000, "max_text_chars", "must be 1..1000000")
         _check(0 <= self.max_instruct_chars <= 100_000, "max_instruct_chars", "must be 0..100000")
         for name in ("broker_url", "result_backend", "cache_url"):
+            _check_redis_url(name, getattr(self, name))
+        for name in ("s3_endpoint_url", "s3_public_endpoint_url"):
             url = getattr(self, name)
-            _check(url.startswith(("redis://", "rediss://", "unix://", "redis+socket://")), name,
-                   "must be a redis://, rediss:// or unix:// URL")
+            _check(not url or (url.startswith(("http://", "https://")) and _port_ok(url)), name,
+                   "must be an http:// or https:// URL")
         _check(bool(self.storage_url), "storage_url", "must not be empty")
         if self.storage_url.startswith("s3://"):
             _check(len(self.storage_url[5:].split("/", 1)[0]) >= 3, "storage_url",
@@ -82,6 +88,7 @@ class Settings:
         _check(bool(self.queue), "queue", "must not be empty")
         _check(self.log_level.upper() in {"DEBUG", "INFO", "WARNING", "ERROR"}, "log_level",
                "must be DEBUG, INFO, WARNING or ERROR")
+        object.__setattr__(self, "log_level", self.log_level.upper())  # logging wants "INFO", not "info"
 
     @property
     def concurrency(self) -> int:
@@ -107,7 +114,7 @@ class Settings:
                 values[field.name] = parse(variable, env[variable])
         unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
-            raise TypeError(f"unknown settings: {sorted(unknown)}")
+            raise ConfigError("overrides", f"unknown settings {sorted(unknown)}")
         return cls(**values)
 
     def replace(self, **changes: Any) -> Settings:
@@ -118,6 +125,23 @@ class Settings:
 def _check(ok: bool, field: str, reason: str) -> None:
     if not ok:
         raise ConfigError(ENV_PREFIX + field.upper(), reason)
+
+
+def _port_ok(url: str) -> bool:
+    try:
+        urlsplit(url).port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        return False
+    return True
+
+
+def _check_redis_url(name: str, url: str) -> None:
+    _check(url.startswith(("redis://", "rediss://", "unix://")), name,
+           "must be a redis://, rediss:// (TLS) or unix:// URL")
+    _check(_port_ok(url), name, "has a port that is not a number")
+    path = urlsplit(url).path.strip("/")
+    _check(url.startswith("unix://") or path == "" or path.isdigit(), name,
+           f"database must be a number, got {path!r}")
 
 
 def _parse_int(variable: str, raw: str) -> int:

@@ -22,3 +22,15 @@ CACHE_PREFIX = "ttsq:cache:"  # + content key -> JSON index entry; TTL = setting
 INFLIGHT_PREFIX = "ttsq:inflight:"  # + content key -> task id of the job producing it; SET NX EX
 ENGINE_PREFIX = "ttsq:engine:"  # + engine name -> JSON identity published by workers at startup
 STATS_PREFIX = "ttsq:stats:"  # + counter name -> integer, incremented by workers
+
+#: Message header with the producer's wall-clock send time (seconds), for the queue-wait figure.
+SENT_AT_HEADER = "ttsq_sent_at"
+
+#: How long a producer trusts the model the workers announced before reading it again (seconds).
+IDENTITY_TTL_S = 10.0
+
+# Redis socket limits for every connection ttsq opens (seconds): fail fast when Redis is gone
+# instead of hanging on a dead TCP connection.
+REDIS_CONNECT_TIMEOUT_S = 5
+REDIS_SOCKET_TIMEOUT_S = 30
+REDIS_HEALTH_CHECK_INTERVAL_S = 30

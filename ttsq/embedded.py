@@ -54,15 +54,18 @@ class RedisServer:
     def __init__(self, *, port: int | None = None, directory: str | None = None,
                  appendonly: bool = False) -> None:
         self.port = port or free_port()
+        self._owns_directory = directory is None
         self.directory = directory or tempfile.mkdtemp(prefix="ttsq-redis-")
         self.appendonly = appendonly
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
+        """``redis://127.0.0.1:PORT``; add ``/N`` for a database."""
         return f"redis://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 10.0) -> RedisServer:
+        """Start and wait until it answers PING."""
         command = [redis_server_executable(), "--port", str(self.port), "--bind", "127.0.0.1",
                    "--dir", self.directory, "--save", "", "--protected-mode", "yes",
                    "--appendonly", "yes" if self.appendonly else "no", "--loglevel", "warning"]
@@ -80,10 +83,11 @@ class RedisServer:
                         return self
             except OSError:
                 time.sleep(0.05)
-        self.stop()
+        self.stop(keep_data=True)
         raise BrokerError(f"redis-server did not answer on port {self.port} within {timeout}s")
 
-    def stop(self) -> None:
+    def stop(self, *, keep_data: bool = False) -> None:
+        """Stop the server; remove its folder too if it made one (``keep_data`` for a restart)."""
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:
@@ -92,6 +96,8 @@ class RedisServer:
                 self.process.kill()
                 self.process.wait()
         self.process = None
+        if self._owns_directory and not keep_data:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 class InProcessWorker:
@@ -107,6 +113,7 @@ class InProcessWorker:
         self._error: BaseException | None = None
 
     def start(self, timeout: float = 60.0) -> InProcessWorker:
+        """Start consuming; return once the consumer is connected."""
         def ready(*_: Any, **__: Any) -> None:
             self._ready.set()
 
@@ -133,6 +140,7 @@ class InProcessWorker:
         return self
 
     def stop(self, timeout: float = 30.0) -> None:
+        """Warm shutdown: finish the jobs in flight, then return."""
         if self._worker is not None:
             self._worker.stop(in_sighandler=False, exitcode=0)
         if self._thread is not None:
@@ -172,5 +180,4 @@ class Embedded:
             self.worker.stop()
             self.runtime.close()
         self.redis.stop()
-        shutil.rmtree(self.redis.directory, ignore_errors=True)
 

@@ -11,13 +11,36 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from ttsq.constants import KEY_SCHEMA_VERSION, POSTPROCESS_VERSION
 
 if TYPE_CHECKING:
-    from ttsq.engines.base import EngineIdentity
     from ttsq.request import SynthesisRequest
+
+@dataclass(frozen=True, kw_only=True)
+class EngineIdentity:
+    """What model renders the audio: part of every content key."""
+
+    engine: str
+    model: str
+    revision: str
+    sample_rate: int
+    modes: tuple[str, ...] = ("voice_design",)
+    languages: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON, as workers publish it in Redis."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EngineIdentity:
+        """The identity a worker published."""
+        return cls(engine=data["engine"], model=data["model"], revision=data["revision"],
+                   sample_rate=int(data["sample_rate"]), modes=tuple(data.get("modes", ())),
+                   languages=tuple(data.get("languages", ())))
+
 
 #: File extension per output format.
 EXTENSIONS = {"wav": "wav", "flac": "flac", "ogg": "ogg", "mp3": "mp3"}

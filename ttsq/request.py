@@ -13,7 +13,7 @@ import re
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, TypedDict, get_args
+from typing import Any, Literal, TypedDict, cast, get_args
 
 from ttsq.errors import InvalidRequest
 
@@ -117,8 +117,8 @@ class SynthesisRequest:
         for name, (ilow, ihigh) in _INT_RANGES.items():
             numbers[name] = _number(name, data.get(name), int, ilow, ihigh)
 
-        return cls(text=text, mode=mode, language=language, instruct=instruct, speaker=speaker,  # type: ignore[arg-type]
-                   reference=reference, format=fmt, **numbers)  # type: ignore[arg-type]
+        return cls(text=text, mode=cast(Mode, mode), language=language, instruct=instruct, speaker=speaker,
+                   reference=reference, format=cast(AudioFormat, fmt), **numbers)
 
     def to_dict(self) -> dict[str, Any]:
         """The task kwargs: plain JSON, accepted back by ``from_dict``."""
@@ -175,6 +175,8 @@ class StoredAudio(TypedDict):
     model_revision: str
     #: The engine hit the frame cap before its end token: the audio may stop mid-sentence.
     truncated: bool
+    #: Request fields the engine could not honour (for example an instruct for espeak).
+    ignored: list[str]
 
 
 class JobResult(StoredAudio):
@@ -184,10 +186,16 @@ class JobResult(StoredAudio):
     url: str
     url_expires_s: int
     cached: bool
+    #: How many jobs shared the forward pass (0: answered from the cache).
     batch_size: int
-    #: Request fields the engine could not honour (for example an instruct for espeak).
-    ignored: list[str]
     timings: Timings
+
+
+def result_from_stored(key: str, stored: StoredAudio, *, url: str, url_expires_s: int, cached: bool,
+                       batch_size: int = 0, timings: Timings | None = None) -> JobResult:
+    """The public result for stored audio (built by workers, and by producers on a cache hit)."""
+    return JobResult(key=key, url=url, url_expires_s=url_expires_s, cached=cached, **stored, batch_size=batch_size,
+                     timings=timings or Timings(queue_wait_s=0.0, synthesis_s=0.0, encode_s=0.0, upload_s=0.0))
 
 
 def _clean_text(name: str, value: Any, max_chars: int, *, required: bool = False) -> str:

@@ -89,7 +89,8 @@ class LocalStorage:
 class S3Storage:
     """S3, MinIO, R2 or any S3-compatible store, through boto3."""
 
-    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str = "", region: str = "") -> None:
+    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str = "", region: str = "",
+                 public_endpoint_url: str = "") -> None:
         import boto3
         from botocore.config import Config
 
@@ -107,6 +108,9 @@ class S3Storage:
         # from ttsq settings, task arguments or results.
         self._client: Any = boto3.client("s3", endpoint_url=endpoint_url or None,
                                          region_name=region or None, config=config)
+        # Presigning is offline; a second client signs for the address clients use, when it differs.
+        self._signer: Any = self._client if not public_endpoint_url else boto3.client(
+            "s3", endpoint_url=public_endpoint_url, region_name=region or None, config=config)
 
     def put(self, key: str, data: bytes, content_type: str) -> bool:
         if self.exists(key):
@@ -133,7 +137,7 @@ class S3Storage:
         return body
 
     def url(self, key: str, expires_s: int) -> str:
-        url: str = self._client.generate_presigned_url(
+        url: str = self._signer.generate_presigned_url(
             "get_object", Params={"Bucket": self.bucket, "Key": self.prefix + key}, ExpiresIn=expires_s)
         return url
 
@@ -150,7 +154,7 @@ def open_storage(settings: Settings) -> Storage:
     if url.startswith("s3://"):
         parsed = urlparse(url)
         return S3Storage(parsed.netloc, parsed.path, endpoint_url=settings.s3_endpoint_url,
-                         region=settings.s3_region)
+                         region=settings.s3_region, public_endpoint_url=settings.s3_public_endpoint_url)
     if url.startswith("file://"):
         return LocalStorage(urlparse(url).path)
     if "://" in url:

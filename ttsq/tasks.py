@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 
-from ttsq.constants import TASK_NAME
+from ttsq.constants import (
+    REDIS_CONNECT_TIMEOUT_S,
+    REDIS_HEALTH_CHECK_INTERVAL_S,
+    REDIS_SOCKET_TIMEOUT_S,
+    SENT_AT_HEADER,
+    TASK_NAME,
+)
 from ttsq.errors import InvalidRequest
 
 if TYPE_CHECKING:
@@ -28,13 +34,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Message header with the producer's wall-clock send time, for the queue-wait figure.
-SENT_AT_HEADER = "ttsq_sent_at"
-
-
-def celery_config(settings: Settings) -> dict[str, Any]:
+def celery_config(settings: Settings, *, worker: bool) -> dict[str, Any]:
     """Every Celery setting ttsq depends on, in one place."""
     visibility = settings.visibility_timeout_s
+    # Workers ride out a Redis restart (about 20 s of reconnects before a result is given up);
+    # producers report an unreachable result backend within a couple of seconds instead.
+    result_retry = {"max_retries": 20, "interval_start": 0, "interval_step": 1, "interval_max": 1} if worker \
+        else {"max_retries": 2, "interval_start": 0, "interval_step": 0.5, "interval_max": 1}
     return {
         "broker_url": settings.broker_url,
         "result_backend": settings.result_backend,
@@ -46,7 +52,6 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_accept_content": ["json"],
         # At-least-once: ack after the job is stored, so a worker that dies loses nothing.
         "task_acks_late": True,
-        "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
         # Flower sees every job: sent, received, started, succeeded/failed.
         "worker_send_task_events": True,
@@ -60,13 +65,18 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "visibility_timeout": visibility,
             "unacked_restore_interval": 1,
             "unacked_restore_throttle": 1,
-            "socket_timeout": 30,
-            "socket_connect_timeout": 5,
-            "health_check_interval": 30,
+            "socket_timeout": REDIS_SOCKET_TIMEOUT_S,
+            "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
+            "health_check_interval": REDIS_HEALTH_CHECK_INTERVAL_S,
         },
-        "result_backend_transport_options": {"visibility_timeout": visibility},
+        "result_backend_transport_options": {"visibility_timeout": visibility, "retry_policy": result_retry},
         "visibility_timeout": visibility,
-        "redis_socket_connect_timeout": 5,
+        "redis_socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
+        "redis_socket_timeout": REDIS_SOCKET_TIMEOUT_S,
+        # A producer with the broker down fails within a few seconds instead of retrying for long.
+        "task_publish_retry_policy": {"max_retries": 2, "interval_start": 0, "interval_step": 0.5,
+                                      "interval_max": 1},
+        "broker_connection_timeout": REDIS_CONNECT_TIMEOUT_S,
         "broker_connection_retry_on_startup": True,
         "task_default_queue": settings.queue,
         "task_routes": {TASK_NAME: {"queue": settings.queue}},
@@ -81,9 +91,11 @@ def make_app(settings: Settings, *, runtime: WorkerRuntime | None = None) -> Cel
     and warmed, so a broken model stops the process before it consumes anything) and passes it here.
     """
     app = Celery("ttsq", set_as_current=False)
-    app.conf.update(celery_config(settings))
+    app.conf.update(celery_config(settings, worker=runtime is not None))
 
-    @app.task(name=TASK_NAME, bind=True, acks_late=True)  # type: ignore[untyped-decorator]
+    # shared=False: Celery otherwise adds every task to every app made later in this process, and a
+    # second app (tests, embedded mode) would run the first app's closure with the first runtime.
+    @app.task(name=TASK_NAME, bind=True, acks_late=True, shared=False)  # type: ignore[untyped-decorator]
     def synthesize(self: Any, *args: Any, **kwargs: Any) -> JobResult:
         if args:
             raise InvalidRequest("args", "ttsq.synthesize takes keyword arguments only (kwargs=...)")

@@ -20,13 +20,13 @@ import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any
 
-from ttsq.audio import CONTENT_TYPES, encode
+from ttsq.audio import encode
 from ttsq.batching import Batcher
-from ttsq.cache import CacheIndex, result_from_entry
+from ttsq.cache import CacheIndex
 from ttsq.engines import create_engine
 from ttsq.errors import JobTimeout
 from ttsq.keys import content_key, object_key
-from ttsq.request import JobResult, Limits, StoredAudio, SynthesisRequest, Timings
+from ttsq.request import JobResult, Limits, StoredAudio, SynthesisRequest, Timings, result_from_stored
 from ttsq.storage import open_storage
 
 if TYPE_CHECKING:
@@ -45,39 +45,34 @@ class WorkerRuntime:
         self.engine = create_engine(settings)
         self.storage = open_storage(settings)
         self.cache = CacheIndex(settings.cache_url, ttl_s=settings.cache_ttl_s)
-        self.batcher: Batcher | None = None
+        self.batcher = Batcher(self.engine, max_batch=settings.max_batch, max_wait_s=settings.max_wait_ms / 1000)
 
     def start(self) -> None:
-        """Load and warm the engine, start the batcher, announce the model to producers."""
+        """Load and warm the engine (on the batcher thread), then announce the model to producers."""
         started = time.perf_counter()
         redact_task_logs()
-        self.engine.load()
-        self.engine.warmup()
-        self.batcher = Batcher(self.engine, max_batch=self.settings.max_batch,
-                               max_wait_s=self.settings.max_wait_ms / 1000)
-        self.cache.publish_identity(self.settings.engine, self.engine.identity.to_dict())
-        logger.info("engine %s ready in %.2fs (model %s, revision %s, max_batch %d)",
-                    self.settings.engine, time.perf_counter() - started, self.engine.identity.model,
-                    self.engine.identity.revision, self.settings.max_batch)
+        self.batcher.start()
+        identity = self.engine.identity
+        self.cache.publish_identity(self.settings.engine, identity.to_dict())
+        logger.info("engine %s ready in %.2fs (model %s, revision %s, max_batch %d)", self.settings.engine,
+                    time.perf_counter() - started, identity.model, identity.revision, self.settings.max_batch)
 
     def close(self) -> None:
-        if self.batcher is not None:
-            self.batcher.stop()
-        self.engine.close()
+        """Finish queued batches, release the engine and connections."""
+        self.batcher.stop()
         self.cache.close()
 
     def run(self, kwargs: dict[str, Any], *, task_id: str, queue_wait_s: float | None) -> JobResult:
         """Run one job to a stored, indexed result."""
         request = SynthesisRequest.from_dict(kwargs, self.limits)
-        identity = self.engine.identity
-        key = content_key(request, identity)
+        key = content_key(request, self.engine.identity)
         try:
-            entry = self.cache.get(key)
-            if entry is not None:
+            stored = self.cache.get(key)
+            if stored is not None:
                 self.cache.count("cache_hits_worker")
                 logger.info("job %s: cache hit %s", task_id, key[:12])
-                return self.result(key, entry, cached=True, batch_size=0, ignored=[],
-                                   timings=Timings(queue_wait_s=queue_wait_s or 0.0, synthesis_s=0.0,
+                return self.result(key, stored, cached=True, batch_size=0,
+                                   timings=Timings(queue_wait_s=round(queue_wait_s or 0.0, 4), synthesis_s=0.0,
                                                    encode_s=0.0, upload_s=0.0))
             return self._synthesize(request, key, task_id=task_id, queue_wait_s=queue_wait_s)
         finally:
@@ -86,7 +81,6 @@ class WorkerRuntime:
 
     def _synthesize(self, request: SynthesisRequest, key: str, *, task_id: str,
                     queue_wait_s: float | None) -> JobResult:
-        assert self.batcher is not None, "WorkerRuntime.start() was not called"
         future = self.batcher.submit(request)
         try:
             item = future.result(timeout=self.settings.job_timeout_s)
@@ -102,29 +96,28 @@ class WorkerRuntime:
         uploaded = time.perf_counter()
 
         identity = self.engine.identity
-        entry = StoredAudio(object_key=target, format=request.format,
-                           content_type=CONTENT_TYPES[request.format], sample_rate=audio.sample_rate,
-                           duration_s=audio.duration_s, bytes=len(audio.data), engine=identity.engine,
-                           model=identity.model, model_revision=identity.revision,
-                           truncated=item.output.truncated)
-        self.cache.put(key, entry)
+        stored = StoredAudio(object_key=target, format=request.format, content_type=audio.content_type,
+                             sample_rate=audio.sample_rate, duration_s=audio.duration_s, bytes=len(audio.data),
+                             engine=identity.engine, model=identity.model, model_revision=identity.revision,
+                             truncated=item.output.truncated, ignored=list(item.output.ignored))
+        self.cache.put(key, stored)  # last: the index never points at an object that is not there
         self.cache.count("items_synthesized")
         if written:
             self.cache.count("objects_written")
         logger.info("job %s: synthesized %s in batch %d of %d (%.2fs audio)", task_id, key[:12],
                     item.batch_id, item.batch_size, audio.duration_s)
-        return self.result(key, entry, cached=False, batch_size=item.batch_size,
-                           ignored=list(item.output.ignored),
+        return self.result(key, stored, cached=False, batch_size=item.batch_size,
                            timings=Timings(queue_wait_s=round(queue_wait_s or 0.0, 4),
                                            synthesis_s=round(item.synthesis_s, 4),
                                            encode_s=round(encoded - started, 4),
                                            upload_s=round(uploaded - encoded, 4)))
 
-    def result(self, key: str, entry: StoredAudio, *, cached: bool, batch_size: int, ignored: list[str],
+    def result(self, key: str, stored: StoredAudio, *, cached: bool, batch_size: int,
                timings: Timings) -> JobResult:
-        return result_from_entry(key, entry, url=self.storage.url(entry["object_key"], self.settings.url_expiry_s),
-                                 url_expires_s=self.settings.url_expiry_s, cached=cached,
-                                 batch_size=batch_size, ignored=ignored, timings=timings)
+        """The public result, with a URL signed now."""
+        return result_from_stored(key, stored, url=self.storage.url(stored["object_key"], self.settings.url_expiry_s),
+                                  url_expires_s=self.settings.url_expiry_s, cached=cached, batch_size=batch_size,
+                                  timings=timings)
 
 
 def redact_task_logs() -> None:

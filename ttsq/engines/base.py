@@ -9,36 +9,16 @@ then retries the items one by one to find the culprit.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 if TYPE_CHECKING:
     from ttsq.config import Settings
+    from ttsq.keys import EngineIdentity
     from ttsq.request import SynthesisRequest
-
-
-@dataclass(frozen=True, kw_only=True)
-class EngineIdentity:
-    """What model renders the audio: part of every content key."""
-
-    engine: str
-    model: str
-    revision: str
-    sample_rate: int
-    modes: tuple[str, ...] = ("voice_design",)
-    languages: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> EngineIdentity:
-        return cls(engine=data["engine"], model=data["model"], revision=data["revision"],
-                   sample_rate=int(data["sample_rate"]), modes=tuple(data.get("modes", ())),
-                   languages=tuple(data.get("languages", ())))
 
 
 @dataclass(frozen=True)
@@ -54,7 +34,7 @@ class EngineOutput:
 
 
 class Engine(Protocol):
-    """A speech model behind the batcher."""
+    """A speech model behind the batcher. Every method is called from the batcher thread only."""
 
     identity: EngineIdentity
 

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ttsq.engines.base import EngineIdentity, EngineOutput
+from ttsq.engines.base import EngineOutput
 from ttsq.errors import EngineError, EngineUnavailable
+from ttsq.keys import EngineIdentity
 
 if TYPE_CHECKING:
     from ttsq.config import Settings
@@ -52,6 +53,7 @@ class EspeakEngine:
                                        languages=("auto", *VOICES))
 
     def load(self) -> None:
+        """Load libespeak-ng from the wheel and point it at the wheel's voice data."""
         try:
             import espeakng_loader
         except ImportError as exc:
@@ -72,12 +74,15 @@ class EspeakEngine:
         logger.info("espeak-ng %s loaded (%d Hz)", version, rate)
 
     def warmup(self) -> None:
+        """Speak two words, so the first job pays no first-call cost."""
         self._speak("warm up", "en-us")
 
     def synthesize_batch(self, requests: Sequence[SynthesisRequest]) -> list[EngineOutput | Exception]:
+        """espeak has no batch dimension: one call per request, failures in their slots."""
         return [self._one(request) for request in requests]
 
     def close(self) -> None:
+        """Free espeak-ng's buffers."""
         if self._lib is not None:
             self._lib.espeak_Terminate()
             self._lib = None

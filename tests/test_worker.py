@@ -1,0 +1,108 @@
+"""The worker's side of a job, through real ``ttsq worker`` processes: re-check, store, index, logs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import WorkerProcess, queue_length, s3_keys
+
+from ttsq.cache import CacheIndex
+from ttsq.client import Client
+from ttsq.config import Settings
+from ttsq.errors import InvalidRequest, StorageError
+from ttsq.tasks import make_app
+
+StartWorker = Callable[..., WorkerProcess]
+
+
+def test_a_redelivered_job_is_answered_from_the_cache(settings: Settings, start_worker: StartWorker) -> None:
+    start_worker(settings)
+    client = Client(settings)
+    first = client.submit("Delivered twice.").wait(timeout=30)
+    synthesized = CacheIndex(settings.cache_url, ttl_s=0).counter("items_synthesized")
+    # The same message again, as Redis would redeliver it: straight onto the queue, no producer check.
+    again = make_app(settings).send_task("ttsq.synthesize", kwargs={"text": "Delivered twice."},
+                                         queue=settings.queue).get(timeout=30)
+    assert again["cached"] is True and again["key"] == first["key"] and again["batch_size"] == 0
+    assert CacheIndex(settings.cache_url, ttl_s=0).counter("items_synthesized") == synthesized
+
+
+def test_pickle_messages_are_refused_not_executed(settings: Settings, start_worker: StartWorker,
+                                                  tmp_path: Path) -> None:
+    from celery import Celery
+
+    worker = start_worker(settings)
+    marker = tmp_path / "pwned"
+    attacker = Celery(broker=settings.broker_url, backend=settings.result_backend)
+    attacker.conf.update(task_serializer="pickle", accept_content=["pickle", "json"])
+    attacker.send_task("ttsq.synthesize", kwargs={"text": Exploit(str(marker))}, queue=settings.queue,
+                       serializer="pickle")
+    # The worker keeps serving: a normal job right after the bad message completes.
+    assert Client(settings).submit("Still alive.").wait(timeout=30)["duration_s"] > 0
+    assert not marker.exists()
+    assert queue_length(settings) == 0  # refused and dropped, not left to be redelivered forever
+    assert "Refusing to deserialize untrusted content of type pickle" in worker.log()
+
+
+class Exploit:
+    """Unpickling this runs a command: what a pickle-accepting worker would execute."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        import os
+
+        return (os.system, (f"touch {self.path}",))
+
+
+def test_worker_logs_never_show_the_text_or_the_url(settings: Settings, start_worker: StartWorker) -> None:
+    worker = start_worker(settings)
+    secret = "Confidential sentence about project Nightingale."
+    result = Client(settings).submit(secret).wait(timeout=30)
+    bad = make_app(settings).send_task("ttsq.synthesize", kwargs={"text": secret, "format": "aiff"},
+                                       queue=settings.queue)
+    with pytest.raises(InvalidRequest):
+        bad.get(timeout=30)
+    worker.stop()
+    log = worker.log()
+    assert "succeeded" in log and "InvalidRequest" in log  # the log was written
+    assert "Nightingale" not in log
+    assert result["url"].split("?")[0] not in log and "Signature" not in log
+
+
+def test_frame_cap_truncation_is_flagged_in_the_result(settings: Settings, start_worker: StartWorker) -> None:
+    start_worker(settings)
+    result = Client(settings).submit("This sentence is far longer than five frames of audio.",
+                                     max_new_tokens=5).wait(timeout=30)
+    assert result["truncated"] is True
+    assert result["duration_s"] == pytest.approx(5 / 12.5, abs=0.01)
+    assert Client(settings).submit("Short.").wait(timeout=30)["truncated"] is False
+
+
+def test_storage_down_at_the_worker_fails_the_job_and_indexes_nothing(settings: Settings,
+                                                                      start_worker: StartWorker) -> None:
+    from ttsq.embedded import free_port
+
+    start_worker(settings.replace(s3_endpoint_url=f"http://127.0.0.1:{free_port()}"))
+    client = Client(settings)
+    job = client.submit("Nowhere to put this.")
+    with pytest.raises(StorageError):
+        job.wait(timeout=60)
+    assert job.key is not None and CacheIndex(settings.cache_url, ttl_s=0).get(job.key) is None
+    assert s3_keys(settings) == []
+    client.close()
+
+
+def test_cache_hit_reports_what_the_first_result_did(settings: Settings, start_worker: StartWorker) -> None:
+    start_worker(settings)
+    client = Client(settings)
+    first = client.submit("Same answer twice.", instruct="a deep voice").wait(timeout=30)
+    again = client.submit("Same answer twice.", instruct="a deep voice").wait(timeout=30)
+    assert again["cached"] and not first["cached"]
+    assert again["ignored"] == first["ignored"] == ["instruct"]
+    assert {k: v for k, v in again.items() if k not in ("cached", "batch_size", "timings", "url")} == \
+        {k: v for k, v in first.items() if k not in ("cached", "batch_size", "timings", "url")}
+    client.close()
