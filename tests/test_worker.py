@@ -66,7 +66,7 @@ def test_worker_logs_never_show_the_text_or_the_url(settings: Settings, start_wo
                                        queue=settings.queue)
     with pytest.raises(InvalidRequest):
         bad.get(timeout=30)
-    worker.stop()
+    assert worker.stop() == 0  # SIGTERM: warm shutdown, clean exit
     log = worker.log()
     assert "succeeded" in log and "InvalidRequest" in log  # the log was written
     assert "Nightingale" not in log
