@@ -30,6 +30,8 @@ def _one_line_errors(command: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return command(*args, **kwargs)
+        except click.ClickException:
+            raise  # usage errors: main() prints them as one line
         except (InvalidRequest, ConfigError) as exc:
             message, code = str(exc), 2
         except TTSQError as exc:
@@ -114,8 +116,14 @@ def submit(ctx: click.Context, text: str, instruct: str, language: str, audio_fo
     settings = _settings(ctx)
 
     if embedded:
+        import signal
+
         from ttsq.embedded import Embedded
 
+        if not wait:
+            raise click.UsageError("--embedded waits for its one job: it cannot be combined with --no-wait")
+        # SIGTERM becomes SystemExit, so the private Redis and worker are stopped on the way out.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         # Validate before starting anything: bad input costs no Redis and no engine load.
         from ttsq.request import Limits, SynthesisRequest
 
@@ -142,7 +150,7 @@ def submit(ctx: click.Context, text: str, instruct: str, language: str, audio_fo
 @click.pass_context
 @_one_line_errors
 def status(ctx: click.Context, job_id: str, as_json: bool) -> None:
-    """Show the state of job JOB_ID."""
+    """Show the state of job JOB_ID (exit 0 whatever the state; 1 only if Redis is unreachable)."""
     from ttsq.client import Client
 
     info = Client(_settings(ctx)).status(job_id)
@@ -202,8 +210,9 @@ def _report(result: JobResult, *, output: Path | None, as_json: bool) -> None:
 
 def _summary(result: JobResult) -> str:
     source = "cached" if result["cached"] else "synthesized"
+    ignored = f" (ignored: {', '.join(result['ignored'])})" if result["ignored"] else ""
     return (f"{result['duration_s']:.2f}s {result['format']} {result['sample_rate']} Hz, {source} "
-            f"by {result['engine']}, key {result['key'][:12]}")
+            f"by {result['engine']}, key {result['key'][:12]}{ignored}")
 
 
 def _fetch(url: str) -> bytes:
@@ -217,11 +226,15 @@ def _fetch(url: str) -> bytes:
 def main() -> None:
     """Console entry point: click's usage errors become one line too."""
     try:
-        cli.main(prog_name="ttsq", standalone_mode=False)
+        code = cli.main(prog_name="ttsq", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:  # bare `ttsq`: the help, not an error
+        click.echo(exc.ctx.get_help() if exc.ctx else "")
+        code = 0
     except click.UsageError as exc:
         _fail(exc.format_message(), 2)
     except click.Abort:
         _fail("aborted", 130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -72,16 +72,17 @@ def test_storage_down_is_one_line(settings: Settings, start_worker: StartWorker,
     start_worker(settings)
     out = run_cli("submit", "storage test", "-o", str(tmp_path / "x.wav"), "--timeout", "20",
                   settings=settings.replace(s3_endpoint_url=f"http://127.0.0.1:{free_port()}"))
-    # The worker stores fine; this producer's own endpoint is down, so it cannot presign or fetch.
-    assert out.returncode == 1
-    assert out.stderr.decode().startswith("ttsq: error:")
-    assert len(out.stderr.decode().strip().splitlines()) == 1
+    # The worker stores fine; this producer's own endpoint is down, so the download fails.
+    lines = out.stderr.decode().strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1
+    assert lines[0].startswith("ttsq: error: URLError") and "Connection refused" in lines[0]
 
 
 def test_timeout_is_one_line(settings: Settings) -> None:
     out = run_cli("submit", "nobody listens", "--timeout", "1", settings=settings)
-    assert out.returncode == 1
-    assert out.stderr.decode().strip().endswith("not done after 1.0s")
+    lines = out.stderr.decode().strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1
+    assert lines[0].startswith("ttsq: error: job ") and lines[0].endswith("not done after 1.0s")
 
 
 def test_submit_output_status_and_result_through_real_processes(settings: Settings, start_worker: StartWorker,

@@ -48,6 +48,7 @@ def test_submit_to_url_to_valid_wav(settings: Settings, start_worker: StartWorke
     assert 3.0 < seconds < 8.0
     assert seconds == pytest.approx(result["duration_s"], abs=0.01)
     assert result["cached"] is False and result["batch_size"] >= 1
+    assert result["timings"]["queue_wait_s"] > 0  # measured from the producer's send header
     assert result["content_type"] == "audio/wav" and result["object_key"].endswith(".wav")
     assert text not in json.dumps(result)
     assert s3_keys(settings) == [f"{settings.storage_url.split('/', 3)[3]}/{result['object_key']}"]
@@ -138,6 +139,24 @@ def test_wait_times_out_clearly_when_no_worker_runs(settings: Settings) -> None:
     job = Client(settings).submit("nobody is listening")
     with pytest.raises(JobTimeout):
         job.wait(timeout=1)
+
+
+def test_broker_down_after_a_claim_releases_it(settings: Settings, redis_client: object) -> None:
+    """With the cache up and the model known, a submit claims the key before it enqueues; if the
+    broker is down, the claim must not outlive the failure."""
+    from ttsq.embedded import free_port
+    from ttsq.keys import EngineIdentity
+
+    CacheIndex(settings.cache_url, ttl_s=0).publish_identity(settings.engine, EngineIdentity(
+        engine="espeak", model="espeak-ng", revision="test", sample_rate=22050).to_dict())
+    down = f"redis://127.0.0.1:{free_port()}"
+    client = Client(settings.replace(broker_url=f"{down}/0"))
+    with pytest.raises(BrokerError, match="enqueue"):
+        client.submit("Claimed, then not sent.")
+    import redis
+
+    assert redis.Redis.from_url(settings.cache_url).keys("ttsq:inflight:*") == []
+    client.close()
 
 
 def test_broker_down_is_a_broker_error(settings: Settings) -> None:

@@ -59,9 +59,39 @@ def redis_servers() -> set[int]:
     return pids
 
 
+def redis_dirs() -> set[Path]:
+    import tempfile
+
+    return set(Path(tempfile.gettempdir()).glob("ttsq-redis-*"))
+
+
 def test_embedded_leaves_no_redis_running(tmp_path: Path) -> None:
-    before = redis_servers()
+    before, dirs_before = redis_servers(), redis_dirs()
     out = run_cli("submit", "Bye.", "--embedded", "--json", cwd=tmp_path, timeout=120)
     assert out.returncode == 0, out.stderr.decode()
     assert json.loads(out.stdout)["url"].startswith(f"file://{tmp_path}/ttsq-audio/")
     assert redis_servers() <= before
+    assert redis_dirs() <= dirs_before
+
+
+def test_embedded_killed_mid_run_still_stops_its_redis(tmp_path: Path) -> None:
+    import signal
+    import sys
+    import time
+
+    before, dirs_before = redis_servers(), redis_dirs()
+    process = subprocess.Popen([sys.executable, "-m", "ttsq.cli.main", "submit", "Never mind.", "--embedded"],
+                               cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env={k: v for k, v in os.environ.items() if not k.startswith("TTSQ_")})
+    deadline = time.monotonic() + 30
+    while not (redis_servers() - before) and time.monotonic() < deadline:  # wait for its Redis
+        time.sleep(0.02)
+    assert redis_servers() - before, "the embedded Redis never started"
+    process.send_signal(signal.SIGKILL)  # no chance to clean up: the kernel must take Redis along
+    process.wait(10)
+    deadline = time.monotonic() + 10
+    while redis_servers() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not (redis_servers() - before)
+    for leftover in redis_dirs() - dirs_before:  # SIGKILL leaves the folder: only the process matters
+        shutil.rmtree(leftover, ignore_errors=True)

@@ -86,13 +86,21 @@ def test_storage_down_at_the_worker_fails_the_job_and_indexes_nothing(settings: 
                                                                       start_worker: StartWorker) -> None:
     from ttsq.embedded import free_port
 
-    start_worker(settings.replace(s3_endpoint_url=f"http://127.0.0.1:{free_port()}"))
+    broken = start_worker(settings.replace(s3_endpoint_url=f"http://127.0.0.1:{free_port()}"), name="broken")
     client = Client(settings)
     job = client.submit("Nowhere to put this.")
     with pytest.raises(StorageError):
         job.wait(timeout=60)
     assert job.key is not None and CacheIndex(settings.cache_url, ttl_s=0).get(job.key) is None
     assert s3_keys(settings) == []
+    # The failed job let go of its single-flight claim: the same request, resubmitted once storage
+    # is back, is a new job that succeeds (not a join onto the failed one).
+    broken.stop()
+    start_worker(settings, name="healthy")
+    again = client.submit("Nowhere to put this.")
+    assert again.id != job.id and not again.joined
+    assert again.wait(timeout=30)["key"] == job.key
+    assert len(s3_keys(settings)) == 1
     client.close()
 
 

@@ -107,8 +107,12 @@ class Batcher:
         try:
             self._loop()
         finally:
-            self.engine.close()
-            self._fail_leftovers()
+            with self._lock:
+                self._closed = True  # whatever ended the loop, refuse new work from now on
+            try:
+                self.engine.close()
+            finally:
+                self._fail_leftovers()
 
     def _fail_leftovers(self) -> None:
         while True:

@@ -13,9 +13,11 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ttsq.errors import BrokerError, TTSQError
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from celery import Celery
 
     from ttsq.config import Settings
+    from ttsq.worker import WorkerRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +49,22 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A pre-exec hook asking Linux to SIGTERM the child when the thread that started it exits.
+
+    Everything is looked up here, in the parent: the hook runs between fork and exec, where
+    importing anything could deadlock on a lock another thread held at fork time.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    import signal
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    pr_set_pdeathsig, sigterm = 1, int(signal.SIGTERM)
+    return lambda: prctl(pr_set_pdeathsig, sigterm)
 
 
 class RedisServer:
@@ -70,7 +89,9 @@ class RedisServer:
                    "--dir", self.directory, "--save", "", "--protected-mode", "yes",
                    "--appendonly", "yes" if self.appendonly else "no", "--loglevel", "warning"]
         log = open(os.path.join(self.directory, "redis.log"), "ab")  # noqa: SIM115 - lives with the process
-        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        # The server dies with the process that started it, even if that one is killed outright.
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                        preexec_fn=_parent_death_signal())
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -127,8 +148,13 @@ class InProcessWorker:
                     ready_callback=ready, without_mingle=True, without_gossip=True,
                     queues=[self.settings.queue], loglevel=self.settings.log_level)
                 self._worker.start()
+                # Celery catches a failed start itself, logs it and returns: tell start() it ended.
+                if not self._ready.is_set():
+                    self._error = TTSQError(f"embedded worker stopped during start-up "
+                                            f"(exit code {self._worker.exitcode})")
             except BaseException as exc:  # surfaced by start() instead of dying silently in a thread
                 self._error = exc
+            finally:
                 self._ready.set()
 
         self._thread = threading.Thread(target=run, name="ttsq-embedded-worker", daemon=True)
@@ -154,6 +180,7 @@ class Embedded:
         self.base_settings = settings
         self.redis = RedisServer()
         self.settings: Settings = settings
+        self.runtime: WorkerRuntime | None = None
         self.worker: InProcessWorker | None = None
 
     def __enter__(self) -> Embedded:
@@ -168,16 +195,20 @@ class Embedded:
             self.runtime = WorkerRuntime(self.settings)
             self.runtime.start()
             self.app = make_app(self.settings, runtime=self.runtime)
-            self.worker = InProcessWorker(self.app, self.settings).start()
+            self.worker = InProcessWorker(self.app, self.settings)
+            self.worker.start()
         except BaseException:
-            self.redis.stop()
+            self.__exit__(None, None, None)
             raise
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if self.worker is not None:
-            self.worker.stop()
-            self.runtime.close()
-        self.redis.stop()
+        try:
+            if self.worker is not None:
+                self.worker.stop()
+            if self.runtime is not None:
+                self.runtime.close()
+        finally:
+            self.redis.stop()
 
