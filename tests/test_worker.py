@@ -114,3 +114,20 @@ def test_cache_hit_reports_what_the_first_result_did(settings: Settings, start_w
     assert {k: v for k, v in again.items() if k not in ("cached", "batch_size", "timings", "url")} == \
         {k: v for k, v in first.items() if k not in ("cached", "batch_size", "timings", "url")}
     client.close()
+
+
+def test_a_job_the_worker_rejects_still_releases_the_producers_claim(settings: Settings,
+                                                                     start_worker: StartWorker) -> None:
+    import redis
+
+    start_worker(settings.replace(max_text_chars=10))  # stricter than the producer's 5000
+    with Client(settings) as client:
+        client.submit("short").wait(timeout=30)  # the worker's model is now known to producers
+        job = client.submit("A sentence the worker finds too long.")
+        assert job.key is not None
+        with pytest.raises(InvalidRequest):
+            job.wait(timeout=30)
+        assert redis.Redis.from_url(settings.cache_url).keys("ttsq:inflight:*") == []
+        # and the next identical submit is a new job, not a join onto the failed one
+        again = client.submit("A sentence the worker finds too long.")
+        assert not again.joined and again.id != job.id

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from ttsq.cache import CacheIndex
-from ttsq.constants import IDENTITY_TTL_S, SENT_AT_HEADER, TASK_NAME
+from ttsq.constants import CLAIM_HEADER, IDENTITY_TTL_S, SENT_AT_HEADER, TASK_NAME
 from ttsq.errors import BrokerError, JobFailed, JobTimeout, TTSQError
 from ttsq.keys import EngineIdentity, content_key
 from ttsq.request import JobResult, Limits, RequestFields, SynthesisRequest, result_from_stored
@@ -111,9 +111,12 @@ class Client:
             if owner is not None:
                 return Job(id=owner, key=key, client=self, joined=True)
         sent = False
+        headers: dict[str, Any] = {SENT_AT_HEADER: time.time()}
+        if key is not None:
+            headers[CLAIM_HEADER] = key
         try:
             self.app.send_task(TASK_NAME, kwargs=request.to_dict(), task_id=task_id,
-                               queue=self.settings.queue, headers={SENT_AT_HEADER: time.time()},
+                               queue=self.settings.queue, headers=headers,
                                # What logs and Flower show instead of the kwargs: never the text.
                                kwargsrepr=request.describe())
             sent = True
@@ -191,6 +194,12 @@ class Client:
         """Release Redis connections."""
         self.cache.close()
         self.app.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
 def submit(text: str, *, settings: Settings | None = None, **fields: Unpack[RequestFields]) -> Job:

@@ -26,6 +26,10 @@ STATS_PREFIX = "ttsq:stats:"  # + counter name -> integer, incremented by worker
 #: Message header with the producer's wall-clock send time (seconds), for the queue-wait figure.
 SENT_AT_HEADER = "ttsq_sent_at"
 
+#: Message header with the content key the producer claimed for this job (single flight), so the
+#: worker can release the claim even when it cannot compute the key itself (the job was invalid).
+CLAIM_HEADER = "ttsq_claim"
+
 #: How long a producer trusts the model the workers announced before reading it again (seconds).
 IDENTITY_TTL_S = 10.0
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery
 
 from ttsq.constants import (
+    CLAIM_HEADER,
     REDIS_CONNECT_TIMEOUT_S,
     REDIS_HEALTH_CHECK_INTERVAL_S,
     REDIS_SOCKET_TIMEOUT_S,
@@ -103,7 +104,9 @@ def make_app(settings: Settings, *, runtime: WorkerRuntime | None = None) -> Cel
             raise RuntimeError("this Celery app was built for a producer; start workers with `ttsq worker`")
         sent_at = self.request.get(SENT_AT_HEADER)
         queue_wait = max(0.0, time.time() - float(sent_at)) if isinstance(sent_at, (int, float)) else None
-        return runtime.run(kwargs, task_id=self.request.id, queue_wait_s=queue_wait)
+        claim = self.request.get(CLAIM_HEADER)
+        return runtime.run(kwargs, task_id=self.request.id, queue_wait_s=queue_wait,
+                           claimed_key=claim if isinstance(claim, str) else None)
 
     return app
 

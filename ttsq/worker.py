@@ -62,11 +62,17 @@ class WorkerRuntime:
         self.batcher.stop()
         self.cache.close()
 
-    def run(self, kwargs: dict[str, Any], *, task_id: str, queue_wait_s: float | None) -> JobResult:
-        """Run one job to a stored, indexed result."""
-        request = SynthesisRequest.from_dict(kwargs, self.limits)
-        key = content_key(request, self.engine.identity)
+    def run(self, kwargs: dict[str, Any], *, task_id: str, queue_wait_s: float | None,
+            claimed_key: str | None = None) -> JobResult:
+        """Run one job to a stored, indexed result.
+
+        ``claimed_key`` is the key the producer claimed for this job; it is released however the job
+        ends, even if this worker rejects the request or computes another key (another model).
+        """
+        key = claimed_key
         try:
+            request = SynthesisRequest.from_dict(kwargs, self.limits)
+            key = content_key(request, self.engine.identity)
             stored = self.cache.get(key)
             if stored is not None:
                 self.cache.count("cache_hits_worker")
@@ -77,7 +83,8 @@ class WorkerRuntime:
             return self._synthesize(request, key, task_id=task_id, queue_wait_s=queue_wait_s)
         finally:
             # Success or failure, this job no longer produces the key: let the next submit try.
-            self.cache.release(key, task_id)
+            for claimed in {k for k in (key, claimed_key) if k is not None}:
+                self.cache.release(claimed, task_id)
 
     def _synthesize(self, request: SynthesisRequest, key: str, *, task_id: str,
                     queue_wait_s: float | None) -> JobResult:
