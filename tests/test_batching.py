@@ -133,3 +133,23 @@ def test_stop_finishes_what_was_queued_before_it(engine: Engine) -> None:
     futures = [batcher.submit(request(f"queued {i}")) for i in range(5)]
     assert batcher.stop(timeout=30) is True
     assert all(isinstance(future.result(0), BatchItem) for future in futures)
+
+
+def test_mixed_traffic_fills_a_batch_per_group(engine: Engine) -> None:
+    """Interleaved Korean and English jobs: each language fills its own full batch, instead of
+    every collection being split into half-empty passes."""
+    batcher = started(engine, max_batch=4, max_wait_s=1.0)
+    futures = [batcher.submit(request(f"job {i}", language=("korean", "english")[i % 2])) for i in range(16)]
+    items = [future.result(10) for future in futures]
+    batcher.stop()
+    assert [item.batch_size for item in items] == [4] * 16
+    assert len({item.batch_id for item in items}) == 4
+    for item, future in zip(items, futures, strict=True):  # every batch holds one language only
+        same_batch = [i for i, other in enumerate(items) if other.batch_id == item.batch_id]
+        assert len({i % 2 for i in same_batch}) == 1, future
+
+
+def test_a_lone_job_runs_after_max_wait_not_never(engine: Engine) -> None:
+    batcher = started(engine, max_batch=8, max_wait_s=0.05)
+    assert batcher.submit(request("alone")).result(10).batch_size == 1
+    batcher.stop()

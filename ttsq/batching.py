@@ -1,10 +1,11 @@
 """The in-worker batcher: task threads hand it requests, one thread owns the engine.
 
 Every job stays its own Celery task (its own result, events and Flower row); the batcher only decides
-which of the jobs waiting in this worker share a forward pass. It takes the first request, then waits
-at most ``max_wait_s`` for more, up to ``max_batch``; splits what it collected into groups that can
-share a pass (``SynthesisRequest.group``), orders each group by text length to limit padding, and
-runs each group as one engine call.
+which of the jobs waiting in this worker share a forward pass. Jobs wait in groups that can share a
+pass (``SynthesisRequest.group``: same mode, language, sampling). A group runs as soon as it holds
+``max_batch`` jobs, or when its oldest job has waited ``max_wait_s``; mixed traffic therefore fills
+each group's batch instead of splitting one collection into small passes. Each batch is ordered by
+text length to limit padding.
 
 A failed item fails only its own future. If the engine call itself raises, the batch is retried one
 item at a time so that one poison item cannot fail its neighbours.
@@ -17,7 +18,6 @@ import logging
 import queue
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -32,6 +32,15 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _STOP = object()
+
+
+@dataclass(frozen=True)
+class _Waiting:
+    """A request in the batcher, with the time by which its group must run."""
+
+    request: SynthesisRequest
+    future: Future[BatchItem]
+    deadline: float
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,8 @@ class Batcher:
         self._batch_ids = itertools.count(1)
         self._lock = threading.Lock()
         self._closed = False
+        self._stop_seen = False  # batcher thread only, like _pending
+        self._pending: dict[tuple[Any, ...], list[_Waiting]] = {}  # group -> jobs waiting, oldest first
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
         self._thread = threading.Thread(target=self._main, name="ttsq-batcher", daemon=True)
@@ -115,6 +126,11 @@ class Batcher:
                 self._fail_leftovers()
 
     def _fail_leftovers(self) -> None:
+        waiting = [w.future for group in self._pending.values() for w in group]
+        self._pending.clear()
+        for future in waiting:
+            if future.set_running_or_notify_cancel():
+                future.set_exception(EngineError("the batcher stopped before this job ran"))
         while True:
             try:
                 item = self._queue.get_nowait()
@@ -123,43 +139,50 @@ class Batcher:
             if item is not _STOP and item[1].set_running_or_notify_cancel():
                 item[1].set_exception(EngineError("the batcher stopped before this job ran"))
 
-    def _collect(self) -> tuple[list[tuple[SynthesisRequest, Future[BatchItem]]], bool]:
-        first = self._queue.get()
-        if first is _STOP:
-            return [], True
-        items = [first]
-        stopping = False
-        deadline = time.monotonic() + self.max_wait_s
-        while len(items) < self.max_batch:
-            left = deadline - time.monotonic()
+    def _next_batch(self) -> list[_Waiting] | None:
+        """Wait for the next batch to be due: a group that is full, or whose oldest job has waited
+        ``max_wait_s``. Returns None once stopped and drained."""
+        pending = self._pending
+        while True:
+            full = next((key for key, group in pending.items() if len(group) >= self.max_batch), None)
+            if full is not None:
+                return self._take(full)
+            if self._stop_seen:  # run what is pending, then end
+                return self._take(next(iter(pending))) if pending else None
+            now = time.monotonic()
+            due = min(pending, key=lambda key: pending[key][0].deadline, default=None)
+            if due is not None and pending[due][0].deadline <= now:
+                return self._take(due)
             try:
-                item = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
+                item = self._queue.get(timeout=None if due is None else pending[due][0].deadline - now)
             except queue.Empty:
-                break
+                continue
             if item is _STOP:
-                stopping = True
-                break
-            items.append(item)
+                self._stop_seen = True
+                continue
+            request, future = item
+            pending.setdefault(request.group(), []).append(
+                _Waiting(request, future, time.monotonic() + self.max_wait_s))
+
+    def _take(self, key: tuple[Any, ...]) -> list[_Waiting]:
+        group = self._pending.pop(key)
+        if len(group) > self.max_batch:
+            self._pending[key] = group[self.max_batch:]
         # A future cancelled while waiting is dropped here, before any work is done for it.
-        return [(r, f) for r, f in items if f.set_running_or_notify_cancel()], stopping
+        return [waiting for waiting in group[:self.max_batch] if waiting.future.set_running_or_notify_cancel()]
 
     def _loop(self) -> None:
-        while True:
-            items, stopping = self._collect()
-            groups: dict[tuple[Any, ...], list[tuple[SynthesisRequest, Future[BatchItem]]]] = defaultdict(list)
-            for request, future in items:
-                groups[request.group()].append((request, future))
-            for group in groups.values():
-                group.sort(key=lambda pair: len(pair[0].text))
-                try:
-                    self._run_group(group)
-                except BaseException as exc:  # never let the thread die with futures unresolved
-                    logger.exception("batcher failed outside the engine")
-                    for _, future in group:
-                        if not future.done():
-                            future.set_exception(EngineError(f"batcher failure: {exc!r}"))
-            if stopping:
-                return
+        while (batch := self._next_batch()) is not None:
+            if not batch:
+                continue
+            group = sorted(((w.request, w.future) for w in batch), key=lambda pair: len(pair[0].text))
+            try:
+                self._run_group(group)
+            except BaseException as exc:  # never let the thread die with futures unresolved
+                logger.exception("batcher failed outside the engine")
+                for _, future in group:
+                    if not future.done():
+                        future.set_exception(EngineError(f"batcher failure: {exc!r}"))
 
     def _run_group(self, group: list[tuple[SynthesisRequest, Future[BatchItem]]]) -> None:
         batch_id = next(self._batch_ids)
