@@ -153,3 +153,27 @@ def test_a_lone_job_runs_after_max_wait_not_never(engine: Engine) -> None:
     batcher = started(engine, max_batch=8, max_wait_s=0.05)
     assert batcher.submit(request("alone")).result(10).batch_size == 1
     batcher.stop()
+
+
+class SlowEngine(SharedEngine):
+    """Each engine call takes at least 0.3 s, like a real forward pass on a loaded device."""
+
+    def synthesize_batch(self, requests: Sequence[SynthesisRequest]) -> list[EngineOutput | Exception]:
+        import time
+
+        time.sleep(0.3)
+        return super().synthesize_batch(requests)
+
+
+def test_jobs_that_arrive_during_a_batch_form_the_next_full_one(engine: Engine) -> None:
+    """Even with no wait at all (max_wait 0), what queued up behind a running batch runs together."""
+    import time
+
+    batcher = Batcher(SlowEngine(engine), max_batch=8, max_wait_s=0.0)
+    batcher.start()
+    first = batcher.submit(request("first"))
+    time.sleep(0.1)  # the first batch is on the engine now
+    rest = [batcher.submit(request(f"queued {i}")) for i in range(8)]
+    assert first.result(10).batch_size == 1
+    assert [future.result(10).batch_size for future in rest] == [8] * 8
+    batcher.stop()

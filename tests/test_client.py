@@ -194,3 +194,26 @@ def test_result_backend_down_while_waiting_is_a_broker_error(tmp_path: Path) -> 
     lines = out.stderr.decode().strip().splitlines()
     assert out.returncode == 1 and len(lines) == 1 and lines[0].startswith("ttsq: error: cannot reach"), lines
     client.close()
+
+
+def test_a_claim_left_by_a_finished_job_is_taken_over(settings: Settings, start_worker: StartWorker) -> None:
+    """An operator revokes a queued job: Celery acks it without running it, so the claim is never
+    released. The next identical submit must not join the dead job."""
+    import redis
+    from celery.exceptions import TaskRevokedError
+
+    start_worker(settings)
+    text = "Revoked once, wanted again."
+    with Client(settings) as client:
+        first = client.submit(text)
+        first.wait(timeout=30)
+        key = first.key
+        assert key is not None
+        redis.Redis.from_url(settings.cache_url).delete(f"ttsq:cache:{key}")  # as if its TTL had passed
+        ghost = "revoked-before-it-ran"
+        assert client.cache.claim(key, ghost, 600) is None  # a job claims the key ...
+        client.app.backend.store_result(ghost, TaskRevokedError("revoked"), "REVOKED")  # ... and is revoked
+
+        job = client.submit(text)
+        assert not job.joined and job.id not in (ghost, first.id)
+        assert job.wait(timeout=30)["key"] == key

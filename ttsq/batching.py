@@ -36,7 +36,7 @@ _STOP = object()
 
 @dataclass(frozen=True)
 class _Waiting:
-    """A request in the batcher, with the time by which its group must run."""
+    """A request in the batcher, with the time by which its group must run (monotonic seconds)."""
 
     request: SynthesisRequest
     future: Future[BatchItem]
@@ -89,7 +89,8 @@ class Batcher:
             if self._closed or not self._thread.is_alive():
                 future.set_exception(EngineError("the batcher has stopped"))
             else:
-                self._queue.put((request, future))
+                # The deadline starts now: time spent queued behind a running batch counts.
+                self._queue.put(_Waiting(request, future, time.monotonic() + self.max_wait_s))
         return future
 
     def stop(self, timeout: float = 60.0) -> bool:
@@ -136,33 +137,49 @@ class Batcher:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return
-            if item is not _STOP and item[1].set_running_or_notify_cancel():
-                item[1].set_exception(EngineError("the batcher stopped before this job ran"))
+            if item is not _STOP and item.future.set_running_or_notify_cancel():
+                item.future.set_exception(EngineError("the batcher stopped before this job ran"))
 
     def _next_batch(self) -> list[_Waiting] | None:
         """Wait for the next batch to be due: a group that is full, or whose oldest job has waited
         ``max_wait_s``. Returns None once stopped and drained."""
         pending = self._pending
         while True:
+            # Everything that arrived while the last batch ran joins its group before any choice.
+            self._drain(block_until=None)
             full = next((key for key, group in pending.items() if len(group) >= self.max_batch), None)
             if full is not None:
                 return self._take(full)
             if self._stop_seen:  # run what is pending, then end
                 return self._take(next(iter(pending))) if pending else None
-            now = time.monotonic()
             due = min(pending, key=lambda key: pending[key][0].deadline, default=None)
-            if due is not None and pending[due][0].deadline <= now:
+            if due is not None and pending[due][0].deadline <= time.monotonic():
                 return self._take(due)
+            self._drain(block_until=pending[due][0].deadline if due is not None else float("inf"))
+
+    def _drain(self, *, block_until: float | None) -> None:
+        """Move queued requests into their groups: all that are there now (``block_until`` None), or
+        wait until one arrives or the given monotonic time passes."""
+        while True:
             try:
-                item = self._queue.get(timeout=None if due is None else pending[due][0].deadline - now)
+                if block_until is None:
+                    item = self._queue.get_nowait()
+                elif block_until == float("inf"):
+                    item = self._queue.get()
+                else:
+                    item = self._queue.get(timeout=max(0.0, block_until - time.monotonic()))
             except queue.Empty:
-                continue
+                return
             if item is _STOP:
                 self._stop_seen = True
-                continue
-            request, future = item
-            pending.setdefault(request.group(), []).append(
-                _Waiting(request, future, time.monotonic() + self.max_wait_s))
+                return
+            try:
+                self._pending.setdefault(item.request.group(), []).append(item)
+            except Exception as exc:  # a request that cannot even be grouped fails alone
+                if item.future.set_running_or_notify_cancel():
+                    item.future.set_exception(EngineError(f"cannot batch this request: {exc!r}"))
+            if block_until is not None:
+                return
 
     def _take(self, key: tuple[Any, ...]) -> list[_Waiting]:
         group = self._pending.pop(key)

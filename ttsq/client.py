@@ -101,15 +101,20 @@ class Client:
         key = None
         if identity is not None:
             key = content_key(request, identity)
-            entry = self.cache.get(key)
-            if entry is not None:
-                self.cache.count("cache_hits_producer")
-                return Job(id=None, key=key, client=self, result=result_from_stored(
-                    key, entry, url=self.storage.url(entry["object_key"], self.settings.url_expiry_s),
-                    url_expires_s=self.settings.url_expiry_s, cached=True))
+            if (hit := self._cached(key)) is not None:
+                return hit
             owner = self.cache.claim(key, task_id, self.settings.inflight_ttl_s)
+            if owner is not None and self._finished(owner):
+                # The owner ended without releasing its claim (revoked, or killed past its retries):
+                # joining it would only return its failure. Take the claim over.
+                self.cache.release(key, owner)
+                owner = self.cache.claim(key, task_id, self.settings.inflight_ttl_s)
             if owner is not None:
                 return Job(id=owner, key=key, client=self, joined=True)
+            # The job that held the claim may have indexed the audio between our look-up and our claim.
+            if (hit := self._cached(key)) is not None:
+                self.cache.release(key, task_id)
+                return hit
         sent = False
         headers: dict[str, Any] = {SENT_AT_HEADER: time.time()}
         if key is not None:
@@ -126,6 +131,21 @@ class Client:
             if key is not None and not sent:  # also on Ctrl-C: a stale claim would stall identical submits
                 self.cache.release(key, task_id)
         return Job(id=task_id, key=key, client=self)
+
+    def _cached(self, key: str) -> Job | None:
+        entry = self.cache.get(key)
+        if entry is None:
+            return None
+        self.cache.count("cache_hits_producer")
+        return Job(id=None, key=key, client=self, result=result_from_stored(
+            key, entry, url=self.storage.url(entry["object_key"], self.settings.url_expiry_s),
+            url_expires_s=self.settings.url_expiry_s, cached=True))
+
+    def _finished(self, task_id: str) -> bool:
+        try:
+            return bool(self.async_result(task_id).ready())
+        except Exception as exc:
+            raise BrokerError(f"cannot reach the result backend: {exc}") from exc
 
     def identity(self) -> EngineIdentity | None:
         """The model the workers of ``TTSQ_ENGINE`` announced, if any."""
