@@ -127,8 +127,7 @@ def submit(ctx: click.Context, text: str, instruct: str, language: str, audio_fo
         # Validate before starting anything: bad input costs no Redis and no engine load.
         from ttsq.request import Limits, SynthesisRequest
 
-        SynthesisRequest.from_dict({"text": text, **fields}, Limits(
-            max_text_chars=settings.max_text_chars, max_instruct_chars=settings.max_instruct_chars))
+        SynthesisRequest.from_dict({"text": text, **fields}, Limits.from_settings(settings))
         with Embedded(settings.replace(engine="espeak")) as stack:
             client = Client(stack.settings, app=stack.app)
             job = client.submit(text, **fields)

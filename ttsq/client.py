@@ -72,8 +72,7 @@ class Client:
         self.settings = settings
         self.app = app or make_app(settings)
         self.cache = CacheIndex(settings.cache_url, ttl_s=settings.cache_ttl_s)
-        self.limits = Limits(max_text_chars=settings.max_text_chars,
-                             max_instruct_chars=settings.max_instruct_chars)
+        self.limits = Limits.from_settings(settings)
         self._storage: Storage | None = None
         self._identity: tuple[float, EngineIdentity | None] = (0.0, None)
 

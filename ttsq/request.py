@@ -13,9 +13,12 @@ import re
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, TypedDict, cast, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast, get_args
 
 from ttsq.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from ttsq.config import Settings
 
 Mode = Literal["voice_design", "custom_voice", "voice_clone"]
 AudioFormat = Literal["wav", "flac", "ogg", "mp3"]
@@ -59,6 +62,11 @@ class Limits:
 
     max_text_chars: int = 5000
     max_instruct_chars: int = 1000
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Limits:
+        """The limits a producer or worker enforces, from its settings."""
+        return cls(max_text_chars=settings.max_text_chars, max_instruct_chars=settings.max_instruct_chars)
 
 
 @dataclass(frozen=True, kw_only=True)

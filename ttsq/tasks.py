@@ -12,7 +12,6 @@ returns a ``JobResult`` dict (see ``ttsq.request``) or fails with ``InvalidReque
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +32,6 @@ if TYPE_CHECKING:
     from ttsq.request import JobResult
     from ttsq.worker import WorkerRuntime
 
-logger = logging.getLogger(__name__)
 
 def celery_config(settings: Settings, *, worker: bool) -> dict[str, Any]:
     """Every Celery setting ttsq depends on, in one place."""

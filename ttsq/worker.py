@@ -40,8 +40,7 @@ class WorkerRuntime:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.limits = Limits(max_text_chars=settings.max_text_chars,
-                             max_instruct_chars=settings.max_instruct_chars)
+        self.limits = Limits.from_settings(settings)
         self.engine = create_engine(settings)
         self.storage = open_storage(settings)
         self.cache = CacheIndex(settings.cache_url, ttl_s=settings.cache_ttl_s)
