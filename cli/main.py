@@ -73,7 +73,12 @@ def cli(ctx: click.Context, broker_url: str | None, result_backend: str | None, 
 
 @cli.command()
 @click.argument("text")
-@click.option("--instruct", default="", help="Voice description, in words (VoiceDesign).")
+@click.option("--mode", default="voice_design", show_default=True,
+              help="voice_design (a voice described in words), custom_voice (a named speaker) or "
+                   "voice_clone (a stored reference voice).")
+@click.option("--instruct", default="", help="Voice description, in words (VoiceDesign; style for CustomVoice).")
+@click.option("--speaker", default="", help="Speaker name (custom_voice).")
+@click.option("--reference", default="", help="Voice key from `ttsq voices add` (voice_clone).")
 @click.option("--language", default="auto", show_default=True,
               help=f"One of {', '.join(LANGUAGES)}, or a code like ko, en, ja.")
 @click.option("--format", "audio_format", default=None,
@@ -94,7 +99,8 @@ def cli(ctx: click.Context, broker_url: str | None, result_backend: str | None, 
               help="Start a private Redis and an in-process espeak worker for this one job.")
 @click.pass_context
 @_one_line_errors
-def submit(ctx: click.Context, text: str, instruct: str, language: str, audio_format: str | None,
+def submit(ctx: click.Context, text: str, mode: str, instruct: str, speaker: str, reference: str, language: str,
+           audio_format: str | None,
            seed: int | None, temperature: float | None, top_p: float | None, top_k: int | None,
            repetition_penalty: float | None, max_new_tokens: int | None, wait: bool, timeout: float,
            output: Path | None, as_json: bool, embedded: bool) -> None:
@@ -109,7 +115,8 @@ def submit(ctx: click.Context, text: str, instruct: str, language: str, audio_fo
     if audio_format is None:
         suffix = output.suffix.lower().lstrip(".") if output else ""
         audio_format = suffix if suffix in FORMATS else "wav"
-    fields: dict[str, Any] = {"instruct": instruct, "language": language, "format": audio_format}
+    fields: dict[str, Any] = {"mode": mode, "instruct": instruct, "language": language, "format": audio_format}
+    fields.update({name: value for name, value in (("speaker", speaker), ("reference", reference)) if value})
     sampling = {"seed": seed, "temperature": temperature, "top_p": top_p, "top_k": top_k,
                 "repetition_penalty": repetition_penalty, "max_new_tokens": max_new_tokens}
     fields.update({name: value for name, value in sampling.items() if value is not None})
@@ -179,6 +186,27 @@ def result(ctx: click.Context, job_id: str, timeout: float, output: Path | None,
     _report(client.wait(job_id, timeout=timeout), output=output, as_json=as_json)
 
 
+@cli.group()
+def voices() -> None:
+    """Reference voices for voice_clone."""
+
+
+@voices.command("add")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--text", "transcript", default="",
+              help="What the recording says. Without it the clone uses the speaker embedding only (weaker).")
+@click.option("--json", "as_json", is_flag=True, help="Print the voice as JSON.")
+@click.pass_context
+@_one_line_errors
+def voices_add(ctx: click.Context, file: Path, transcript: str, as_json: bool) -> None:
+    """Upload FILE (WAV, FLAC, OGG or MP3; 1-60 s) as a reference voice; print its key."""
+    from ttsq.client import Client
+
+    with Client(_settings(ctx)) as client:
+        key = client.add_voice(file.read_bytes(), transcript)
+    click.echo(json.dumps({"reference": key, "transcript": bool(transcript)}) if as_json else key)
+
+
 @cli.command()
 @click.option("--engine", default=None, help="Engine name (espeak, qwen). [TTSQ_ENGINE]")
 @click.option("--max-batch", type=int, default=None, help="Largest batch. [TTSQ_MAX_BATCH]")
@@ -210,8 +238,9 @@ def _report(result: JobResult, *, output: Path | None, as_json: bool) -> None:
 def _summary(result: JobResult) -> str:
     source = "cached" if result["cached"] else "synthesized"
     ignored = f" (ignored: {', '.join(result['ignored'])})" if result["ignored"] else ""
+    truncated = " (truncated at the frame cap)" if result["truncated"] else ""
     return (f"{result['duration_s']:.2f}s {result['format']} {result['sample_rate']} Hz, {source} "
-            f"by {result['engine']}, key {result['key'][:12]}{ignored}")
+            f"by {result['engine']}, key {result['key'][:12]}{ignored}{truncated}")
 
 
 def _fetch(url: str) -> bytes:

@@ -168,3 +168,18 @@ def pytest_report_header(config: Any) -> str:
     from ttsq.embedded import redis_server_executable
 
     return f"ttsq tests: redis-server at {redis_server_executable()}"
+
+
+@pytest.fixture(scope="session")
+def qwen_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny random-weight Qwen3-TTS checkpoints, one per kind, built once per run (never committed).
+
+    Built in a subprocess: the end-to-end tests only hand the folders to worker processes, and need
+    not pay for torch in this one.
+    """
+    root = tmp_path_factory.mktemp("qwen")
+    kinds = ("voice_design", "custom_voice", "base")
+    script = ("import sys\nfrom ttsq.engines.qwen_checkpoint import build\n"
+              "for kind in sys.argv[2:]:\n    build(f'{sys.argv[1]}/{kind}', kind)\n")
+    subprocess.run([sys.executable, "-c", script, str(root), *kinds], check=True, capture_output=True, timeout=300)
+    return {kind: root / kind for kind in kinds}

@@ -11,7 +11,7 @@ from ttsq.batching import Batcher, BatchItem
 from ttsq.config import Settings
 from ttsq.engines import create_engine
 from ttsq.engines.base import Engine, EngineOutput
-from ttsq.errors import EngineError, EngineUnavailable
+from ttsq.errors import EngineError, EngineUnavailable, InvalidRequest
 from ttsq.request import SynthesisRequest
 
 
@@ -46,7 +46,9 @@ def test_a_burst_from_many_threads_fills_every_batch(engine: Engine) -> None:
 
 def test_requests_that_cannot_share_a_pass_ride_separate_batches(engine: Engine) -> None:
     batcher = started(engine, max_batch=8, max_wait_s=0.3)
-    futures = [batcher.submit(request("hello", language=lang)) for lang in ("english", "korean", "english")]
+    # Two seeds cannot share a pass (the seed is set once per call); two languages can.
+    futures = [batcher.submit(request("hello", seed=seed, language=lang))
+               for seed, lang in ((1, "english"), (2, "english"), (1, "korean"))]
     items = [future.result(10) for future in futures]
     batcher.stop()
     assert items[0].batch_id == items[2].batch_id != items[1].batch_id
@@ -68,7 +70,7 @@ def test_a_mode_the_engine_does_not_serve_fails_alone(engine: Engine) -> None:
     good = batcher.submit(request("fine"))
     bad = batcher.submit(request("fine", mode="custom_voice", speaker="Sohee"))
     assert isinstance(good.result(10), BatchItem)
-    with pytest.raises(EngineError, match="voice_design only"):
+    with pytest.raises(InvalidRequest, match="mode: custom_voice is not served"):
         bad.result(10)
     batcher.stop()
 
@@ -136,15 +138,15 @@ def test_stop_finishes_what_was_queued_before_it(engine: Engine) -> None:
 
 
 def test_mixed_traffic_fills_a_batch_per_group(engine: Engine) -> None:
-    """Interleaved Korean and English jobs: each language fills its own full batch, instead of
+    """Interleaved jobs of two groups (two seeds): each group fills its own full batch, instead of
     every collection being split into half-empty passes."""
     batcher = started(engine, max_batch=4, max_wait_s=1.0)
-    futures = [batcher.submit(request(f"job {i}", language=("korean", "english")[i % 2])) for i in range(16)]
+    futures = [batcher.submit(request(f"job {i}", seed=i % 2)) for i in range(16)]
     items = [future.result(10) for future in futures]
     batcher.stop()
     assert [item.batch_size for item in items] == [4] * 16
     assert len({item.batch_id for item in items}) == 4
-    for item, future in zip(items, futures, strict=True):  # every batch holds one language only
+    for item, future in zip(items, futures, strict=True):  # every batch holds one group only
         same_batch = [i for i, other in enumerate(items) if other.batch_id == item.batch_id]
         assert len({i % 2 for i in same_batch}) == 1, future
 

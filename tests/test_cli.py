@@ -146,7 +146,9 @@ def test_version() -> None:
 
 @pytest.mark.parametrize(("env", "code", "message"), [
     ({"TTSQ_MAX_BATCH": "0"}, 2, "ttsq: error: TTSQ_MAX_BATCH: must be 1..256"),
-    ({"TTSQ_ENGINE": "qwen"}, 1, "ttsq: error: the qwen engine is not part of this release yet"),
+    ({"TTSQ_ENGINE": "qwen"}, 2, "ttsq: error: TTSQ_QWEN_MODEL: is required for TTSQ_ENGINE=qwen"),
+    ({"TTSQ_ENGINE": "qwen", "TTSQ_QWEN_MODEL": "/"}, 2, "ttsq: error: TTSQ_QWEN_MODEL: / is not a checkpoint"),
+    ({"TTSQ_ENGINE": "qwen", "TTSQ_QWEN_DEVICE": "tpu"}, 2, "ttsq: error: TTSQ_QWEN_DEVICE: must be auto"),
     ({"TTSQ_ENGINE": "festival"}, 2, "ttsq: error: TTSQ_ENGINE: unknown engine 'festival'"),
 ])
 def test_worker_that_cannot_start_says_why_in_one_line(settings: Settings, env: dict[str, str], code: int,

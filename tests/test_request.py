@@ -47,6 +47,10 @@ def test_describe_never_contains_the_text() -> None:
 
 def test_group_separates_what_cannot_share_a_pass() -> None:
     base = SynthesisRequest.from_dict({"text": "a", "language": "korean"})
-    assert base.group() == SynthesisRequest.from_dict({"text": "bb", "language": "ko", "format": "mp3"}).group()
-    assert base.group() != SynthesisRequest.from_dict({"text": "a", "language": "english"}).group()
-    assert base.group() != SynthesisRequest.from_dict({"text": "a", "language": "ko", "seed": 1}).group()
+    # Language, voice, format and frame cap are per row: they share a pass.
+    for same in ({"text": "bb", "language": "ko", "format": "mp3"}, {"text": "a", "language": "english"},
+                 {"text": "a", "instruct": "calm", "max_new_tokens": 40}):
+        assert base.group() == SynthesisRequest.from_dict(same).group()
+    # Sampling settings and the seed are per call; the mode picks the call.
+    for other in ({"seed": 1}, {"temperature": 0.5}, {"top_k": 5}, {"mode": "custom_voice", "speaker": "vivian"}):
+        assert base.group() != SynthesisRequest.from_dict({"text": "a", **other}).group()

@@ -8,7 +8,10 @@ each group's batch instead of splitting one collection into small passes. Each b
 text length to limit padding.
 
 A failed item fails only its own future. If the engine call itself raises, the batch is retried one
-item at a time so that one poison item cannot fail its neighbours.
+item at a time so that one poison item cannot fail its neighbours. If it raises ``EngineOutOfMemory``,
+the batch is split in halves and each half retried, and the half's size is remembered as the largest
+that fits for that length bucket (longest text, rounded up to a power of two): later batches of
+similar texts are cut to that size up front instead of failing on the device again.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ttsq.errors import EngineError, TTSQError
+from ttsq.errors import EngineError, EngineOutOfMemory, TTSQError
 
 if TYPE_CHECKING:
     from ttsq.engines.base import Engine, EngineOutput
@@ -72,6 +75,9 @@ class Batcher:
         self._pending: dict[tuple[Any, ...], list[_Waiting]] = {}  # group -> jobs waiting, oldest first
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
+        #: Length bucket -> largest batch known to fit on the device, learnt from out-of-memory errors.
+        self.largest_fit: dict[int, int] = {}
+        self.oom_splits = 0
         self._thread = threading.Thread(target=self._main, name="ttsq-batcher", daemon=True)
 
     def start(self, timeout: float = 600.0) -> None:
@@ -218,14 +224,33 @@ class Batcher:
                     requests[0].describe().split(" chars=")[0])
 
     def _synthesize(self, requests: Sequence[SynthesisRequest]) -> list[EngineOutput | Exception]:
+        bucket = length_bucket(requests)
+        fit = self.largest_fit.get(bucket)
+        if fit is not None and len(requests) > fit:
+            return [output for start in range(0, len(requests), fit)
+                    for output in self._synthesize(requests[start:start + fit])]
         try:
             outputs = self.engine.synthesize_batch(requests)
             if len(outputs) != len(requests):
                 raise EngineError(f"engine returned {len(outputs)} outputs for {len(requests)} requests")
             return outputs
+        except EngineOutOfMemory as exc:
+            if len(requests) == 1:
+                return [exc]
+            half = (len(requests) + 1) // 2
+            self.largest_fit[bucket] = min(half, self.largest_fit.get(bucket, half))
+            self.oom_splits += 1
+            logger.warning("batch of %d ran out of device memory; splitting, and capping batches of texts "
+                           "up to %d characters at %d", len(requests), 2 ** bucket, self.largest_fit[bucket])
+            return [*self._synthesize(requests[:half]), *self._synthesize(requests[half:])]
         except Exception as exc:
             if len(requests) == 1:
                 return [exc]
             logger.warning("batch of %d failed (%s); retrying its items one by one",
                            len(requests), type(exc).__name__)
             return [self._synthesize([request])[0] for request in requests]
+
+
+def length_bucket(requests: Sequence[SynthesisRequest]) -> int:
+    """Batches whose longest texts round up to the same power of two need about the same memory."""
+    return max(len(request.text) for request in requests).bit_length()

@@ -78,13 +78,27 @@ class CacheIndex:
         self._do(lambda: self._redis.eval(_RELEASE_IF_OWNER, 1, INFLIGHT_PREFIX + key, task_id))
 
     def publish_identity(self, engine: str, identity: dict[str, Any]) -> None:
-        """Workers announce the model they serve, so producers can predict content keys."""
-        self._do(lambda: self._redis.set(ENGINE_PREFIX + engine, json.dumps(identity, sort_keys=True)))
+        """Workers announce the model they serve, once per mode, so producers can predict content keys
+        and route (or refuse) each mode. One hash per engine name: field = mode, value = identity."""
+        key = ENGINE_PREFIX + engine
+        payload = json.dumps(identity, sort_keys=True)
 
-    def read_identity(self, engine: str) -> dict[str, Any] | None:
-        """The identity the workers of ``engine`` last announced."""
-        raw = self._do(lambda: self._redis.get(ENGINE_PREFIX + engine))
-        return None if raw is None else json.loads(raw)
+        def publish() -> None:
+            if self._redis.type(key) not in ("hash", "none"):  # a value from an older layout
+                self._redis.delete(key)
+            self._redis.hset(key, mapping=dict.fromkeys(identity.get("modes") or ("voice_design",), payload))
+
+        self._do(publish)
+
+    def read_identities(self, engine: str) -> dict[str, dict[str, Any]]:
+        """What the workers of ``engine`` last announced, by mode (empty when none has started)."""
+        key = ENGINE_PREFIX + engine
+        raw = self._do(lambda: self._redis.hgetall(key) if self._redis.type(key) == "hash" else {})
+        return {str(mode): json.loads(value) for mode, value in raw.items()}
+
+    def read_identity(self, engine: str, mode: str = "voice_design") -> dict[str, Any] | None:
+        """The identity the workers of ``engine`` serving ``mode`` last announced."""
+        return self.read_identities(engine).get(mode)
 
     def count(self, name: str, amount: int = 1) -> None:
         """Add to a counter (``ttsq:stats:<name>``)."""

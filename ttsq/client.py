@@ -2,15 +2,18 @@
 
 ``submit`` walks design steps 1-5 for one request:
 
-1. validate at the edge (``InvalidRequest`` names the field; nothing is queued);
-2. predict the content key from the model the workers announced;
+1. validate at the edge (``InvalidRequest`` names the field; nothing is queued), including what the
+   fleet can serve: a mode no worker announced, an unknown speaker, a voice that is not stored;
+2. predict the content key from the model the workers of that mode announced;
 3. a cache hit returns at once: no queue trip, no worker, no GPU;
 4. otherwise claim the key (``SET NX``): a concurrent identical submit, from any host, gets the task
    that is already running instead of a second job;
-5. ``send_task("ttsq.synthesize", kwargs=request, task_id=...)``.
+5. ``send_task("ttsq.synthesize", kwargs=request, task_id=..., queue=<the mode's queue>)``.
 
 If no worker has announced its model yet, steps 2-4 are skipped and the worker's own cache re-check
-keeps the result single; only the short-circuit is lost.
+keeps the result single; only the short-circuit is lost. A mode is refused only when the fleet is
+known (some worker of ``TTSQ_ENGINE`` announced itself) and none of it serves that mode; with no
+worker announced at all, the job waits in its mode's queue for one.
 """
 
 from __future__ import annotations
@@ -24,11 +27,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ttsq.cache import CacheIndex
 from ttsq.constants import CLAIM_HEADER, IDENTITY_TTL_S, SENT_AT_HEADER, TASK_NAME
-from ttsq.errors import BrokerError, JobFailed, JobTimeout, TTSQError
+from ttsq.errors import BrokerError, InvalidRequest, JobFailed, JobTimeout, TTSQError
 from ttsq.keys import EngineIdentity, content_key
 from ttsq.request import JobResult, Limits, RequestFields, SynthesisRequest, result_from_stored
 from ttsq.storage import Storage, open_storage
-from ttsq.tasks import make_app
+from ttsq.tasks import make_app, queue_for
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -74,7 +77,7 @@ class Client:
         self.cache = CacheIndex(settings.cache_url, ttl_s=settings.cache_ttl_s)
         self.limits = Limits.from_settings(settings)
         self._storage: Storage | None = None
-        self._identity: tuple[float, EngineIdentity | None] = (0.0, None)
+        self._identities: tuple[float, dict[str, EngineIdentity]] = (0.0, {})
 
     @property
     def storage(self) -> Storage:
@@ -95,7 +98,16 @@ class Client:
 
     def submit_request(self, request: SynthesisRequest) -> Job:
         """Enqueue an already validated request (design steps 2-5)."""
-        identity = self.identity()
+        fleet = self.identities()
+        identity = fleet.get(request.mode)
+        if fleet and identity is None:
+            raise InvalidRequest("mode", f"no {self.settings.engine} worker serves {request.mode}; this fleet "
+                                         f"serves {', '.join(sorted(fleet))}")
+        if identity is not None:
+            identity.check(request)
+        if request.reference and not self.storage.exists(request.reference):
+            raise InvalidRequest("reference", f"no voice {request.reference} in storage; "
+                                              "upload it with `ttsq voices add`")
         task_id = str(uuid.uuid4())
         key = None
         if identity is not None:
@@ -120,7 +132,7 @@ class Client:
             headers[CLAIM_HEADER] = key
         try:
             self.app.send_task(TASK_NAME, kwargs=request.to_dict(), task_id=task_id,
-                               queue=self.settings.queue, headers=headers,
+                               queue=queue_for(self.settings.queue, request.mode), headers=headers,
                                # What logs and Flower show instead of the kwargs: never the text.
                                kwargsrepr=request.describe())
             sent = True
@@ -146,14 +158,24 @@ class Client:
         except Exception as exc:
             raise BrokerError(f"cannot reach the result backend: {exc}") from exc
 
-    def identity(self) -> EngineIdentity | None:
-        """The model the workers of ``TTSQ_ENGINE`` announced, if any."""
-        read_at, identity = self._identity
+    def identities(self) -> dict[str, EngineIdentity]:
+        """The models the workers of ``TTSQ_ENGINE`` announced, by mode (empty if none started yet)."""
+        read_at, identities = self._identities
         if time.monotonic() - read_at > IDENTITY_TTL_S:
-            raw = self.cache.read_identity(self.settings.engine)
-            identity = EngineIdentity.from_dict(raw) if raw else None
-            self._identity = (time.monotonic(), identity)
-        return identity
+            identities = {mode: EngineIdentity.from_dict(raw)
+                          for mode, raw in self.cache.read_identities(self.settings.engine).items()}
+            self._identities = (time.monotonic(), identities)
+        return identities
+
+    def identity(self, mode: str = "voice_design") -> EngineIdentity | None:
+        """The model the workers serving ``mode`` announced, if any."""
+        return self.identities().get(mode)
+
+    def add_voice(self, audio: bytes, transcript: str = "") -> str:
+        """Store a reference recording for voice cloning; return its key (the ``reference`` field)."""
+        from ttsq.voices import add_voice
+
+        return add_voice(self.storage, audio, transcript)
 
     def wait(self, task_id: str, *, timeout: float | None = None) -> JobResult:
         """The result of a task, with a URL made now; raise its error if it failed."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -57,6 +58,24 @@ class Settings:
     max_text_chars: int = 5000
     max_instruct_chars: int = 1000
     log_level: str = "INFO"
+    # The qwen engine (TTSQ_ENGINE=qwen). The model is a local folder: workers never download.
+    #: A Qwen3-TTS checkpoint folder (VoiceDesign, CustomVoice or Base), with ``speech_tokenizer/``.
+    qwen_model: str = ""
+    #: ``auto`` (cuda:0 when CUDA is available, else cpu), ``cpu``, ``cuda`` or ``cuda:N``.
+    qwen_device: str = "auto"
+    #: ``auto`` (bfloat16 on CUDA, float32 on CPU), ``bfloat16``, ``float16`` or ``float32``.
+    qwen_dtype: str = "auto"
+    #: ``auto`` (flash_attention_2 when flash-attn is installed and the device is CUDA, else sdpa),
+    #: ``flash_attention_2``, ``sdpa`` or ``eager``.
+    qwen_attention: str = "auto"
+    #: Hard cap on codec frames per item (12.5 frames per second of audio): a runaway item, one
+    #: that never samples its end token, stops here whatever its text length predicts.
+    qwen_max_frames: int = 2048
+    #: Voice-clone prompts kept per worker (least recently used ones are dropped).
+    qwen_clone_cache: int = 64
+    #: Testing only: the engine fails every batch larger than this with a device out-of-memory error
+    #: (0: off), so the batcher's split-and-retry path can be exercised on a CPU.
+    qwen_fault_oom_above: int = 0
 
     def __post_init__(self) -> None:
         _check(self.max_batch >= 1 and self.max_batch <= 256, "max_batch", "must be 1..256")
@@ -85,6 +104,16 @@ class Settings:
             _check(len(self.storage_url[5:].split("/", 1)[0]) >= 3, "storage_url",
                    "s3:// URL needs a bucket name of at least 3 characters")
         _check(bool(self.engine), "engine", "must not be empty")
+        _check(self.qwen_device == "auto" or self.qwen_device == "cpu"
+               or re.fullmatch(r"cuda(:\d+)?", self.qwen_device) is not None,
+               "qwen_device", "must be auto, cpu, cuda or cuda:N")
+        _check(self.qwen_dtype in ("auto", "bfloat16", "float16", "float32"), "qwen_dtype",
+               "must be auto, bfloat16, float16 or float32")
+        _check(self.qwen_attention in ("auto", "flash_attention_2", "sdpa", "eager"), "qwen_attention",
+               "must be auto, flash_attention_2, sdpa or eager")
+        _check(16 <= self.qwen_max_frames <= 8192, "qwen_max_frames", "must be 16..8192 (8192 frames is ~11 min)")
+        _check(1 <= self.qwen_clone_cache <= 10_000, "qwen_clone_cache", "must be 1..10000")
+        _check(self.qwen_fault_oom_above >= 0, "qwen_fault_oom_above", "must be >= 0 (0: off)")
         _check(bool(self.queue), "queue", "must not be empty")
         _check(self.log_level.upper() in {"DEBUG", "INFO", "WARNING", "ERROR"}, "log_level",
                "must be DEBUG, INFO, WARNING or ERROR")

@@ -124,10 +124,12 @@ class RedisServer:
 class InProcessWorker:
     """A real Celery worker (threads pool) running in a thread of this process."""
 
-    def __init__(self, app: Celery, settings: Settings, *, hostname: str = "embedded@localhost") -> None:
+    def __init__(self, app: Celery, settings: Settings, *, hostname: str = "embedded@localhost",
+                 queues: list[str] | None = None) -> None:
         self.app = app  # built with a started WorkerRuntime
         self.settings = settings
         self.hostname = hostname
+        self.queues = queues or [settings.queue]
         self._ready = threading.Event()
         self._worker: Any = None
         self._thread: threading.Thread | None = None
@@ -146,7 +148,7 @@ class InProcessWorker:
                 self._worker = self.app.WorkController(
                     pool_cls="threads", concurrency=self.settings.concurrency, hostname=self.hostname,
                     ready_callback=ready, without_mingle=True, without_gossip=True,
-                    queues=[self.settings.queue], loglevel=self.settings.log_level)
+                    queues=self.queues, loglevel=self.settings.log_level)
                 self._worker.start()
                 # Celery catches a failed start itself, logs it and returns: tell start() it ended.
                 if not self._ready.is_set():
@@ -195,7 +197,7 @@ class Embedded:
             self.runtime = WorkerRuntime(self.settings)
             self.runtime.start()
             self.app = make_app(self.settings, runtime=self.runtime)
-            self.worker = InProcessWorker(self.app, self.settings)
+            self.worker = InProcessWorker(self.app, self.settings, queues=self.runtime.queues)
             self.worker.start()
         except BaseException:
             self.__exit__(None, None, None)

@@ -4,7 +4,8 @@
     ├── ConfigError          a TTSQ_* setting is missing or malformed (startup)
     ├── InvalidRequest       a request field is wrong (at the edge; nothing is queued)
     ├── EngineError          the engine could not synthesize an item
-    │   └── EngineUnavailable  the engine cannot be loaded here (missing extra, bad model path)
+    │   ├── EngineUnavailable  the engine cannot be loaded here (missing extra, bad model path)
+    │   └── EngineOutOfMemory  the device ran out of memory for a batch (the batcher splits it)
     ├── StorageError         the object store refused or could not be reached
     ├── BrokerError          Redis (broker, results or cache) could not be reached
     └── JobError             a job did not produce a result
@@ -52,6 +53,10 @@ class EngineError(TTSQError):
 
 class EngineUnavailable(EngineError):
     """The engine cannot be loaded on this machine (missing extra, bad model path)."""
+
+
+class EngineOutOfMemory(EngineError):
+    """The device ran out of memory for this batch; a smaller batch may fit."""
 
 
 class StorageError(TTSQError):

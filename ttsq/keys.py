@@ -15,9 +15,11 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from ttsq.constants import KEY_SCHEMA_VERSION, POSTPROCESS_VERSION
+from ttsq.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from ttsq.request import SynthesisRequest
+
 
 @dataclass(frozen=True, kw_only=True)
 class EngineIdentity:
@@ -29,6 +31,24 @@ class EngineIdentity:
     sample_rate: int
     modes: tuple[str, ...] = ("voice_design",)
     languages: tuple[str, ...] = ()
+    #: CustomVoice checkpoints: the speakers it knows (lowercase).
+    speakers: tuple[str, ...] = ()
+
+    def check(self, request: SynthesisRequest) -> None:
+        """Refuse, naming the field, a request this model cannot serve (mode, language, speaker).
+
+        Producers call it at submit time with the identity the workers announced; workers call it
+        again on every message, since a raw ``send_task`` never met a producer.
+        """
+        if request.mode not in self.modes:
+            raise InvalidRequest("mode", f"{request.mode} is not served by the {self.engine} workers "
+                                         f"(model {self.model} serves {', '.join(self.modes)})")
+        if self.languages and request.language not in self.languages:
+            raise InvalidRequest("language", f"{request.language} is not spoken by model {self.model}; "
+                                             f"expected one of {', '.join(self.languages)}")
+        if request.mode == "custom_voice" and request.speaker.lower() not in self.speakers:
+            raise InvalidRequest("speaker", f"unknown speaker {request.speaker[:40]!r} for model {self.model}; "
+                                            f"expected one of {', '.join(self.speakers) or '(none)'}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON, as workers publish it in Redis."""
@@ -39,7 +59,7 @@ class EngineIdentity:
         """The identity a worker published."""
         return cls(engine=data["engine"], model=data["model"], revision=data["revision"],
                    sample_rate=int(data["sample_rate"]), modes=tuple(data.get("modes", ())),
-                   languages=tuple(data.get("languages", ())))
+                   languages=tuple(data.get("languages", ())), speakers=tuple(data.get("speakers", ())))
 
 
 #: File extension per output format.

@@ -54,6 +54,8 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
 # Bidi embeddings, overrides and isolates: they make text render differently from what is spoken.
 _BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 _WHITESPACE = re.compile(r"\s+")
+#: What a ``reference`` may hold: a voice stored by ``ttsq voices add``, and nothing else in the bucket.
+REFERENCE_PATTERN = re.compile(r"voices/[0-9a-f]{64}\.wav")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,8 +109,12 @@ class SynthesisRequest:
         mode = _choice("mode", data.get("mode", "voice_design"), MODES)
         fmt = _choice("format", data.get("format", "wav"), FORMATS)
         language = _language(data.get("language", "auto"))
-        speaker = _clean_text("speaker", data.get("speaker", ""), 64)
+        # Speakers are case-insensitive in Qwen3-TTS: one spelling, one content key.
+        speaker = _clean_text("speaker", data.get("speaker", ""), 64).lower()
         reference = _clean_text("reference", data.get("reference", ""), 1024)
+        if reference and not REFERENCE_PATTERN.fullmatch(reference):
+            raise InvalidRequest("reference", "expected a voice key like voices/<64 hex digits>.wav, "
+                                              "as printed by `ttsq voices add`")
 
         if mode == "custom_voice" and not speaker:
             raise InvalidRequest("speaker", "is required for mode custom_voice")
@@ -134,9 +140,9 @@ class SynthesisRequest:
 
     def group(self) -> tuple[Any, ...]:
         """Requests with equal groups can share one forward pass."""
-        # The seed is part of the group: a seed is set once per forward pass, not per row.
-        return (self.mode, self.language, self.seed, self.temperature, self.top_p,
-                self.top_k, self.repetition_penalty, self.max_new_tokens)
+        # The seed is part of the group: a seed is set once per forward pass, not per row. Language,
+        # voice and frame cap are per row (qwen-tts takes lists), so they do not split batches.
+        return (self.mode, self.seed, self.temperature, self.top_p, self.top_k, self.repetition_penalty)
 
     def describe(self) -> str:
         """A log-safe summary: never the text itself."""

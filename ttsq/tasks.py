@@ -7,11 +7,16 @@ Contract for web backends that do not import ttsq::
 
     celery.send_task("ttsq.synthesize", kwargs={"text": "...", "language": "korean"}, queue="ttsq")
 
+Each mode has its own queue (``queue_for``): ``ttsq`` for voice_design, the default, and
+``ttsq.custom_voice`` / ``ttsq.voice_clone`` for the others, because a worker serves the mode of the
+checkpoint it loaded and consumes only that mode's queue.
+
 returns a ``JobResult`` dict (see ``ttsq.request``) or fails with ``InvalidRequest`` / ``EngineError``.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +36,12 @@ if TYPE_CHECKING:
     from ttsq.config import Settings
     from ttsq.request import JobResult
     from ttsq.worker import WorkerRuntime
+
+
+def queue_for(base: str, mode: str) -> str:
+    """The queue of one mode. voice_design, the default mode, keeps the plain name, so a bare
+    ``send_task(..., queue="ttsq")`` from a web backend keeps working."""
+    return base if mode == "voice_design" else f"{base}.{mode}"
 
 
 def celery_config(settings: Settings, *, worker: bool) -> dict[str, Any]:
@@ -78,9 +89,18 @@ def celery_config(settings: Settings, *, worker: bool) -> dict[str, Any]:
         "broker_connection_timeout": REDIS_CONNECT_TIMEOUT_S,
         "broker_connection_retry_on_startup": True,
         "task_default_queue": settings.queue,
-        "task_routes": {TASK_NAME: {"queue": settings.queue}},
+        # apply_async/send_task through this app without a queue: the mode picks it.
+        "task_routes": (functools.partial(_route_by_mode, settings.queue),),
         "worker_hijack_root_logger": False,
     }
+
+
+def _route_by_mode(base: str, name: str, args: Any, kwargs: Any, options: Any, task: Any = None,
+                   **_: Any) -> dict[str, str] | None:
+    if name != TASK_NAME:
+        return None
+    mode = kwargs.get("mode") if isinstance(kwargs, dict) else None
+    return {"queue": queue_for(base, mode if isinstance(mode, str) else "voice_design")}
 
 
 def make_app(settings: Settings, *, runtime: WorkerRuntime | None = None) -> Celery:

@@ -28,6 +28,7 @@ from ttsq.errors import JobTimeout
 from ttsq.keys import content_key, object_key
 from ttsq.request import JobResult, Limits, StoredAudio, SynthesisRequest, Timings, result_from_stored
 from ttsq.storage import open_storage
+from ttsq.tasks import queue_for
 
 if TYPE_CHECKING:
     from ttsq.config import Settings
@@ -45,6 +46,11 @@ class WorkerRuntime:
         self.storage = open_storage(settings)
         self.cache = CacheIndex(settings.cache_url, ttl_s=settings.cache_ttl_s)
         self.batcher = Batcher(self.engine, max_batch=settings.max_batch, max_wait_s=settings.max_wait_ms / 1000)
+
+    @property
+    def queues(self) -> list[str]:
+        """The queues of the modes this worker's model serves."""
+        return [queue_for(self.settings.queue, mode) for mode in self.engine.identity.modes]
 
     def start(self) -> None:
         """Load and warm the engine (on the batcher thread), then announce the model to producers."""
@@ -71,6 +77,7 @@ class WorkerRuntime:
         key = claimed_key
         try:
             request = SynthesisRequest.from_dict(kwargs, self.limits)
+            self.engine.identity.check(request)  # a raw send_task may name a mode, speaker or language we lack
             key = content_key(request, self.engine.identity)
             stored = self.cache.get(key)
             if stored is not None:

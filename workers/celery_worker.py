@@ -32,7 +32,7 @@ def run_worker(settings: Settings, *, hostname: str | None = None) -> int:
         pool_cls="threads",
         # Twice the batch: while one batch runs, the next one is already waiting in the batcher.
         concurrency=settings.concurrency,
-        queues=[settings.queue],
+        queues=runtime.queues,
         loglevel=settings.log_level,
         without_mingle=True,
         without_gossip=True,

@@ -8,6 +8,8 @@ then retries the items one by one to find the culprit.
 
 from __future__ import annotations
 
+import math
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -19,6 +21,37 @@ if TYPE_CHECKING:
     from ttsq.config import Settings
     from ttsq.keys import EngineIdentity
     from ttsq.request import SynthesisRequest
+
+
+#: Qwen3-TTS's codec runs at 12.5 frames per second of audio; ``max_new_tokens`` counts these frames.
+FRAMES_PER_SECOND = 12.5
+
+# Slow-speaker reading times, in seconds per character. A syllabic or logographic character (Hangul,
+# Han, kana) is read in about 0.15-0.25 s, a Latin or Cyrillic letter in about 0.07 s; these take the
+# slow end so that no honest sentence hits its cap.
+_SECONDS_PER_WIDE_CHAR = 0.3
+_SECONDS_PER_CHAR = 0.09
+_SECONDS_PER_SPACE_OR_MARK = 0.04
+_CAP_MARGIN = 1.5
+_CAP_FLOOR_S = 2.0
+
+
+def frame_cap(text: str, hard_cap: int) -> int:
+    """The most codec frames an honest reading of ``text`` needs, with margin, at most ``hard_cap``.
+
+    A model that never samples its end token (the runaway of Qwen3-TTS issues) would otherwise talk
+    until ``max_new_tokens``: this bounds every item by its own text.
+    """
+    seconds = 0.0
+    for ch in text:
+        if unicodedata.east_asian_width(ch) in ("W", "F"):
+            seconds += _SECONDS_PER_WIDE_CHAR
+        elif ch.isalnum():
+            seconds += _SECONDS_PER_CHAR
+        else:
+            seconds += _SECONDS_PER_SPACE_OR_MARK
+    frames = math.ceil((seconds * _CAP_MARGIN + _CAP_FLOOR_S) * FRAMES_PER_SECOND)
+    return min(frames, hard_cap)
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ttsq.engines.base import EngineOutput
-from ttsq.errors import EngineError, EngineUnavailable
+from ttsq.engines.base import FRAMES_PER_SECOND, EngineOutput
+from ttsq.errors import EngineError, EngineUnavailable, InvalidRequest
 from ttsq.keys import EngineIdentity
 
 if TYPE_CHECKING:
@@ -34,7 +34,6 @@ _AUDIO_OUTPUT_SYNCHRONOUS = 2
 _INITIALIZE_DONT_EXIT = 0x8000  # without it a failed init exits the whole process
 _POS_CHARACTER = 1
 _CHARS_UTF8 = 1
-_FRAMES_PER_SECOND = 12.5  # max_new_tokens is a frame cap in Qwen3-TTS units; honour it the same way
 _IGNORED = ("instruct", "seed", "temperature", "top_p", "top_k", "repetition_penalty")
 
 _SynthCallback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int,
@@ -88,15 +87,17 @@ class EspeakEngine:
             self._lib = None
 
     def _one(self, request: SynthesisRequest) -> EngineOutput | Exception:
-        if request.mode != "voice_design":
-            return EngineError(f"espeak serves mode voice_design only, not {request.mode}")
+        try:
+            self.identity.check(request)
+        except InvalidRequest as exc:
+            return exc
         voice = VOICES.get(request.language) or VOICES[guess_language(request.text)]
         samples = self._speak(request.text, voice)
         if samples.size == 0 or not np.any(samples):
             return EngineError("espeak produced no audio for this text")
         truncated = False
         if request.max_new_tokens is not None:
-            cap = int(request.max_new_tokens / _FRAMES_PER_SECOND * self.identity.sample_rate)
+            cap = int(request.max_new_tokens / FRAMES_PER_SECOND * self.identity.sample_rate)
             truncated = samples.size > cap
             samples = samples[:cap]
         ignored = tuple(name for name in _IGNORED if getattr(request, name) not in (None, ""))

@@ -1,0 +1,217 @@
+"""The qwen engine on tiny random-weight checkpoints: the real qwen-tts load, generate and decode path.
+
+Random weights almost never sample the end token, so every row runs to its frame cap: the tests can
+predict each output's length exactly, and a seed makes them deterministic.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+
+from ttsq.batching import Batcher, length_bucket
+from ttsq.config import Settings
+from ttsq.engines.base import EngineOutput, frame_cap
+from ttsq.engines.qwen import QwenEngine, checkpoint_revision
+from ttsq.errors import ConfigError, InvalidRequest
+from ttsq.request import SynthesisRequest
+from ttsq.storage import LocalStorage
+from ttsq.voices import add_voice
+
+SAMPLES_PER_FRAME = 1920  # 24 kHz / 12.5 frames per second
+
+
+def request(text: str, **fields: object) -> SynthesisRequest:
+    return SynthesisRequest.from_dict({"text": text, **fields})
+
+
+def loaded(model: Path, **settings: object) -> QwenEngine:
+    engine = QwenEngine(Settings(engine="qwen", qwen_model=str(model), **settings))  # type: ignore[arg-type]
+    engine.load()
+    return engine
+
+
+@pytest.fixture(scope="module")
+def design(qwen_checkpoints: dict[str, Path]) -> Iterator[QwenEngine]:
+    engine = loaded(qwen_checkpoints["voice_design"], qwen_max_frames=64)
+    engine.warmup()
+    yield engine
+    engine.close()
+
+
+def output(item: EngineOutput | Exception) -> EngineOutput:
+    assert isinstance(item, EngineOutput), item
+    return item
+
+
+def test_identity_names_the_mode_languages_speakers_and_revision(qwen_checkpoints: dict[str, Path],
+                                                                 tmp_path: Path) -> None:
+    modes = {kind: QwenEngine(Settings(engine="qwen", qwen_model=str(path))).identity
+             for kind, path in qwen_checkpoints.items()}
+    assert modes["voice_design"].modes == ("voice_design",)
+    assert modes["custom_voice"].modes == ("custom_voice",)
+    assert modes["base"].modes == ("voice_clone",)
+    assert modes["custom_voice"].speakers == ("ryan", "sohee", "vivian")
+    assert "korean" in modes["voice_design"].languages and "auto" in modes["voice_design"].languages
+    assert modes["voice_design"].sample_rate == 24_000
+
+    # The revision follows the checkpoint: another config, or another weight file size, is another model.
+    copy = Path(shutil.copytree(qwen_checkpoints["voice_design"], tmp_path / "copy"))
+    assert checkpoint_revision(copy) == modes["voice_design"].revision
+    generation = json.loads((copy / "generation_config.json").read_text())
+    (copy / "generation_config.json").write_text(json.dumps({**generation, "temperature": 0.5}))
+    assert checkpoint_revision(copy) != modes["voice_design"].revision
+    # A hub snapshot folder is named by its commit.
+    snapshot = tmp_path / "models--Qwen--X" / "snapshots" / ("ab" * 20)
+    shutil.copytree(qwen_checkpoints["voice_design"], snapshot)
+    assert checkpoint_revision(snapshot) == "ab" * 20
+
+
+def test_a_folder_that_is_not_a_checkpoint_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"TTSQ_QWEN_MODEL: .* is not a checkpoint folder"):
+        QwenEngine(Settings(engine="qwen", qwen_model=str(tmp_path)))
+    (tmp_path / "config.json").write_text('{"tts_model_type": "llm"}')
+    (tmp_path / "speech_tokenizer").mkdir()
+    (tmp_path / "speech_tokenizer" / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match="not a Qwen3-TTS checkpoint"):
+        QwenEngine(Settings(engine="qwen", qwen_model=str(tmp_path)))
+
+
+def test_mixed_lengths_share_a_batch_and_each_is_cut_to_its_own_cap(design: QwenEngine) -> None:
+    texts = ["Hi.", "A medium sentence.", "안녕하세요. 오늘은 날씨가 정말 좋네요."]
+    outputs = [output(o) for o in design.synthesize_batch([request(t, seed=3) for t in texts])]
+    caps = [frame_cap(t, 64) for t in texts]
+    assert len(set(caps)) == 3 and caps[-1] == 64  # three different caps, the last one the hard cap
+    for out, cap in zip(outputs, caps, strict=True):
+        assert out.sample_rate == 24_000
+        # Random weights never stop on their own: every row ran to its own cap, and says so.
+        assert out.samples.size == cap * SAMPLES_PER_FRAME
+        assert out.truncated
+        assert np.abs(out.samples).max() > 0.01
+
+
+def test_an_explicit_max_new_tokens_caps_the_item_and_the_hard_cap_caps_everything(design: QwenEngine) -> None:
+    short, huge = design.synthesize_batch([request("Hello there, friend.", max_new_tokens=10, seed=1),
+                                           request("Hello there, friend.", max_new_tokens=5000, seed=1)])
+    assert output(short).samples.size == 10 * SAMPLES_PER_FRAME
+    assert output(huge).samples.size == 64 * SAMPLES_PER_FRAME  # TTSQ_QWEN_MAX_FRAMES of this engine
+
+
+def test_same_seed_same_batch_is_reproducible_and_batching_changes_sampled_rows(design: QwenEngine) -> None:
+    """What holds on a CPU, measured (README "Reproducibility" quotes it)."""
+    a = request("Hello there.", seed=7, max_new_tokens=12)
+    b = request("A second, longer sentence for the batch.", seed=7, max_new_tokens=12)
+    first = [output(o).samples for o in design.synthesize_batch([a, b])]
+    again = [output(o).samples for o in design.synthesize_batch([a, b])]
+    assert all(np.array_equal(x, y) for x, y in zip(first, again, strict=True))
+    alone = output(design.synthesize_batch([a])[0]).samples
+    assert alone.size == first[0].size
+    # Rows of one call draw from one random stream: a sampled row depends on its neighbours.
+    same = float(np.mean(alone == first[0]))
+    print(f"sampled row alone vs in a batch of 2: {same:.1%} of samples equal")
+    assert not np.array_equal(alone, first[0])
+
+    # Greedy decoding (the package's do_sample=False): batching changes nothing but float rounding.
+    texts = ["Hello there.", "A second, longer sentence for the batch."]
+    greedy = {"do_sample": False, "subtalker_dosample": False, "max_new_tokens": 12}
+    batched, _ = design._tts.generate_voice_design(text=texts, instruct=["", ""], language=["auto"] * 2, **greedy)
+    for text, row in zip(texts, batched, strict=True):
+        single, _ = design._tts.generate_voice_design(text=[text], instruct=[""], language=["auto"], **greedy)
+        difference = float(np.max(np.abs(row - single[0])))
+        print(f"greedy row alone vs batched: max abs difference {difference:.2e}")
+        assert row.shape == single[0].shape and difference < 1e-4
+
+
+def test_out_of_memory_splits_the_batch_and_remembers_what_fits(qwen_checkpoints: dict[str, Path]) -> None:
+    # The engine's fault switch raises torch's real OutOfMemoryError at the device boundary for any
+    # batch above 2, the way a full GPU would; the batcher must split and finish every job.
+    engine = QwenEngine(Settings(engine="qwen", qwen_model=str(qwen_checkpoints["voice_design"]),
+                                 qwen_max_frames=24, qwen_fault_oom_above=2))
+    batcher = Batcher(engine, max_batch=8, max_wait_s=0.5)
+    batcher.start()
+    try:
+        jobs = [request(f"Sentence number {i}.", seed=5) for i in range(8)]
+        items = [future.result(120) for future in [batcher.submit(job) for job in jobs]]
+        assert all(item.output.samples.size > 0 for item in items)
+        assert max(item.batch_size for item in items) == 8  # they arrived as one batch of 8 ...
+        bucket = length_bucket(jobs)
+        assert batcher.largest_fit == {bucket: 2}  # ... that ran as halves, then quarters, which fit
+        splits = batcher.oom_splits
+        # 8 -> 4 + 4; the first 4 -> 2 + 2; the second 4 is already cut to 2 + 2 before it runs.
+        assert splits == 2
+
+        # The next batch of similar texts is cut to the size that fits up front: no new failure.
+        again = [batcher.submit(request(f"Sentence number {i}!", seed=6)) for i in range(8)]
+        assert all(future.result(120).output.samples.size > 0 for future in again)
+        assert batcher.oom_splits == splits
+    finally:
+        batcher.stop()
+
+
+def test_custom_voice_checks_speakers_per_item_and_reports_an_ignored_instruct(
+        qwen_checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    engine = loaded(qwen_checkpoints["custom_voice"], qwen_max_frames=16)
+    good, bad = engine.synthesize_batch([
+        request("안녕하세요.", mode="custom_voice", speaker="Sohee", language="korean", instruct="밝게"),
+        request("Hello.", mode="custom_voice", speaker="nobody")])
+    assert output(good).ignored == ()  # the 1.7B CustomVoice follows an instruct
+    assert isinstance(bad, InvalidRequest) and bad.field == "speaker"
+    engine.close()
+
+    # The 0.6B CustomVoice drops an instruct (qwen-tts does it silently): the result says so.
+    small = Path(shutil.copytree(qwen_checkpoints["custom_voice"], tmp_path / "small"))
+    config = json.loads((small / "config.json").read_text())
+    (small / "config.json").write_text(json.dumps({**config, "tts_model_size": "0b6"}))
+    engine = loaded(small, qwen_max_frames=16)
+    with_instruct, without = engine.synthesize_batch([
+        request("Hello.", mode="custom_voice", speaker="ryan", instruct="whisper"),
+        request("Hello.", mode="custom_voice", speaker="ryan")])
+    assert output(with_instruct).ignored == ("instruct",)
+    assert output(without).ignored == ()
+    engine.close()
+
+
+def reference_wav(seconds: float = 2.0, rate: int = 16_000) -> bytes:
+    t = np.arange(int(seconds * rate)) / rate
+    voice = 0.3 * np.sin(2 * np.pi * 180 * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))
+    buffer = io.BytesIO()
+    soundfile.write(buffer, voice.astype(np.float32), rate, format="WAV")
+    return buffer.getvalue()
+
+
+def test_voice_clone_loads_the_reference_itself_and_computes_its_prompt_once(
+        qwen_checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    storage_url = str(tmp_path / "store")
+    storage = LocalStorage(storage_url)
+    voice = add_voice(storage, reference_wav(1.5), "This is my reference voice.")
+    plain = add_voice(storage, reference_wav(1.2), "")  # no transcript: speaker embedding only
+    assert voice.startswith("voices/") and voice != plain
+    garbage = "voices/" + "0" * 64 + ".wav"
+    storage.put(garbage, b"this is not audio at all", "audio/wav")
+
+    engine = loaded(qwen_checkpoints["base"], qwen_max_frames=16, storage_url=storage_url, qwen_clone_cache=1)
+    clone = {"mode": "voice_clone", "seed": 2}
+    outputs = engine.synthesize_batch([
+        request("First line.", reference=voice, **clone), request("Second line.", reference=voice, **clone),
+        request("Third.", reference="voices/" + "1" * 64 + ".wav", **clone),
+        request("Fourth.", reference=garbage, **clone), request("Fifth.", reference=plain, **clone)])
+    assert [type(o).__name__ for o in outputs] == ["EngineOutput", "EngineOutput", "InvalidRequest",
+                                                   "InvalidRequest", "EngineOutput"]
+    missing, not_audio = outputs[2], outputs[3]
+    assert isinstance(missing, InvalidRequest) and "no voice" in str(missing)
+    assert isinstance(not_audio, InvalidRequest) and "not audio" in str(not_audio)
+    assert engine.prompts_computed == 2  # one per reference, not one per job
+
+    # The cache holds one prompt here (TTSQ_QWEN_CLONE_CACHE=1): the newest stays, the oldest is dropped.
+    engine.synthesize_batch([request("Again.", reference=plain, **clone)])
+    assert engine.prompts_computed == 2
+    engine.synthesize_batch([request("Again.", reference=voice, **clone)])
+    assert engine.prompts_computed == 3
+    engine.close()

@@ -1,0 +1,119 @@
+"""Reference voices for cloning: uploaded once, named by their content, loaded by ttsq itself.
+
+A reference is a short recording of the voice to clone and, ideally, its transcript. ``add_voice``
+(``ttsq voices add FILE --text "..."``) decodes the file (anything libsndfile reads: WAV, FLAC, OGG,
+MP3), mixes it to mono, and stores it as 16-bit WAV under ``voices/<sha256>.wav`` with the transcript
+beside it in ``voices/<sha256>.json``. The hash covers the WAV bytes and the transcript, so the object
+key *is* the voice: a request's ``reference`` names exactly what the model hears, and every cloned
+clip's content key changes when the reference does.
+
+Workers read the reference through ttsq's storage and hand the model ``(samples, rate)``. The model
+is never given a URL or a user string: qwen-tts would fetch a URL itself, or guess at base64.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+import soundfile
+
+from ttsq.errors import InvalidRequest
+from ttsq.request import REFERENCE_PATTERN
+
+if TYPE_CHECKING:
+    from ttsq.storage import Storage
+
+#: Qwen3-TTS clones from about 3 seconds; past a minute the prompt only costs time and memory.
+MIN_REFERENCE_S = 1.0
+MAX_REFERENCE_S = 60.0
+MAX_TRANSCRIPT_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class Voice:
+    """A reference recording, decoded."""
+
+    key: str
+    samples: npt.NDArray[np.float32]
+    sample_rate: int
+    #: Empty when none was given: the engine then clones from the speaker embedding alone.
+    transcript: str
+
+
+def check_reference(value: str) -> str:
+    """Validate a ``reference`` field's shape (not its existence)."""
+    if not REFERENCE_PATTERN.fullmatch(value):
+        raise InvalidRequest("reference", "expected a voice key like voices/<64 hex digits>.wav, "
+                                          "as printed by `ttsq voices add`")
+    return value
+
+
+def prepare_voice(data: bytes, transcript: str = "") -> tuple[str, bytes, bytes]:
+    """Decode and normalize an uploaded recording: (object key, WAV bytes, metadata JSON bytes)."""
+    samples, rate = _decode(data, field="file")
+    duration = samples.size / rate
+    if not MIN_REFERENCE_S <= duration <= MAX_REFERENCE_S:
+        raise InvalidRequest("file", f"is {duration:.1f}s of audio; a reference must last "
+                                     f"{MIN_REFERENCE_S:.0f}-{MAX_REFERENCE_S:.0f}s")
+    if not np.any(np.abs(samples) > 1e-4):
+        raise InvalidRequest("file", "is silent")
+    transcript = " ".join(transcript.split())
+    if len(transcript) > MAX_TRANSCRIPT_CHARS:
+        raise InvalidRequest("text", f"is {len(transcript)} characters; the limit is {MAX_TRANSCRIPT_CHARS}")
+    buffer = io.BytesIO()
+    soundfile.write(buffer, samples, rate, format="WAV", subtype="PCM_16")
+    wav = buffer.getvalue()
+    digest = hashlib.sha256(wav + b"\0" + transcript.encode("utf-8")).hexdigest()
+    meta = json.dumps({"transcript": transcript, "sample_rate": rate, "duration_s": round(duration, 3)},
+                      ensure_ascii=False, sort_keys=True).encode("utf-8")
+    return f"voices/{digest}.wav", wav, meta
+
+
+def add_voice(storage: Storage, data: bytes, transcript: str = "") -> str:
+    """Store a reference recording; return the key to pass as ``reference``. Idempotent."""
+    key, wav, meta = prepare_voice(data, transcript)
+    # The transcript first: a voice whose audio exists always has its transcript beside it.
+    storage.put(_meta_key(key), meta, "application/json")
+    storage.put(key, wav, "audio/wav")
+    return key
+
+
+def voice_exists(storage: Storage, key: str) -> bool:
+    """Whether a reference key names a stored voice."""
+    return storage.exists(check_reference(key))
+
+
+def load_voice(storage: Storage, key: str) -> Voice:
+    """Read and decode a stored reference; ``InvalidRequest`` names the field when it is unusable."""
+    check_reference(key)
+    if not storage.exists(key):
+        raise InvalidRequest("reference", f"no voice {key} in storage; upload it with `ttsq voices add`")
+    samples, rate = _decode(storage.get(key), field="reference")
+    transcript = ""
+    if storage.exists(_meta_key(key)):
+        try:
+            transcript = str(json.loads(storage.get(_meta_key(key)))["transcript"])
+        except (ValueError, KeyError, TypeError):
+            raise InvalidRequest("reference", f"the transcript of {key} is unreadable") from None
+    return Voice(key=key, samples=samples, sample_rate=rate, transcript=transcript)
+
+
+def _meta_key(key: str) -> str:
+    return key.removesuffix(".wav") + ".json"
+
+
+def _decode(data: bytes, *, field: str) -> tuple[npt.NDArray[np.float32], int]:
+    try:
+        samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    except Exception:  # libsndfile's errors say little more than "unknown format"
+        raise InvalidRequest(field, "is not audio that ttsq can read (WAV, FLAC, OGG or MP3)") from None
+    if samples.size == 0:
+        raise InvalidRequest(field, "holds no audio samples")
+    mono: npt.NDArray[np.float32] = samples.mean(axis=1).astype(np.float32)
+    return mono, int(rate)
