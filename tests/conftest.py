@@ -128,8 +128,8 @@ class WorkerProcess:
 def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
 
-    def start(settings: Settings, name: str = "w1") -> WorkerProcess:
-        worker = WorkerProcess(settings, tmp_path / f"{name}.log", f"{name}@test").start()
+    def start(settings: Settings, name: str = "w1", timeout: float = 60.0) -> WorkerProcess:
+        worker = WorkerProcess(settings, tmp_path / f"{name}.log", f"{name}@test").start(timeout)
         started.append(worker)
         return worker
 
