@@ -36,7 +36,9 @@ WORKER_START_S = 240.0  # torch import, load and warm-up on a busy two-core mach
 
 
 def qwen_settings(settings: Settings, model: Path) -> Settings:
-    return settings.replace(engine="qwen", qwen_model=str(model), qwen_max_frames=MAX_FRAMES)
+    # Generous job limits: a busy two-core machine may take long over a batch, and timing is not under test.
+    return settings.replace(engine="qwen", qwen_model=str(model), qwen_max_frames=MAX_FRAMES, job_timeout_s=300,
+                            visibility_timeout_s=900)
 
 
 def reference_file(path: Path, seconds: float = 1.5) -> Path:
