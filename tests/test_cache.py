@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import time
+
 import redis
 
 from ttsq.cache import CacheIndex, redact_url
@@ -34,9 +36,14 @@ def test_claim_is_single_flight_and_release_is_owner_only(settings: Settings) ->
 
 def test_identity_and_counters(settings: Settings) -> None:
     index = CacheIndex(settings.cache_url, ttl_s=0)
-    index.publish_identity("espeak", {"engine": "espeak", "revision": "1"})
-    assert index.read_identity("espeak") == {"engine": "espeak", "revision": "1"}
-    assert index.read_identity("qwen") is None
+    index.publish_identity({"engine": "espeak", "revision": "1", "modes": ["voice_design"]})
+    index.publish_identity({"engine": "qwen", "revision": "2", "modes": ["voice_clone"]})
+    assert index.read_identities() == {"voice_design": {"engine": "espeak", "revision": "1", "modes": ["voice_design"]},
+                                       "voice_clone": {"engine": "qwen", "revision": "2", "modes": ["voice_clone"]}}
+    # A worker that stopped re-announcing is gone: its modes are no longer served.
+    time.sleep(1.1)
+    index.publish_identity({"engine": "qwen", "revision": "2", "modes": ["voice_clone"]})
+    assert set(index.read_identities(max_age_s=1.0)) == {"voice_clone"}
     index.count("x")
     index.count("x", 2)
     assert index.counter("x") == 3

@@ -62,16 +62,28 @@ def test_identity_names_the_mode_languages_speakers_and_revision(qwen_checkpoint
     assert "korean" in modes["voice_design"].languages and "auto" in modes["voice_design"].languages
     assert modes["voice_design"].sample_rate == 24_000
 
-    # The revision follows the checkpoint: another config, or another weight file size, is another model.
+    # The revision is the checkpoint's, plus the frame-cap policy (it shapes truncated audio).
+    original = checkpoint_revision(qwen_checkpoints["voice_design"])
+    assert modes["voice_design"].revision == f"{original}.cap1-2048"
+    assert QwenEngine(Settings(engine="qwen", qwen_model=str(qwen_checkpoints["voice_design"]),
+                               qwen_max_frames=512)).identity.revision == f"{original}.cap1-512"
+    # A copy elsewhere is the same model; another config, or other weights of the same size, is not.
     copy = Path(shutil.copytree(qwen_checkpoints["voice_design"], tmp_path / "copy"))
-    assert checkpoint_revision(copy) == modes["voice_design"].revision
+    assert checkpoint_revision(copy) == original
     generation = json.loads((copy / "generation_config.json").read_text())
     (copy / "generation_config.json").write_text(json.dumps({**generation, "temperature": 0.5}))
-    assert checkpoint_revision(copy) != modes["voice_design"].revision
-    # A hub snapshot folder is named by its commit.
-    snapshot = tmp_path / "models--Qwen--X" / "snapshots" / ("ab" * 20)
+    assert checkpoint_revision(copy) != original
+    retrained = Path(shutil.copytree(qwen_checkpoints["voice_design"], tmp_path / "retrained"))
+    weights = retrained / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2 + 100] ^= 0xFF  # same size, other bytes (a fine-tune changes them everywhere)
+    weights.write_bytes(bytes(data))
+    assert checkpoint_revision(retrained) != original
+    # A hub cache folder is named by its repository and commit.
+    snapshot = tmp_path / "models--Qwen--Qwen3-TTS-12Hz-1.7B-VoiceDesign" / "snapshots" / ("ab" * 20)
     shutil.copytree(qwen_checkpoints["voice_design"], snapshot)
-    assert checkpoint_revision(snapshot) == "ab" * 20
+    hub = QwenEngine(Settings(engine="qwen", qwen_model=str(snapshot))).identity
+    assert hub.model == "Qwen/Qwen3-TTS-12Hz-1.7B-VoiceDesign" and hub.revision == f"{'ab' * 20}.cap1-2048"
 
 
 def test_a_folder_that_is_not_a_checkpoint_is_a_config_error(tmp_path: Path) -> None:
@@ -98,10 +110,14 @@ def test_mixed_lengths_share_a_batch_and_each_is_cut_to_its_own_cap(design: Qwen
 
 
 def test_an_explicit_max_new_tokens_caps_the_item_and_the_hard_cap_caps_everything(design: QwenEngine) -> None:
-    short, huge = design.synthesize_batch([request("Hello there, friend.", max_new_tokens=10, seed=1),
-                                           request("Hello there, friend.", max_new_tokens=5000, seed=1)])
+    long_text = "Hello there, friend, how are you doing today?"
+    assert frame_cap(long_text, 10_000) > 64
+    short, long, refused = design.synthesize_batch([
+        request("Hello there, friend.", max_new_tokens=10, seed=1), request(long_text, seed=1),
+        request("Hello there, friend.", max_new_tokens=65, seed=1)])
     assert output(short).samples.size == 10 * SAMPLES_PER_FRAME
-    assert output(huge).samples.size == 64 * SAMPLES_PER_FRAME  # TTSQ_QWEN_MAX_FRAMES of this engine
+    assert output(long).samples.size == 64 * SAMPLES_PER_FRAME  # TTSQ_QWEN_MAX_FRAMES of this engine
+    assert isinstance(refused, InvalidRequest) and refused.field == "max_new_tokens"  # above the hard cap
 
 
 def test_same_seed_same_batch_is_reproducible_and_batching_changes_sampled_rows(design: QwenEngine) -> None:
@@ -111,8 +127,10 @@ def test_same_seed_same_batch_is_reproducible_and_batching_changes_sampled_rows(
     first = [output(o).samples for o in design.synthesize_batch([a, b])]
     again = [output(o).samples for o in design.synthesize_batch([a, b])]
     assert all(np.array_equal(x, y) for x, y in zip(first, again, strict=True))
-    alone = output(design.synthesize_batch([a])[0]).samples
-    assert alone.size == first[0].size
+    alone_output = output(design.synthesize_batch([a])[0])
+    alone = alone_output.samples
+    # Length and the truncated flag do not depend on the batch: each row has its own cap.
+    assert alone.size == first[0].size and alone_output.truncated
     # Rows of one call draw from one random stream: a sampled row depends on its neighbours.
     same = float(np.mean(alone == first[0]))
     print(f"sampled row alone vs in a batch of 2: {same:.1%} of samples equal")
@@ -140,9 +158,11 @@ def test_out_of_memory_splits_the_batch_and_remembers_what_fits(qwen_checkpoints
         jobs = [request(f"Sentence number {i}.", seed=5) for i in range(8)]
         items = [future.result(120) for future in [batcher.submit(job) for job in jobs]]
         assert all(item.output.samples.size > 0 for item in items)
-        assert max(item.batch_size for item in items) == 8  # they arrived as one batch of 8 ...
+        # They arrived as one batch of 8, which ran as halves, then quarters, which fit; each job reports
+        # the engine call it really rode in.
+        assert [item.batch_size for item in items] == [2] * 8
         bucket = length_bucket(jobs)
-        assert batcher.largest_fit == {bucket: 2}  # ... that ran as halves, then quarters, which fit
+        assert batcher.largest_fit == {bucket: 2}
         splits = batcher.oom_splits
         # 8 -> 4 + 4; the first 4 -> 2 + 2; the second 4 is already cut to 2 + 2 before it runs.
         assert splits == 2

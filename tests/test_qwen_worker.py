@@ -112,7 +112,7 @@ def test_bad_clone_requests_are_refused_clearly_and_the_worker_keeps_serving(
         "ttsq: error: invalid file: is not audio")
     # The fleet is known (this worker announced voice_clone): another mode is refused at submit time.
     assert refused("submit", "Hi.", "--instruct", "calm").startswith(
-        "ttsq: error: invalid mode: no qwen worker serves voice_design; this fleet serves voice_clone")
+        "ttsq: error: invalid mode: no running worker serves voice_design; the workers online serve voice_clone")
     assert run_cli("submit", "Hi.", settings=settings).stderr.decode().count("\n") == 1  # one line, no traceback
 
     # A raw send_task skips every producer check: the worker refuses it per job and keeps serving.
@@ -138,15 +138,24 @@ def test_bad_clone_requests_are_refused_clearly_and_the_worker_keeps_serving(
 
 
 def test_unknown_speaker_is_refused_at_submit_when_the_fleet_is_known(settings: Settings) -> None:
-    CacheIndex(settings.cache_url, ttl_s=0).publish_identity("qwen", EngineIdentity(
+    CacheIndex(settings.cache_url, ttl_s=0).publish_identity(EngineIdentity(
         engine="qwen", model="Qwen3-TTS-12Hz-1.7B-CustomVoice", revision="r", sample_rate=24_000,
-        modes=("custom_voice",), languages=("auto", "korean"), speakers=("sohee", "vivian")).to_dict())
-    with Client(settings.replace(engine="qwen")) as client, pytest.raises(InvalidRequest) as raised:
+        modes=("custom_voice",), languages=("auto", "korean"), speakers=("sohee", "vivian"),
+        max_frames=250).to_dict())
+    # The producer needs no engine setting (its TTSQ_ENGINE is the default here): the fleet names it.
+    with Client(settings) as client, pytest.raises(InvalidRequest) as raised:
         client.submit("안녕하세요.", mode="custom_voice", speaker="Nobody")
     assert raised.value.field == "speaker" and "sohee, vivian" in str(raised.value)
-    with Client(settings.replace(engine="qwen")) as client, pytest.raises(InvalidRequest) as raised:
+    with Client(settings) as client, pytest.raises(InvalidRequest) as raised:
         client.submit("Bonjour.", mode="custom_voice", speaker="sohee", language="french")
     assert raised.value.field == "language"
+    # A text far beyond the model's 20 s per job is refused, not returned cut off; so is a larger cap.
+    with Client(settings) as client, pytest.raises(InvalidRequest) as raised:
+        client.submit("A sentence that goes on. " * 60, mode="custom_voice", speaker="sohee")
+    assert raised.value.field == "text" and "limit is 20 s" in str(raised.value)
+    with Client(settings) as client, pytest.raises(InvalidRequest) as raised:
+        client.submit("Short.", mode="custom_voice", speaker="sohee", max_new_tokens=251)
+    assert raised.value.field == "max_new_tokens"
 
 
 def test_the_cpu_engine_needs_no_qwen_extra(tmp_path: Path) -> None:

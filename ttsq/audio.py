@@ -49,6 +49,12 @@ def encode(samples: npt.NDArray[np.floating] | npt.NDArray[np.int16], sample_rat
     return EncodedAudio(buffer.getvalue(), CONTENT_TYPES[audio_format], sample_rate, round(duration_s, 4))
 
 
+def probe(data: bytes, audio_format: str) -> EncodedAudio:
+    """The facts of an already encoded file (an object some earlier run stored)."""
+    info = sf.info(io.BytesIO(data))
+    return EncodedAudio(data, CONTENT_TYPES[audio_format], int(info.samplerate), round(float(info.duration), 4))
+
+
 def resample(samples: npt.NDArray[np.float32], source_rate: int, target_rate: int) -> npt.NDArray[np.float32]:
     """Linear-interpolation resampling: enough for the small ratios between speech rates."""
     if source_rate == target_rate:

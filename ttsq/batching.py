@@ -9,9 +9,10 @@ text length to limit padding.
 
 A failed item fails only its own future. If the engine call itself raises, the batch is retried one
 item at a time so that one poison item cannot fail its neighbours. If it raises ``EngineOutOfMemory``,
-the batch is split in halves and each half retried, and the half's size is remembered as the largest
-that fits for that length bucket (longest text, rounded up to a power of two): later batches of
-similar texts are cut to that size up front instead of failing on the device again.
+the batch is split in halves and each half retried, and the half's size is remembered for that length
+bucket (longest text, rounded up to a power of two): later batches of similar texts are cut to that
+size up front instead of failing on the device again. Each item reports the size and time of the
+engine call it actually rode in.
 """
 
 from __future__ import annotations
@@ -211,44 +212,56 @@ class Batcher:
         batch_id = next(self._batch_ids)
         requests = [request for request, _ in group]
         started = time.perf_counter()
-        outputs = self._synthesize(requests)
+        results = self._synthesize(requests)
         elapsed = time.perf_counter() - started
         failed = 0
-        for (_, future), output in zip(group, outputs, strict=True):
+        for (_, future), (output, size, seconds) in zip(group, results, strict=True):
             if isinstance(output, Exception):
                 failed += 1
                 future.set_exception(output if isinstance(output, TTSQError) else EngineError(repr(output)))
             else:
-                future.set_result(BatchItem(output, batch_id, len(group), elapsed))
+                future.set_result(BatchItem(output, batch_id, size, seconds))
         logger.info("batch %d: %d items (%d failed) in %.3fs, %s", batch_id, len(group), failed, elapsed,
                     requests[0].describe().split(" chars=")[0])
 
-    def _synthesize(self, requests: Sequence[SynthesisRequest]) -> list[EngineOutput | Exception]:
+    def _synthesize(self, requests: Sequence[SynthesisRequest]) -> list[_Ran]:
+        """Each request's output (or exception) with the size and duration of the engine call it rode in."""
         bucket = length_bucket(requests)
         fit = self.largest_fit.get(bucket)
         if fit is not None and len(requests) > fit:
-            return [output for start in range(0, len(requests), fit)
-                    for output in self._synthesize(requests[start:start + fit])]
+            return [ran for start in range(0, len(requests), fit)
+                    for ran in self._synthesize(requests[start:start + fit])]
+        started = time.perf_counter()
         try:
             outputs = self.engine.synthesize_batch(requests)
             if len(outputs) != len(requests):
                 raise EngineError(f"engine returned {len(outputs)} outputs for {len(requests)} requests")
-            return outputs
         except EngineOutOfMemory as exc:
             if len(requests) == 1:
-                return [exc]
-            half = (len(requests) + 1) // 2
-            self.largest_fit[bucket] = min(half, self.largest_fit.get(bucket, half))
-            self.oom_splits += 1
-            logger.warning("batch of %d ran out of device memory; splitting, and capping batches of texts "
-                           "up to %d characters at %d", len(requests), 2 ** bucket, self.largest_fit[bucket])
-            return [*self._synthesize(requests[:half]), *self._synthesize(requests[half:])]
+                return [(exc, 1, time.perf_counter() - started)]
         except Exception as exc:
             if len(requests) == 1:
-                return [exc]
+                return [(exc, 1, time.perf_counter() - started)]
             logger.warning("batch of %d failed (%s); retrying its items one by one",
                            len(requests), type(exc).__name__)
             return [self._synthesize([request])[0] for request in requests]
+        else:
+            seconds = time.perf_counter() - started
+            return [(output, len(requests), seconds) for output in outputs]
+        # Only a batch that ran out of device memory gets here. It is split outside the handler, so the
+        # failed attempt (and whatever it still held) is released before the halves run.
+        half = (len(requests) + 1) // 2
+        # The size to try next for this length bucket; it only shrinks while this worker lives (a restart
+        # starts over), since one more failure on the device costs more than a smaller batch.
+        self.largest_fit[bucket] = min(half, self.largest_fit.get(bucket, half))
+        self.oom_splits += 1
+        logger.warning("batch of %d ran out of device memory; splitting, and capping batches of texts "
+                       "up to %d characters at %d", len(requests), 2 ** bucket, self.largest_fit[bucket])
+        return [*self._synthesize(requests[:half]), *self._synthesize(requests[half:])]
+
+
+#: An output or exception, the size of the engine call it came from, and that call's seconds.
+_Ran = tuple["EngineOutput | Exception", int, float]
 
 
 def length_bucket(requests: Sequence[SynthesisRequest]) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -17,7 +18,8 @@ import redis
 
 from ttsq.constants import (
     CACHE_PREFIX,
-    ENGINE_PREFIX,
+    FLEET_KEY,
+    IDENTITY_MAX_AGE_S,
     INFLIGHT_PREFIX,
     REDIS_CONNECT_TIMEOUT_S,
     REDIS_HEALTH_CHECK_INTERVAL_S,
@@ -77,28 +79,22 @@ class CacheIndex:
         """Drop the claim on ``key`` if ``task_id`` still holds it."""
         self._do(lambda: self._redis.eval(_RELEASE_IF_OWNER, 1, INFLIGHT_PREFIX + key, task_id))
 
-    def publish_identity(self, engine: str, identity: dict[str, Any]) -> None:
-        """Workers announce the model they serve, once per mode, so producers can predict content keys
-        and route (or refuse) each mode. One hash per engine name: field = mode, value = identity."""
-        key = ENGINE_PREFIX + engine
-        payload = json.dumps(identity, sort_keys=True)
+    def publish_identity(self, identity: dict[str, Any]) -> None:
+        """A worker announces the model it serves, under each of its modes, so producers can predict
+        content keys and route (or refuse) each mode. Live workers repeat it every IDENTITY_REFRESH_S."""
+        payload = json.dumps({**identity, "announced_at": time.time()}, sort_keys=True)
+        modes = identity.get("modes") or ("voice_design",)
+        self._do(lambda: self._redis.hset(FLEET_KEY, mapping=dict.fromkeys(modes, payload)))
 
-        def publish() -> None:
-            if self._redis.type(key) not in ("hash", "none"):  # a value from an older layout
-                self._redis.delete(key)
-            self._redis.hset(key, mapping=dict.fromkeys(identity.get("modes") or ("voice_design",), payload))
-
-        self._do(publish)
-
-    def read_identities(self, engine: str) -> dict[str, dict[str, Any]]:
-        """What the workers of ``engine`` last announced, by mode (empty when none has started)."""
-        key = ENGINE_PREFIX + engine
-        raw = self._do(lambda: self._redis.hgetall(key) if self._redis.type(key) == "hash" else {})
-        return {str(mode): json.loads(value) for mode, value in raw.items()}
-
-    def read_identity(self, engine: str, mode: str = "voice_design") -> dict[str, Any] | None:
-        """The identity the workers of ``engine`` serving ``mode`` last announced."""
-        return self.read_identities(engine).get(mode)
+    def read_identities(self, max_age_s: float = IDENTITY_MAX_AGE_S) -> dict[str, dict[str, Any]]:
+        """The models announced by live workers, by mode (empty when none is running)."""
+        raw = self._do(lambda: self._redis.hgetall(FLEET_KEY))
+        now, live = time.time(), {}
+        for mode, value in raw.items():
+            identity = json.loads(value)
+            if now - float(identity.pop("announced_at", 0.0)) <= max_age_s:
+                live[str(mode)] = identity
+        return live
 
     def count(self, name: str, amount: int = 1) -> None:
         """Add to a counter (``ttsq:stats:<name>``)."""

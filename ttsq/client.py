@@ -101,8 +101,8 @@ class Client:
         fleet = self.identities()
         identity = fleet.get(request.mode)
         if fleet and identity is None:
-            raise InvalidRequest("mode", f"no {self.settings.engine} worker serves {request.mode}; this fleet "
-                                         f"serves {', '.join(sorted(fleet))}")
+            raise InvalidRequest("mode", f"no running worker serves {request.mode}; the workers online serve "
+                                         f"{', '.join(sorted(fleet))}")
         if identity is not None:
             identity.check(request)
         if request.reference and not self.storage.exists(request.reference):
@@ -159,17 +159,13 @@ class Client:
             raise BrokerError(f"cannot reach the result backend: {exc}") from exc
 
     def identities(self) -> dict[str, EngineIdentity]:
-        """The models the workers of ``TTSQ_ENGINE`` announced, by mode (empty if none started yet)."""
+        """The models the running workers announced, by mode (empty if none is running). Producers need
+        no engine setting: whatever serves a mode announced itself under that mode."""
         read_at, identities = self._identities
         if time.monotonic() - read_at > IDENTITY_TTL_S:
-            identities = {mode: EngineIdentity.from_dict(raw)
-                          for mode, raw in self.cache.read_identities(self.settings.engine).items()}
+            identities = {mode: EngineIdentity.from_dict(raw) for mode, raw in self.cache.read_identities().items()}
             self._identities = (time.monotonic(), identities)
         return identities
-
-    def identity(self, mode: str = "voice_design") -> EngineIdentity | None:
-        """The model the workers serving ``mode`` announced, if any."""
-        return self.identities().get(mode)
 
     def add_voice(self, audio: bytes, transcript: str = "") -> str:
         """Store a reference recording for voice cloning; return its key (the ``reference`` field)."""

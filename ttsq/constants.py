@@ -20,7 +20,7 @@ POSTPROCESS_VERSION = 1
 # Redis keys (the cache index database).
 CACHE_PREFIX = "ttsq:cache:"  # + content key -> JSON index entry; TTL = settings.cache_ttl_s
 INFLIGHT_PREFIX = "ttsq:inflight:"  # + content key -> task id of the job producing it; SET NX EX
-ENGINE_PREFIX = "ttsq:engine:"  # + engine name -> hash: mode -> JSON identity, published by workers at startup
+FLEET_KEY = "ttsq:fleet"  # hash: mode -> JSON identity of the model serving it, re-announced by live workers
 STATS_PREFIX = "ttsq:stats:"  # + counter name -> integer, incremented by workers
 
 #: Message header with the producer's wall-clock send time (seconds), for the queue-wait figure.
@@ -30,8 +30,12 @@ SENT_AT_HEADER = "ttsq_sent_at"
 #: worker can release the claim even when it cannot compute the key itself (the job was invalid).
 CLAIM_HEADER = "ttsq_claim"
 
-#: How long a producer trusts the model the workers announced before reading it again (seconds).
+#: How long a producer trusts the models the workers announced before reading them again (seconds).
 IDENTITY_TTL_S = 10.0
+#: Workers re-announce their model this often; an announcement older than IDENTITY_MAX_AGE_S is taken
+#: for a worker that is gone, so a retired mode stops being "served" within two minutes.
+IDENTITY_REFRESH_S = 30.0
+IDENTITY_MAX_AGE_S = 120.0
 
 # Redis socket limits for every connection ttsq opens (seconds): fail fast when Redis is gone
 # instead of hanging on a dead TCP connection.

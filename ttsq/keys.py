@@ -33,6 +33,8 @@ class EngineIdentity:
     languages: tuple[str, ...] = ()
     #: CustomVoice checkpoints: the speakers it knows (lowercase).
     speakers: tuple[str, ...] = ()
+    #: Longest item in codec frames (12.5 per second); 0 when the engine has no such limit.
+    max_frames: int = 0
 
     def check(self, request: SynthesisRequest) -> None:
         """Refuse, naming the field, a request this model cannot serve (mode, language, speaker).
@@ -49,6 +51,18 @@ class EngineIdentity:
         if request.mode == "custom_voice" and request.speaker.lower() not in self.speakers:
             raise InvalidRequest("speaker", f"unknown speaker {request.speaker[:40]!r} for model {self.model}; "
                                             f"expected one of {', '.join(self.speakers) or '(none)'}")
+        if self.max_frames:
+            from ttsq.engines.base import FRAMES_PER_SECOND, reading_seconds
+
+            limit_s = self.max_frames / FRAMES_PER_SECOND
+            if request.max_new_tokens is not None and request.max_new_tokens > self.max_frames:
+                raise InvalidRequest("max_new_tokens", f"{request.max_new_tokens} is above this model's limit "
+                                                       f"of {self.max_frames} frames ({limit_s:.0f} s)")
+            # Refuse what would certainly be cut (even read fast), instead of returning it truncated.
+            if reading_seconds(request.text) / 2 > limit_s:
+                raise InvalidRequest("text", f"is about {reading_seconds(request.text) / 2:.0f}-"
+                                             f"{reading_seconds(request.text):.0f} s of speech; this model's limit "
+                                             f"is {limit_s:.0f} s per job (TTSQ_QWEN_MAX_FRAMES); split it")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON, as workers publish it in Redis."""
@@ -59,7 +73,8 @@ class EngineIdentity:
         """The identity a worker published."""
         return cls(engine=data["engine"], model=data["model"], revision=data["revision"],
                    sample_rate=int(data["sample_rate"]), modes=tuple(data.get("modes", ())),
-                   languages=tuple(data.get("languages", ())), speakers=tuple(data.get("speakers", ())))
+                   languages=tuple(data.get("languages", ())), speakers=tuple(data.get("speakers", ())),
+                   max_frames=int(data.get("max_frames", 0)))
 
 
 #: File extension per output format.

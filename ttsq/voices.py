@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 MIN_REFERENCE_S = 1.0
 MAX_REFERENCE_S = 60.0
 MAX_TRANSCRIPT_CHARS = 2000
+#: A minute of 48 kHz 32-bit stereo is about 23 MiB: anything larger is not a reference recording.
+MAX_REFERENCE_BYTES = 32 * 2**20
 
 
 @dataclass(frozen=True)
@@ -46,16 +48,11 @@ class Voice:
     transcript: str
 
 
-def check_reference(value: str) -> str:
-    """Validate a ``reference`` field's shape (not its existence)."""
-    if not REFERENCE_PATTERN.fullmatch(value):
-        raise InvalidRequest("reference", "expected a voice key like voices/<64 hex digits>.wav, "
-                                          "as printed by `ttsq voices add`")
-    return value
-
-
 def prepare_voice(data: bytes, transcript: str = "") -> tuple[str, bytes, bytes]:
     """Decode and normalize an uploaded recording: (object key, WAV bytes, metadata JSON bytes)."""
+    if len(data) > MAX_REFERENCE_BYTES:
+        raise InvalidRequest("file", f"is {len(data) / 2**20:.0f} MiB; a reference must fit in "
+                                     f"{MAX_REFERENCE_BYTES // 2**20} MiB")
     samples, rate = _decode(data, field="file")
     duration = samples.size / rate
     if not MIN_REFERENCE_S <= duration <= MAX_REFERENCE_S:
@@ -84,17 +81,18 @@ def add_voice(storage: Storage, data: bytes, transcript: str = "") -> str:
     return key
 
 
-def voice_exists(storage: Storage, key: str) -> bool:
-    """Whether a reference key names a stored voice."""
-    return storage.exists(check_reference(key))
-
-
 def load_voice(storage: Storage, key: str) -> Voice:
     """Read and decode a stored reference; ``InvalidRequest`` names the field when it is unusable."""
-    check_reference(key)
+    if not REFERENCE_PATTERN.fullmatch(key):  # nothing else in the bucket is readable through a reference
+        raise InvalidRequest("reference", "expected a voice key like voices/<64 hex digits>.wav")
     if not storage.exists(key):
         raise InvalidRequest("reference", f"no voice {key} in storage; upload it with `ttsq voices add`")
-    samples, rate = _decode(storage.get(key), field="reference")
+    data = storage.get(key)
+    if len(data) > MAX_REFERENCE_BYTES:  # not written by voices add: refuse before decoding
+        raise InvalidRequest("reference", f"{key} is larger than a reference may be")
+    samples, rate = _decode(data, field="reference")
+    if samples.size / rate > MAX_REFERENCE_S:
+        raise InvalidRequest("reference", f"{key} lasts longer than {MAX_REFERENCE_S:.0f}s")
     transcript = ""
     if storage.exists(_meta_key(key)):
         try:

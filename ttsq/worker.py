@@ -16,13 +16,15 @@ A worker killed anywhere in 3-6 has its message redelivered, and the rerun is ha
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any
 
-from ttsq.audio import encode
+from ttsq.audio import encode, probe
 from ttsq.batching import Batcher
 from ttsq.cache import CacheIndex
+from ttsq.constants import IDENTITY_REFRESH_S
 from ttsq.engines import create_engine
 from ttsq.errors import JobTimeout
 from ttsq.keys import content_key, object_key
@@ -46,6 +48,16 @@ class WorkerRuntime:
         self.storage = open_storage(settings)
         self.cache = CacheIndex(settings.cache_url, ttl_s=settings.cache_ttl_s)
         self.batcher = Batcher(self.engine, max_batch=settings.max_batch, max_wait_s=settings.max_wait_ms / 1000)
+        self._stopping = threading.Event()
+        self._heartbeat = threading.Thread(target=self._announce, name="ttsq-announce", daemon=True)
+
+    def _announce(self) -> None:
+        """Re-announce the model while this worker lives; producers forget a silent worker's modes."""
+        while not self._stopping.wait(IDENTITY_REFRESH_S):
+            try:
+                self.cache.publish_identity(self.engine.identity.to_dict())
+            except Exception as exc:  # Redis down for a moment: the next beat tries again
+                logger.warning("could not re-announce the model: %s", exc)
 
     @property
     def queues(self) -> list[str]:
@@ -58,12 +70,14 @@ class WorkerRuntime:
         redact_task_logs()
         self.batcher.start()
         identity = self.engine.identity
-        self.cache.publish_identity(self.settings.engine, identity.to_dict())
+        self.cache.publish_identity(identity.to_dict())
+        self._heartbeat.start()
         logger.info("engine %s ready in %.2fs (model %s, revision %s, max_batch %d)", self.settings.engine,
                     time.perf_counter() - started, identity.model, identity.revision, self.settings.max_batch)
 
     def close(self) -> None:
         """Finish queued batches, release the engine and connections."""
+        self._stopping.set()
         self.batcher.stop()
         self.cache.close()
 
@@ -106,6 +120,10 @@ class WorkerRuntime:
         encoded = time.perf_counter()
         target = object_key(key, request.format)
         written = self.storage.put(target, audio.data, audio.content_type)
+        if not written:
+            # An earlier run of this key stored its object first (a redelivery, or a claim that expired).
+            # A sampling model does not repeat itself byte for byte: index what is stored, not this run.
+            audio = probe(self.storage.get(target), request.format)
         uploaded = time.perf_counter()
 
         identity = self.engine.identity

@@ -36,12 +36,12 @@ _CAP_MARGIN = 1.5
 _CAP_FLOOR_S = 2.0
 
 
-def frame_cap(text: str, hard_cap: int) -> int:
-    """The most codec frames an honest reading of ``text`` needs, with margin, at most ``hard_cap``.
+#: Bump when ``frame_cap`` changes: the cap shapes truncated audio, so it is part of the model revision.
+FRAME_CAP_VERSION = 1
 
-    A model that never samples its end token (the runaway of Qwen3-TTS issues) would otherwise talk
-    until ``max_new_tokens``: this bounds every item by its own text.
-    """
+
+def reading_seconds(text: str) -> float:
+    """How long a slow, unhurried reading of ``text`` lasts, about."""
     seconds = 0.0
     for ch in text:
         if unicodedata.east_asian_width(ch) in ("W", "F"):
@@ -50,7 +50,16 @@ def frame_cap(text: str, hard_cap: int) -> int:
             seconds += _SECONDS_PER_CHAR
         else:
             seconds += _SECONDS_PER_SPACE_OR_MARK
-    frames = math.ceil((seconds * _CAP_MARGIN + _CAP_FLOOR_S) * FRAMES_PER_SECOND)
+    return seconds
+
+
+def frame_cap(text: str, hard_cap: int) -> int:
+    """The most codec frames an honest reading of ``text`` needs, with margin, at most ``hard_cap``.
+
+    A model that never samples its end token (the runaway of Qwen3-TTS issues) would otherwise talk
+    until ``max_new_tokens``: this bounds every item by its own text.
+    """
+    frames = math.ceil((reading_seconds(text) * _CAP_MARGIN + _CAP_FLOOR_S) * FRAMES_PER_SECOND)
     return min(frames, hard_cap)
 
 

@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ttsq.engines.base import EngineOutput, frame_cap
-from ttsq.errors import ConfigError, EngineError, EngineOutOfMemory, EngineUnavailable, InvalidRequest, TTSQError
+from ttsq.engines.base import FRAME_CAP_VERSION, EngineOutput, frame_cap
+from ttsq.errors import ConfigError, EngineError, EngineOutOfMemory, EngineUnavailable, TTSQError
 from ttsq.keys import EngineIdentity
 from ttsq.request import LANGUAGES
 
@@ -54,6 +54,8 @@ MODE_BY_MODEL_TYPE = {"voice_design": "voice_design", "custom_voice": "custom_vo
 SAMPLE_RATE = 24_000
 # Files whose names and sizes identify a checkpoint's weights (hashing gigabytes at start-up would not).
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+_SAMPLES_PER_FILE = 16
+_SAMPLE_BYTES = 64 * 1024
 _HUB_SNAPSHOT = re.compile(r"snapshots/([0-9a-f]{40})(?:/|$)")
 
 
@@ -73,11 +75,16 @@ class QwenEngine:
         spoken = {str(name).lower() for name in talker.get("codec_language_id") or {}}
         # Only the 1.7B CustomVoice follows an instruct; qwen-tts drops it silently on the 0.6B.
         self.ignores_instruct = model_type == "custom_voice" and config.get("tts_model_size") == "0b6"
+        speakers = tuple(sorted(str(name).lower() for name in talker.get("spk_id") or {}))
+        if self.mode == "custom_voice" and not speakers:
+            raise ConfigError("TTSQ_QWEN_MODEL", f"{self.path} is a CustomVoice checkpoint without speakers")
         self.identity = EngineIdentity(
-            engine="qwen", model=self.path.name, revision=checkpoint_revision(self.path),
+            engine="qwen", model=_model_name(self.path),
+            # The frame-cap policy shapes every truncated clip, so it is part of the revision (and the key).
+            revision=f"{checkpoint_revision(self.path)}.cap{FRAME_CAP_VERSION}-{settings.qwen_max_frames}",
             sample_rate=SAMPLE_RATE, modes=(self.mode,),
             languages=tuple(lang for lang in LANGUAGES if lang == "auto" or lang in spoken),
-            speakers=tuple(sorted(str(name).lower() for name in talker.get("spk_id") or {})))
+            speakers=speakers, max_frames=settings.qwen_max_frames)
         self._tts: Any = None
         self._torch: Any = None
         self._storage: Storage | None = None
@@ -114,8 +121,9 @@ class QwenEngine:
         if dtype_name == "auto":
             dtype_name = "bfloat16" if on_cuda else "float32"
         attention = self.settings.qwen_attention
-        if attention == "auto":
-            attention = ("flash_attention_2" if on_cuda and importlib.util.find_spec("flash_attn") is not None
+        if attention == "auto":  # flash-attn kernels exist for half precision on CUDA only
+            half = dtype_name in ("bfloat16", "float16")
+            attention = ("flash_attention_2" if on_cuda and half and importlib.util.find_spec("flash_attn")
                          else "sdpa")
         try:
             self._tts = Qwen3TTSModel.from_pretrained(str(self.path), device_map=device,
@@ -170,6 +178,8 @@ class QwenEngine:
                 if self.mode == "voice_clone":
                     voices.append(self._clone_prompt(request.reference))
                 rows.append(index)
+            except EngineOutOfMemory:
+                raise  # the batcher splits the batch; a smaller one may leave room for the prompt
             except TTSQError as exc:
                 outputs[index] = exc
         if rows:
@@ -191,6 +201,8 @@ class QwenEngine:
         kwargs: dict[str, Any] = {"max_new_tokens": max(caps) + 1, **sampling}
         texts = [r.text for r in batch]
         languages = [r.language for r in batch]
+        # Each generate_* keeps qwen-tts's own non_streaming_mode default (True, but False for clones).
+        out_of_memory = ""
         try:
             limit = self.settings.qwen_fault_oom_above
             if limit and len(batch) > limit:
@@ -210,11 +222,14 @@ class QwenEngine:
                     wavs, rate = self._tts.generate_voice_clone(
                         text=texts, language=languages, voice_clone_prompt=voices, **kwargs)
         except Exception as exc:
-            if _is_out_of_memory(torch, exc):
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-                raise EngineOutOfMemory(f"out of device memory for a batch of {len(batch)}: {exc}") from exc
-            raise
+            if not _is_out_of_memory(torch, exc):
+                raise
+            out_of_memory = f"out of device memory for a batch of {len(batch)}: {exc}"
+        if out_of_memory:
+            # Raised out here, with no traceback attached: the failed batch's frames (its KV cache and
+            # activations) are released before the batcher retries the halves.
+            _release_device_memory(torch)
+            raise EngineOutOfMemory(out_of_memory)
         return [self._output(request, np.asarray(wav, dtype=np.float32), int(rate), cap)
                 for request, wav, cap in zip(batch, wavs, caps, strict=True)]
 
@@ -238,13 +253,17 @@ class QwenEngine:
         from ttsq.voices import load_voice
 
         voice = load_voice(self._open_storage(), reference)
+        out_of_memory = ""
         try:
             prompt = self._compute_prompt(voice)
         except Exception as exc:
-            if _is_out_of_memory(self._torch, exc):
-                raise EngineOutOfMemory(f"out of device memory for a clone prompt: {exc}") from exc
-            raise InvalidRequest("reference", f"cannot make a voice prompt from {reference}: "
-                                              f"{type(exc).__name__}: {exc}") from exc
+            if not _is_out_of_memory(self._torch, exc):
+                # The audio decoded fine (load_voice checked it): this is the model's failure, not the user's.
+                raise EngineError(f"cannot make a voice prompt from {reference}: {type(exc).__name__}") from exc
+            out_of_memory = f"out of device memory for a clone prompt: {exc}"
+        if out_of_memory:
+            _release_device_memory(self._torch)
+            raise EngineOutOfMemory(out_of_memory)
         self._prompts[reference] = prompt
         while len(self._prompts) > self.settings.qwen_clone_cache:
             self._prompts.popitem(last=False)
@@ -270,8 +289,13 @@ class QwenEngine:
 
 
 def checkpoint_revision(path: Path) -> str:
-    """What identifies the weights: the hub commit for a hub snapshot folder, otherwise a hash of the
-    configs and of every weight file's name and size (cheap enough for every start-up)."""
+    """What identifies the weights: the hub commit for a hub snapshot folder; otherwise a hash of the
+    configs and of each weight file's name, size and bytes sampled at 16 evenly spaced places.
+
+    Sampling reads about a megabyte per file instead of gigabytes at every start-up, and still tells
+    apart two checkpoints of one architecture (a fine-tune changes the bytes everywhere). Copies of
+    one folder on different hosts get the same revision, so they share cached audio.
+    """
     snapshot = _HUB_SNAPSHOT.search(path.resolve().as_posix())
     if snapshot:
         return snapshot.group(1)
@@ -281,8 +305,21 @@ def checkpoint_revision(path: Path) -> str:
         if file.suffix == ".json":
             digest.update(relative.encode() + b"\0" + file.read_bytes() + b"\0")
         elif file.suffix in _WEIGHT_SUFFIXES:
-            digest.update(f"{relative}\0{file.stat().st_size}\0".encode())
+            size = file.stat().st_size
+            digest.update(f"{relative}\0{size}\0".encode())
+            with file.open("rb") as weights:
+                for place in range(_SAMPLES_PER_FILE):
+                    weights.seek(size * place // _SAMPLES_PER_FILE)
+                    digest.update(weights.read(_SAMPLE_BYTES))
     return digest.hexdigest()[:16]
+
+
+def _model_name(path: Path) -> str:
+    """The hub id for a hub cache folder (``models--Qwen--X/snapshots/<commit>``), else the folder name."""
+    resolved = path.resolve()
+    if _HUB_SNAPSHOT.search(resolved.as_posix()) and resolved.parent.parent.name.startswith("models--"):
+        return resolved.parent.parent.name.removeprefix("models--").replace("--", "/")
+    return resolved.name
 
 
 def _checkpoint_folder(value: str) -> Path:
@@ -305,6 +342,11 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError("TTSQ_QWEN_MODEL", f"{path} is not a JSON object")
     return data
+
+
+def _release_device_memory(torch: Any) -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _is_out_of_memory(torch: Any, exc: BaseException) -> bool:
