@@ -36,14 +36,16 @@ def test_claim_is_single_flight_and_release_is_owner_only(settings: Settings) ->
 
 def test_identity_and_counters(settings: Settings) -> None:
     index = CacheIndex(settings.cache_url, ttl_s=0)
-    index.publish_identity({"engine": "espeak", "revision": "1", "modes": ["voice_design"]})
-    index.publish_identity({"engine": "qwen", "revision": "2", "modes": ["voice_clone"]})
-    assert index.read_identities() == {"voice_design": {"engine": "espeak", "revision": "1", "modes": ["voice_design"]},
-                                       "voice_clone": {"engine": "qwen", "revision": "2", "modes": ["voice_clone"]}}
+    index.publish_identity("q", {"engine": "espeak", "revision": "1", "modes": ["voice_design"]})
+    index.publish_identity("q", {"engine": "qwen", "revision": "2", "modes": ["voice_clone"]})
+    assert index.read_identities("q") == {
+        "voice_design": {"engine": "espeak", "revision": "1", "modes": ["voice_design"]},
+        "voice_clone": {"engine": "qwen", "revision": "2", "modes": ["voice_clone"]}}
     # A worker that stopped re-announcing is gone: its modes are no longer served.
     time.sleep(1.1)
-    index.publish_identity({"engine": "qwen", "revision": "2", "modes": ["voice_clone"]})
-    assert set(index.read_identities(max_age_s=1.0)) == {"voice_clone"}
+    index.publish_identity("q", {"engine": "qwen", "revision": "2", "modes": ["voice_clone"]})
+    assert set(index.read_identities("q", max_age_s=1.0)) == {"voice_clone"}
+    assert index.read_identities("another-deployment") == {}
     index.count("x")
     index.count("x", 2)
     assert index.counter("x") == 3

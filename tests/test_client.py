@@ -147,7 +147,7 @@ def test_broker_down_after_a_claim_releases_it(settings: Settings, redis_client:
     from ttsq.embedded import free_port
     from ttsq.keys import EngineIdentity
 
-    CacheIndex(settings.cache_url, ttl_s=0).publish_identity(EngineIdentity(
+    CacheIndex(settings.cache_url, ttl_s=0).publish_identity(settings.queue, EngineIdentity(
         engine="espeak", model="espeak-ng", revision="test", sample_rate=22050).to_dict())
     down = f"redis://127.0.0.1:{free_port()}"
     client = Client(settings.replace(broker_url=f"{down}/0"))

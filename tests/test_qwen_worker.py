@@ -138,7 +138,7 @@ def test_bad_clone_requests_are_refused_clearly_and_the_worker_keeps_serving(
 
 
 def test_unknown_speaker_is_refused_at_submit_when_the_fleet_is_known(settings: Settings) -> None:
-    CacheIndex(settings.cache_url, ttl_s=0).publish_identity(EngineIdentity(
+    CacheIndex(settings.cache_url, ttl_s=0).publish_identity(settings.queue, EngineIdentity(
         engine="qwen", model="Qwen3-TTS-12Hz-1.7B-CustomVoice", revision="r", sample_rate=24_000,
         modes=("custom_voice",), languages=("auto", "korean"), speakers=("sohee", "vivian"),
         max_frames=250).to_dict())

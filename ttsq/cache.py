@@ -18,7 +18,7 @@ import redis
 
 from ttsq.constants import (
     CACHE_PREFIX,
-    FLEET_KEY,
+    FLEET_PREFIX,
     IDENTITY_MAX_AGE_S,
     INFLIGHT_PREFIX,
     REDIS_CONNECT_TIMEOUT_S,
@@ -79,16 +79,17 @@ class CacheIndex:
         """Drop the claim on ``key`` if ``task_id`` still holds it."""
         self._do(lambda: self._redis.eval(_RELEASE_IF_OWNER, 1, INFLIGHT_PREFIX + key, task_id))
 
-    def publish_identity(self, identity: dict[str, Any]) -> None:
+    def publish_identity(self, queue: str, identity: dict[str, Any]) -> None:
         """A worker announces the model it serves, under each of its modes, so producers can predict
-        content keys and route (or refuse) each mode. Live workers repeat it every IDENTITY_REFRESH_S."""
+        content keys and route (or refuse) each mode. Live workers repeat it every IDENTITY_REFRESH_S.
+        ``queue`` is the deployment's base queue (``TTSQ_QUEUE``): deployments sharing a Redis stay apart."""
         payload = json.dumps({**identity, "announced_at": time.time()}, sort_keys=True)
         modes = identity.get("modes") or ("voice_design",)
-        self._do(lambda: self._redis.hset(FLEET_KEY, mapping=dict.fromkeys(modes, payload)))
+        self._do(lambda: self._redis.hset(FLEET_PREFIX + queue, mapping=dict.fromkeys(modes, payload)))
 
-    def read_identities(self, max_age_s: float = IDENTITY_MAX_AGE_S) -> dict[str, dict[str, Any]]:
-        """The models announced by live workers, by mode (empty when none is running)."""
-        raw = self._do(lambda: self._redis.hgetall(FLEET_KEY))
+    def read_identities(self, queue: str, max_age_s: float = IDENTITY_MAX_AGE_S) -> dict[str, dict[str, Any]]:
+        """The models announced by live workers of the deployment ``queue``, by mode (empty: none running)."""
+        raw = self._do(lambda: self._redis.hgetall(FLEET_PREFIX + queue))
         now, live = time.time(), {}
         for mode, value in raw.items():
             identity = json.loads(value)

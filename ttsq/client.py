@@ -163,7 +163,8 @@ class Client:
         no engine setting: whatever serves a mode announced itself under that mode."""
         read_at, identities = self._identities
         if time.monotonic() - read_at > IDENTITY_TTL_S:
-            identities = {mode: EngineIdentity.from_dict(raw) for mode, raw in self.cache.read_identities().items()}
+            identities = {mode: EngineIdentity.from_dict(raw)
+                          for mode, raw in self.cache.read_identities(self.settings.queue).items()}
             self._identities = (time.monotonic(), identities)
         return identities
 

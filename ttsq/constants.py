@@ -20,7 +20,7 @@ POSTPROCESS_VERSION = 1
 # Redis keys (the cache index database).
 CACHE_PREFIX = "ttsq:cache:"  # + content key -> JSON index entry; TTL = settings.cache_ttl_s
 INFLIGHT_PREFIX = "ttsq:inflight:"  # + content key -> task id of the job producing it; SET NX EX
-FLEET_KEY = "ttsq:fleet"  # hash: mode -> JSON identity of the model serving it, re-announced by live workers
+FLEET_PREFIX = "ttsq:fleet:"  # + queue -> hash: mode -> JSON identity of the model serving it, re-announced
 STATS_PREFIX = "ttsq:stats:"  # + counter name -> integer, incremented by workers
 
 #: Message header with the producer's wall-clock send time (seconds), for the queue-wait figure.

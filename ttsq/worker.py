@@ -55,7 +55,7 @@ class WorkerRuntime:
         """Re-announce the model while this worker lives; producers forget a silent worker's modes."""
         while not self._stopping.wait(IDENTITY_REFRESH_S):
             try:
-                self.cache.publish_identity(self.engine.identity.to_dict())
+                self.cache.publish_identity(self.settings.queue, self.engine.identity.to_dict())
             except Exception as exc:  # Redis down for a moment: the next beat tries again
                 logger.warning("could not re-announce the model: %s", exc)
 
@@ -70,7 +70,7 @@ class WorkerRuntime:
         redact_task_logs()
         self.batcher.start()
         identity = self.engine.identity
-        self.cache.publish_identity(identity.to_dict())
+        self.cache.publish_identity(self.settings.queue, identity.to_dict())
         self._heartbeat.start()
         logger.info("engine %s ready in %.2fs (model %s, revision %s, max_batch %d)", self.settings.engine,
                     time.perf_counter() - started, identity.model, identity.revision, self.settings.max_batch)
