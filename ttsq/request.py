@@ -170,9 +170,15 @@ class Timings(TypedDict):
     """Seconds spent in each stage of one job."""
 
     queue_wait_s: float
+    #: In the worker's batcher before its batch started (waiting to fill, or behind a running batch).
+    batch_wait_s: float
     synthesis_s: float
     encode_s: float
     upload_s: float
+    index_s: float
+    #: The whole task body, from the worker picking the job up to the result; the rest of it is
+    #: validation, the cache re-check, claim release and URL signing.
+    worker_s: float
 
 
 class StoredAudio(TypedDict):
@@ -209,7 +215,13 @@ def result_from_stored(key: str, stored: StoredAudio, *, url: str, url_expires_s
                        batch_size: int = 0, timings: Timings | None = None) -> JobResult:
     """The public result for stored audio (built by workers, and by producers on a cache hit)."""
     return JobResult(key=key, url=url, url_expires_s=url_expires_s, cached=cached, **stored, batch_size=batch_size,
-                     timings=timings or Timings(queue_wait_s=0.0, synthesis_s=0.0, encode_s=0.0, upload_s=0.0))
+                     timings=timings or no_timings())
+
+
+def no_timings() -> Timings:
+    """All stages zero: a result answered from the cache by the producer."""
+    return Timings(queue_wait_s=0.0, batch_wait_s=0.0, synthesis_s=0.0, encode_s=0.0, upload_s=0.0, index_s=0.0,
+                   worker_s=0.0)
 
 
 def _clean_text(name: str, value: Any, max_chars: int, *, required: bool = False) -> str:

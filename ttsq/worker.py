@@ -28,7 +28,15 @@ from ttsq.constants import IDENTITY_REFRESH_S
 from ttsq.engines import create_engine
 from ttsq.errors import JobTimeout
 from ttsq.keys import content_key, object_key
-from ttsq.request import JobResult, Limits, StoredAudio, SynthesisRequest, Timings, result_from_stored
+from ttsq.request import (
+    JobResult,
+    Limits,
+    StoredAudio,
+    SynthesisRequest,
+    Timings,
+    no_timings,
+    result_from_stored,
+)
 from ttsq.storage import open_storage
 from ttsq.tasks import queue_for
 
@@ -89,6 +97,7 @@ class WorkerRuntime:
         ends, even if this worker rejects the request or computes another key (another model).
         """
         key = claimed_key
+        started = time.perf_counter()
         try:
             request = SynthesisRequest.from_dict(kwargs, self.limits)
             self.engine.identity.check(request)  # a raw send_task may name a mode, speaker or language we lack
@@ -97,10 +106,14 @@ class WorkerRuntime:
             if stored is not None:
                 self.cache.count("cache_hits_worker")
                 logger.info("job %s: cache hit %s", task_id, key[:12])
-                return self.result(key, stored, cached=True, batch_size=0,
-                                   timings=Timings(queue_wait_s=round(queue_wait_s or 0.0, 4), synthesis_s=0.0,
-                                                   encode_s=0.0, upload_s=0.0))
-            return self._synthesize(request, key, task_id=task_id, queue_wait_s=queue_wait_s)
+                timings = no_timings()
+                timings["queue_wait_s"] = round(queue_wait_s or 0.0, 4)
+                result = self.result(key, stored, cached=True, batch_size=0, timings=timings)
+            else:
+                result = self._synthesize(request, key, task_id=task_id, queue_wait_s=queue_wait_s)
+            # Signed and ready: what is left (claim release, result store) belongs to the round trip.
+            result["timings"]["worker_s"] = round(time.perf_counter() - started, 4)
+            return result
         finally:
             # Success or failure, this job no longer produces the key: let the next submit try.
             for claimed in {k for k in (key, claimed_key) if k is not None}:
@@ -108,6 +121,7 @@ class WorkerRuntime:
 
     def _synthesize(self, request: SynthesisRequest, key: str, *, task_id: str,
                     queue_wait_s: float | None) -> JobResult:
+        queued = time.perf_counter()
         future = self.batcher.submit(request)
         try:
             item = future.result(timeout=self.settings.job_timeout_s)
@@ -116,6 +130,8 @@ class WorkerRuntime:
             raise JobTimeout(f"no batch finished this job within {self.settings.job_timeout_s}s") from None
 
         started = time.perf_counter()
+        # Everything in the batcher that was not the forward pass: filling, and waiting behind a batch.
+        batch_wait_s = max(0.0, started - queued - item.synthesis_s)
         audio = encode(item.output.samples, item.output.sample_rate, request.format)
         encoded = time.perf_counter()
         target = object_key(key, request.format)
@@ -132,6 +148,7 @@ class WorkerRuntime:
                              engine=identity.engine, model=identity.model, model_revision=identity.revision,
                              truncated=item.output.truncated, ignored=list(item.output.ignored))
         self.cache.put(key, stored)  # last: the index never points at an object that is not there
+        indexed = time.perf_counter()
         self.cache.count("items_synthesized")
         if written:
             self.cache.count("objects_written")
@@ -139,9 +156,11 @@ class WorkerRuntime:
                     item.batch_id, item.batch_size, audio.duration_s)
         return self.result(key, stored, cached=False, batch_size=item.batch_size,
                            timings=Timings(queue_wait_s=round(queue_wait_s or 0.0, 4),
+                                           batch_wait_s=round(batch_wait_s, 4),
                                            synthesis_s=round(item.synthesis_s, 4),
                                            encode_s=round(encoded - started, 4),
-                                           upload_s=round(uploaded - encoded, 4)))
+                                           upload_s=round(uploaded - encoded, 4),
+                                           index_s=round(indexed - uploaded, 4), worker_s=0.0))
 
     def result(self, key: str, stored: StoredAudio, *, cached: bool, batch_size: int,
                timings: Timings) -> JobResult:
