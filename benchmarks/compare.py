@@ -55,6 +55,9 @@ class Config:
 BATCHED = Config("batched", "ttsq, batching on", "bench-batched")
 UNBATCHED = Config("unbatched", "ttsq, batching off", "bench-unbatched")
 BARE = Config("bare", "bare Celery task", "bench-bare")
+#: Ratios reported: name -> (numerator, denominator).
+RATIOS = {"batching_on_over_off": (BATCHED.name, UNBATCHED.name), "ttsq_over_bare": (BATCHED.name, BARE.name),
+          "ttsq_unbatched_over_bare": (UNBATCHED.name, BARE.name)}
 
 
 class BareTarget:
@@ -134,6 +137,12 @@ def _wait_ready(target: bench.Target, name: str, timeout_s: float = 120.0) -> No
         raise RuntimeError(f"{name} did not answer its first job: {exc}") from exc
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) a process has used so far, from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _median_spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -159,15 +168,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         settings = {BATCHED.name: base.replace(queue=BATCHED.queue, max_batch=args.max_batch),
                     UNBATCHED.name: base.replace(queue=UNBATCHED.queue, max_batch=1)}
+        pids: dict[str, int] = {}
         for config in (BATCHED, UNBATCHED):
-            stack.enter_context(_process([sys.executable, "-m", "ttsq.cli.main", "worker", "-n",
-                                          f"{config.name}@bench"], _env(settings[config.name]),
-                                         folder / f"{config.name}.log"))
-        stack.enter_context(_process(
+            pids[config.name] = stack.enter_context(_process(
+                [sys.executable, "-m", "ttsq.cli.main", "worker", "-n", f"{config.name}@bench"],
+                _env(settings[config.name]), folder / f"{config.name}.log")).pid
+        pids[BARE.name] = stack.enter_context(_process(
             [sys.executable, "-m", "celery", "-A", "benchmarks.bare_task", "worker", "-P", "solo", "-Q", BARE.queue,
              "-n", "bare@bench"],
             _env(base, BARE_BROKER_URL=base.broker_url, BARE_RESULT_BACKEND=base.result_backend),
-            folder / "bare.log"))
+            folder / "bare.log")).pid
+        assert redis.process is not None
+        redis_pid = redis.process.pid
 
         import redis as redis_py
 
@@ -200,8 +212,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             order = configs[number % 3:] + configs[:number % 3]
             for config in order:
                 print(f"round {number + 1}/{args.rounds}: {config.label} ...", file=sys.stderr, flush=True)
+                cpu_before = (_cpu_s(pids[config.name]), _cpu_s(redis_pid), time.process_time())
                 outcomes, wall = bench.run(targets[config.name], bench.CORPUS, bench.Plan(
                     jobs=plan.jobs, concurrency=plan.concurrency, timeout_s=plan.timeout_s, seed=number))
+                cpu_after = (_cpu_s(pids[config.name]), _cpu_s(redis_pid), time.process_time())
+                cpu_ms = [(after - before) * 1000 / plan.jobs
+                          for before, after in zip(cpu_before, cpu_after, strict=True)]
                 data = bench.report(outcomes, wall, plan)
                 if data["jobs"]["errors"]:
                     raise RuntimeError(f"{config.label}: {data['errors']}; logs in {folder}")
@@ -209,7 +225,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "jobs_per_s": data["throughput"]["jobs_per_s"],
                     "audio_s_per_s": data["throughput"]["audio_s_per_s"],
                     "latency_p50_s": data["latency_s"]["p50"], "latency_p95_s": data["latency_s"]["p95"],
-                    "mean_batch_size": data["batch"]["mean_size"], "order": order.index(config)}
+                    "mean_batch_size": data["batch"]["mean_size"], "order": order.index(config),
+                    # CPU time per job of the worker, of Redis and of this producer: unlike wall time,
+                    # it hardly moves when other work shares the machine.
+                    "worker_cpu_ms": cpu_ms[0], "redis_cpu_ms": cpu_ms[1], "producer_cpu_ms": cpu_ms[2],
+                    "total_cpu_ms": sum(cpu_ms)}
             rounds.append(figures)
 
             # Cache: the first submit of a request against a submit of the same, now cached, request.
@@ -240,7 +260,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return _median_spread([r[over][metric] / r[under][metric] for r in rounds])
 
     summary = {c.name: {metric: _median_spread([r[c.name][metric] for r in rounds])
-                        for metric in ("jobs_per_s", "audio_s_per_s", "latency_p50_s", "latency_p95_s")}
+                        for metric in ("jobs_per_s", "audio_s_per_s", "latency_p50_s", "latency_p95_s",
+                                       "worker_cpu_ms", "redis_cpu_ms", "producer_cpu_ms", "total_cpu_ms")}
                for c in configs}
     breakdown = {name: bench.report(outcomes, overhead_walls[name], bench.Plan(jobs=len(outcomes), concurrency=1),
                                     max_batch=settings[name].max_batch)["stages_ms"]
@@ -256,12 +277,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rounds": rounds,
         "summary": summary,
         "ratios": {
-            "batching_on_over_off": {"jobs_per_s": ratio("jobs_per_s", BATCHED.name, UNBATCHED.name),
-                                     "latency_p50": ratio("latency_p50_s", BATCHED.name, UNBATCHED.name)},
-            "ttsq_over_bare": {"jobs_per_s": ratio("jobs_per_s", BATCHED.name, BARE.name),
-                               "latency_p50": ratio("latency_p50_s", BATCHED.name, BARE.name)},
-            "ttsq_unbatched_over_bare": {"jobs_per_s": ratio("jobs_per_s", UNBATCHED.name, BARE.name),
-                                         "latency_p50": ratio("latency_p50_s", UNBATCHED.name, BARE.name)},
+            key: {"jobs_per_s": ratio("jobs_per_s", over, under), "latency_p50": ratio("latency_p50_s", over, under),
+                  "total_cpu_ms": ratio("total_cpu_ms", over, under)}
+            for key, (over, under) in RATIOS.items()
         },
         "cache": {"first_submit_ms": _median_spread([s * 1000 for s in first_s]),
                   "cached_submit_ms": _median_spread([s * 1000 for s in hit_s]),
@@ -282,19 +300,25 @@ def format_figures(data: Mapping[str, Any]) -> str:
              f"{config['cpus']} CPUs (load average {config['load_average_before'][0]:.2f} before, "
              f"{config['load_average_after'][0]:.2f} after)",
              "median over rounds (min-max)",
-             f"  {'':<22}{'jobs/s':>22}{'audio s/s':>22}{'p50 ms':>22}{'p95 ms':>22}"]
+             f"  {'':<22}{'jobs/s':>21}{'audio s/s':>23}{'p50 ms':>21}{'p95 ms':>21}"]
     for name, label in data["labels"].items():
         figures = data["summary"][name]
         ms = {k: {p: v * 1000 for p, v in figures[k].items()} for k in ("latency_p50_s", "latency_p95_s")}
-        lines.append(f"  {label:<22}{_spread(figures['jobs_per_s']):>22}{_spread(figures['audio_s_per_s']):>22}"
-                     f"{_spread(ms['latency_p50_s']):>22}{_spread(ms['latency_p95_s']):>22}")
+        lines.append(f"  {label:<22}{_spread(figures['jobs_per_s']):>21}{_spread(figures['audio_s_per_s']):>23}"
+                     f"{_spread(ms['latency_p50_s']):>21}{_spread(ms['latency_p95_s']):>21}")
+    lines.append(f"  {'CPU ms per job':<22}{'worker':>21}{'redis':>23}{'producer':>21}{'total':>21}")
+    for name, label in data["labels"].items():
+        figures = data["summary"][name]
+        lines.append(f"  {label:<22}" + "".join(
+            f"{_spread(figures[k], 2):>{w}}" for k, w in (("worker_cpu_ms", 21), ("redis_cpu_ms", 23),
+                                                          ("producer_cpu_ms", 21), ("total_cpu_ms", 21))))
     lines.append("ratios (median of per-round ratios, min-max)")
     names = {"batching_on_over_off": "batching on / off", "ttsq_over_bare": "ttsq (batching on) / bare task",
              "ttsq_unbatched_over_bare": "ttsq (batching off) / bare task"}
     for key, label in names.items():
         entry = data["ratios"][key]
-        lines.append(f"  {label:<34} throughput x{_spread(entry['jobs_per_s'], 2)}, "
-                     f"p50 latency x{_spread(entry['latency_p50'], 2)}")
+        lines.append(f"  {label:<34} throughput x{_spread(entry['jobs_per_s'], 2)}, p50 latency "
+                     f"x{_spread(entry['latency_p50'], 2)}, CPU per job x{_spread(entry['total_cpu_ms'], 2)}")
     cache = data["cache"]
     lines.append(f"cache: first submit {_spread(cache['first_submit_ms'], 2)} ms, same request cached "
                  f"{_spread(cache['cached_submit_ms'], 2)} ms: x{cache['first_over_cached']:.1f} faster")

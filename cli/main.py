@@ -268,9 +268,9 @@ def bench(ctx: click.Context, jobs: int, concurrency: int | None, rate: float | 
                           audio_format=audio_format, warmup=warmup)
     sentences = benchmark.load_corpus(corpus) if corpus else list(benchmark.CORPUS)
     with click.progressbar(length=jobs, label="ttsq bench", file=sys.stderr) as bar:
-        figures = benchmark.bench(settings, plan, sentences, embedded=embedded,
-                                  temporary_storage=embedded and ctx.obj["storage_url"] is None,
-                                  corpus_name=str(corpus) if corpus else "built-in", progress=bar.update)
+        figures = benchmark.measure(settings, plan, sentences, embedded=embedded,
+                                    temporary_storage=embedded and ctx.obj["storage_url"] is None,
+                                    corpus_name=str(corpus) if corpus else "built-in", progress=bar.update)
     encoded = json.dumps(figures, indent=2, ensure_ascii=False)
     if json_path is not None and str(json_path) == "-":
         click.echo(encoded)

@@ -35,6 +35,10 @@ def test_compare_tiny_runs_every_baseline_and_prints_its_ratios(tmp_path: Path) 
     assert only["unbatched"]["mean_batch_size"] == 1.0
     assert 1.0 <= only["batched"]["mean_batch_size"] <= data["config"]["max_batch"]
     assert only["bare"]["mean_batch_size"] is None
+    for name in data["labels"]:  # CPU per job of the worker, Redis and the producer, read from /proc
+        parts = [only[name][k] for k in ("worker_cpu_ms", "redis_cpu_ms", "producer_cpu_ms")]
+        assert all(part >= 0 for part in parts) and only[name]["total_cpu_ms"] == pytest.approx(sum(parts))
+        assert parts[0] > 0  # the worker did the synthesis
 
     ratios = data["ratios"]
     for key, (over, under) in {"batching_on_over_off": ("batched", "unbatched"),

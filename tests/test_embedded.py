@@ -47,6 +47,13 @@ def test_readme_first_command_speaks_from_a_fresh_copy(tmp_path: Path) -> None:
     assert (site / "ttsq" / "cli" / "main.py").exists() and (site / "ttsq" / "workers").is_dir()
     assert not (site / "cli").exists() and not (site / "workers").exists()
 
+    # The same plain install measures itself: `ttsq bench --embedded` prints its table and its JSON.
+    bench = subprocess.run([str(copy / ".venv" / "bin" / "ttsq"), "bench", "--embedded", "-n", "6", "-c", "2",
+                            "--json", "bench.json"], cwd=copy, env=env, capture_output=True, timeout=300)
+    assert bench.returncode == 0, bench.stderr.decode()[-2000:]
+    assert bench.stdout.decode().startswith("ttsq bench: synthesize, 6 jobs")
+    assert json.loads((copy / "bench.json").read_text())["jobs"]["ok"] == 6
+
 
 def redis_servers() -> set[int]:
     pids = set()

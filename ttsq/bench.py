@@ -221,10 +221,10 @@ class Outcome:
 
 
 def make_requests(corpus: Sequence[Sentence], count: int, *, mode: BenchMode, run_id: str, seed: int,
-                  audio_format: str, offset: int = 0) -> list[dict[str, Any]]:
+                  audio_format: str) -> list[dict[str, Any]]:
     """``count`` request dicts cycling through the corpus in a shuffled order.
 
-    In ``synthesize`` mode each text carries a marker unique to (run, offset + position): a miss.
+    In ``synthesize`` mode each text carries a marker unique to (run, position): a miss.
     """
     rng = random.Random(seed)
     order: list[Sentence] = []
@@ -234,7 +234,7 @@ def make_requests(corpus: Sequence[Sentence], count: int, *, mode: BenchMode, ru
         order.extend(cycle)
     requests = []
     for position, sentence in enumerate(order[:count]):
-        text = sentence.text if mode == "cache-hit" else bust_marker(run_id, offset + position) + sentence.text
+        text = sentence.text if mode == "cache-hit" else bust_marker(run_id, position) + sentence.text
         requests.append({"format": audio_format, **sentence.fields, "text": text, "language": sentence.language})
     return requests
 
@@ -476,7 +476,7 @@ def format_report(data: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def bench(settings: Settings, plan: Plan, corpus: Sequence[Sentence], *, embedded: bool = False,
+def measure(settings: Settings, plan: Plan, corpus: Sequence[Sentence], *, embedded: bool = False,
           temporary_storage: bool = False, corpus_name: str = "built-in",
           progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Run ``plan`` against the deployment ``settings`` point at, or an embedded one; return the report.
