@@ -50,6 +50,10 @@ def assert_consistent(data: dict[str, Any], *, jobs: int) -> None:
         assert data["stage_jobs"] == ok
         total_ms = sum(stage["mean_ms"] for stage in data["stages_ms"].values())
         assert total_ms == pytest.approx(latency["mean"] * 1000, rel=1e-6)
+        stages = data["stages_ms"]
+        own = total_ms - stages["synthesis"]["mean_ms"] - stages["batch_wait"]["mean_ms"] - \
+            stages.get("send_delay", {"mean_ms": 0.0})["mean_ms"]
+        assert data["queue_overhead_ms"]["mean_ms"] == pytest.approx(own, rel=1e-6)
 
 
 def test_embedded_bench_prints_the_table_and_writes_the_same_json(tmp_path: Path) -> None:
@@ -83,7 +87,7 @@ def test_embedded_bench_prints_the_table_and_writes_the_same_json(tmp_path: Path
     assert table_value(table, "mean batch size (fill)") == f"{batch['mean_size']:.2f}"
     latency_row = table_value(table, "end-to-end latency")
     assert latency_row == f"{data['latency_s']['p50']:.3f}"
-    for stage in data["stages_ms"].values():
+    for stage in (*data["stages_ms"].values(), data["queue_overhead_ms"]):
         assert table_value(table, stage["label"]) == f"{stage['mean_ms']:.2f}"
     assert not (tmp_path / "ttsq-audio").exists()  # the embedded bench keeps its audio in a temporary folder
 

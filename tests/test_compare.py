@@ -57,5 +57,7 @@ def test_compare_tiny_runs_every_baseline_and_prints_its_ratios(tmp_path: Path) 
         stages = data["overhead_ms"][name]
         assert list(stages) == [key for key, _ in STAGES if key != "send_delay"]
         assert all(stage["mean_ms"] is not None for stage in stages.values())
+        own = sum(stage["mean_ms"] for key, stage in stages.items() if key not in ("synthesis", "batch_wait"))
+        assert data["queue_overhead_ms"][name]["mean_ms"] == pytest.approx(own, rel=1e-6)
     for _, label in STAGES[1:]:
         assert label in text

@@ -338,6 +338,10 @@ STAGES: tuple[tuple[str, str], ...] = (
 )
 
 
+_NOT_QUEUE_OVERHEAD = frozenset({"send_delay", "batch_wait", "synthesis"})
+QUEUE_OVERHEAD_LABEL = "queue's own cost (not synthesis, batch wait)"
+
+
 def job_stages(outcome: Outcome) -> dict[str, float] | None:
     """Seconds per stage of one finished job, adding up to its latency.
 
@@ -397,6 +401,9 @@ def report(outcomes: Sequence[Outcome], wall_s: float, plan: Plan, *,
         figures = _distribution(values)
         stage_figures[name] = {"label": label, "mean_ms": figures["mean"], "p50_ms": figures["p50"],
                                "p95_ms": figures["p95"]}
+    # What the queue itself costs a job: everything but the model's work and the batching policy's wait.
+    own = _distribution(1000 * sum(v for k, v in stages.items() if k not in _NOT_QUEUE_OVERHEAD)
+                        for stages in per_job)
     return {
         "ttsq_bench": REPORT_VERSION,
         "config": {"mode": plan.mode, "jobs": plan.jobs,
@@ -423,6 +430,8 @@ def report(outcomes: Sequence[Outcome], wall_s: float, plan: Plan, *,
                   "fill": mean_batch / max_batch if mean_batch is not None and max_batch else None},
         "cache_hit_ratio": len(cached) / len(results) if results else None,
         "stages_ms": stage_figures,
+        "queue_overhead_ms": {"label": QUEUE_OVERHEAD_LABEL, "mean_ms": own["mean"], "p50_ms": own["p50"],
+                              "p95_ms": own["p95"]},
         "stage_jobs": len(per_job),
         "errors": errors,
     }
@@ -471,14 +480,17 @@ def format_report(data: Mapping[str, Any]) -> str:
             lines.append(f"  {stage['label']:<48}" + "".join(
                 f"{_fmt(stage[p], '', 2):>9}" for p in ("mean_ms", "p50_ms", "p95_ms")))
         lines.append(f"  {'total (mean end-to-end latency)':<48}{total:>9.2f}")
+        own = data["queue_overhead_ms"]
+        lines.append(f"  {own['label']:<48}" + "".join(
+            f"{_fmt(own[p], '', 2):>9}" for p in ("mean_ms", "p50_ms", "p95_ms")))
     for kind, entry in data["errors"].items():
         lines.append(f"  error {kind} x{entry['count']}: {entry['example']}")
     return "\n".join(lines)
 
 
 def measure(settings: Settings, plan: Plan, corpus: Sequence[Sentence], *, embedded: bool = False,
-          temporary_storage: bool = False, corpus_name: str = "built-in",
-          progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+            temporary_storage: bool = False, corpus_name: str = "built-in",
+            progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Run ``plan`` against the deployment ``settings`` point at, or an embedded one; return the report.
 
     ``temporary_storage`` (embedded only) keeps the audio in a folder removed afterwards.
