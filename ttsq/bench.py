@@ -10,8 +10,9 @@ blocks on its result), either
   latency, not as a sender that quietly slows down (coordinated omission).
 
 Every job misses the cache by default: a cache hit measures Redis, not synthesis, so each text starts
-with an invisible per-job marker (zero-width characters; espeak-ng and Qwen3-TTS speak the same audio
-for it) that gives it a content key of its own. ``mode="cache-hit"`` is the separate, named bench of
+with an invisible per-job marker (20 zero-width characters) that gives it a content key of its own.
+espeak-ng speaks the same audio with or without it (tested); a neural model sees a few more input
+tokens, which cost next to nothing next to generating the audio. ``mode="cache-hit"`` is the separate, named bench of
 the cache: the corpus is synthesized once, then every timed submit is a producer-side hit.
 
 Batch fill comes from the workers' own reports (each result's ``batch_size``); stage timings from the
