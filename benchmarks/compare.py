@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         redis = RedisServer().start()
         stack.callback(redis.stop)
         base = Settings(broker_url=f"{redis.url}/0", result_backend=f"{redis.url}/1", cache_url=f"{redis.url}/2",
-                        engine=args.engine, max_wait_ms=args.max_wait_ms)
+                        engine=args.engine, max_wait_ms=args.max_wait_ms, log_level=args.log_level)
         if args.storage == "s3":
             os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
             os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
@@ -269,7 +269,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "ttsq_compare": 1,
         "config": {"engine": args.engine, "jobs": args.jobs, "concurrency": args.concurrency,
                    "rounds": args.rounds, "max_batch": args.max_batch, "max_wait_ms": args.max_wait_ms,
-                   "storage": args.storage, "overhead_jobs": args.overhead_jobs,
+                   "storage": args.storage, "log_level": args.log_level, "overhead_jobs": args.overhead_jobs,
                    "cache_requests": args.cache_requests, "cpus": os.cpu_count(),
                    "load_average_before": load_before, "load_average_after": load_after},
         "labels": {c.name: c.label for c in configs},
@@ -297,6 +297,7 @@ def format_figures(data: Mapping[str, Any]) -> str:
     config = data["config"]
     lines = [f"ttsq compare: {config['engine']} engine, {config['jobs']} jobs per run at concurrency "
              f"{config['concurrency']}, {config['rounds']} interleaved rounds, storage {config['storage']}, "
+             f"ttsq log level {config['log_level']}, "
              f"{config['cpus']} CPUs (load average {config['load_average_before'][0]:.2f} before, "
              f"{config['load_average_after'][0]:.2f} after)",
              "median over rounds (min-max)",
@@ -348,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", default="espeak", help="engine of all three systems")
     parser.add_argument("--storage", choices=("local", "s3"), default="local",
                         help="ttsq's storage: a local folder, or moto's S3 server on loopback (needs moto[server])")
+    parser.add_argument("--log-level", default="INFO",
+                        help="log level of the ttsq workers (INFO, as deployed: a few lines per job)")
     parser.add_argument("--overhead-jobs", type=int, default=50, help="one-at-a-time jobs per config per round")
     parser.add_argument("--cache-requests", type=int, default=21, help="first/cached submit pairs per round")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each job")
