@@ -257,6 +257,7 @@ def bench(ctx: click.Context, jobs: int, concurrency: int | None, rate: float | 
           embedded: bool, engine: str | None, max_batch: int | None, max_wait_ms: int | None) -> None:
     """Measure throughput and latency: N jobs at a fixed concurrency or arrival rate."""
     from ttsq import bench as benchmark
+    from ttsq.request import Limits
 
     if concurrency is not None and rate is not None:
         raise click.UsageError("--concurrency and --rate exclude each other: choose a closed or an open loop")
@@ -267,6 +268,7 @@ def bench(ctx: click.Context, jobs: int, concurrency: int | None, rate: float | 
                           mode="cache-hit" if mode == "cache-hit" else "synthesize", timeout_s=timeout, seed=seed,
                           audio_format=audio_format, warmup=warmup)
     sentences = benchmark.load_corpus(corpus) if corpus else list(benchmark.CORPUS)
+    benchmark.check_corpus(sentences, plan, Limits.from_settings(settings))  # before the progress bar shows
     with click.progressbar(length=jobs, label="ttsq bench", file=sys.stderr) as bar:
         figures = benchmark.measure(settings, plan, sentences, embedded=embedded,
                                     temporary_storage=embedded and ctx.obj["storage_url"] is None,

@@ -167,6 +167,12 @@ def test_corpus_file(tmp_path: Path) -> None:
     out = run_cli("bench", "--embedded", "--corpus", str(path))
     assert out.returncode == 2
     assert out.stderr.decode().startswith("ttsq: error: invalid corpus: line 2: not valid JSON")
+    # A request the producer would refuse stops the bench before anything starts, naming the entry.
+    path.write_text('fine\nko\thello\n{"text": "x", "temperature": 9}\n', encoding="utf-8")
+    out = run_cli("bench", "--embedded", "--corpus", str(path))
+    assert out.returncode == 2
+    assert out.stderr.decode().strip() == "ttsq: error: invalid corpus: entry 3: invalid temperature: 9 is out of " \
+                                          "range [0.01, 2.0]"
 
 
 def test_bench_usage_errors() -> None:

@@ -39,7 +39,7 @@ import numpy as np
 
 from ttsq.errors import InvalidRequest
 from ttsq.keys import content_key
-from ttsq.request import SynthesisRequest
+from ttsq.request import Limits, SynthesisRequest
 
 if TYPE_CHECKING:
     from ttsq.client import Client
@@ -236,8 +236,12 @@ def make_requests(corpus: Sequence[Sentence], count: int, *, mode: BenchMode, ru
     requests = []
     for position, sentence in enumerate(order[:count]):
         text = sentence.text if mode == "cache-hit" else bust_marker(run_id, position) + sentence.text
-        requests.append({"format": audio_format, **sentence.fields, "text": text, "language": sentence.language})
+        requests.append(_fields(sentence, text, audio_format))
     return requests
+
+
+def _fields(sentence: Sentence, text: str, audio_format: str) -> dict[str, Any]:
+    return {"format": audio_format, **sentence.fields, "text": text, "language": sentence.language}
 
 
 def run(target: Target, corpus: Sequence[Sentence], plan: Plan, *,
@@ -489,6 +493,17 @@ def format_report(data: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def check_corpus(corpus: Sequence[Sentence], plan: Plan, limits: Limits) -> None:
+    """Refuse a corpus with a request the producer would refuse, before anything starts."""
+    if not corpus:
+        raise InvalidRequest("corpus", "is empty")
+    for number, sentence in enumerate(corpus, 1):
+        try:
+            SynthesisRequest.from_dict(_fields(sentence, sentence.text, plan.audio_format), limits)
+        except InvalidRequest as exc:
+            raise InvalidRequest("corpus", f"entry {number}: {exc}") from None
+
+
 def measure(settings: Settings, plan: Plan, corpus: Sequence[Sentence], *, embedded: bool = False,
             temporary_storage: bool = False, corpus_name: str = "built-in",
             progress: Callable[[int], None] | None = None) -> dict[str, Any]:
@@ -502,6 +517,7 @@ def measure(settings: Settings, plan: Plan, corpus: Sequence[Sentence], *, embed
     from ttsq.cache import redact_url
     from ttsq.client import Client
 
+    check_corpus(corpus, plan, Limits.from_settings(settings))
     with ExitStack() as stack:
         if embedded:
             from ttsq.embedded import Embedded
