@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -37,7 +38,7 @@ from typing import Any
 from ttsq import bench
 from ttsq.config import Settings
 from ttsq.constants import ENGINE_PREFIX
-from ttsq.embedded import RedisServer, free_port
+from ttsq.embedded import RedisServer, free_port, parent_death_signal
 
 ROOT = Path(__file__).resolve().parent.parent
 BUCKET = "ttsq-bench"
@@ -93,7 +94,9 @@ def _env(settings: Settings, **extra: str) -> dict[str, str]:
 @contextmanager
 def _process(command: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
     with open(log, "ab") as out:
-        process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        # Children die with this process even when it is killed outright, like the embedded Redis.
+        process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                   preexec_fn=parent_death_signal())
     try:
         yield process
     finally:
@@ -156,15 +159,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ttsq-compare-")))
         redis = RedisServer().start()
         stack.callback(redis.stop)
-        base = Settings(broker_url=f"{redis.url}/0", result_backend=f"{redis.url}/1", cache_url=f"{redis.url}/2",
-                        engine=args.engine, max_wait_ms=args.max_wait_ms, log_level=args.log_level)
+        # From the environment first: an engine's own settings (TTSQ_QWEN_MODEL, ...) reach all three systems.
+        base = Settings.from_env(broker_url=f"{redis.url}/0", result_backend=f"{redis.url}/1",
+                                 cache_url=f"{redis.url}/2", engine=args.engine, max_wait_ms=args.max_wait_ms,
+                                 log_level=args.log_level, storage_url=str(folder / "audio"), queue="unused")
         if args.storage == "s3":
             os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
             os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
             endpoint = stack.enter_context(_s3_server(folder))
             base = base.replace(storage_url=f"s3://{BUCKET}/bench", s3_endpoint_url=endpoint, s3_region="us-east-1")
-        else:
-            base = base.replace(storage_url=str(folder / "audio"))
 
         settings = {BATCHED.name: base.replace(queue=BATCHED.queue, max_batch=args.max_batch),
                     UNBATCHED.name: base.replace(queue=UNBATCHED.queue, max_batch=1)}
@@ -357,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
     parser.add_argument("--tiny", action="store_true", help="smoke test: a few jobs, one round")
     args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so the workers, Redis and the temporary folder are cleaned up.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.tiny:
         args.jobs, args.concurrency, args.rounds, args.overhead_jobs, args.cache_requests = 8, 4, 1, 4, 2
     data = run(args)

@@ -51,7 +51,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _parent_death_signal() -> Callable[[], None] | None:
+def parent_death_signal() -> Callable[[], None] | None:
     """A pre-exec hook asking Linux to SIGTERM the child when the thread that started it exits.
 
     Everything is looked up here, in the parent: the hook runs between fork and exec, where
@@ -91,7 +91,7 @@ class RedisServer:
         log = open(os.path.join(self.directory, "redis.log"), "ab")  # noqa: SIM115 - lives with the process
         # The server dies with the process that started it, even if that one is killed outright.
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                        preexec_fn=_parent_death_signal())
+                                        preexec_fn=parent_death_signal())
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
