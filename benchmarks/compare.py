@@ -365,9 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.tiny:
         args.jobs, args.concurrency, args.rounds, args.overhead_jobs, args.cache_requests = 8, 4, 1, 4, 2
     data = run(args)
-    print(format_figures(data))
-    if args.json is not None:
+    if args.json is not None:  # first: the figures survive a closed stdout
         args.json.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    print(format_figures(data))
     return 0
 
 
