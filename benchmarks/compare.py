@@ -37,7 +37,7 @@ from typing import Any
 
 from ttsq import bench
 from ttsq.config import Settings
-from ttsq.constants import ENGINE_PREFIX
+from ttsq.constants import FLEET_PREFIX
 from ttsq.embedded import RedisServer, free_port, parent_death_signal
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -188,7 +188,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         cache = redis_py.Redis.from_url(base.cache_url)
         deadline = time.monotonic() + 120
-        while not cache.exists(ENGINE_PREFIX + args.engine):  # a ttsq worker announced its model
+        # Both ttsq workers announced their model (each under its own queue).
+        while not all(cache.exists(FLEET_PREFIX + each.queue) for each in settings.values()):
             if time.monotonic() > deadline:
                 raise RuntimeError("no ttsq worker started; logs in " + str(folder))
             time.sleep(0.1)

@@ -196,7 +196,8 @@ class ClientTarget:
 
     def run_one(self, fields: dict[str, Any], timeout_s: float) -> tuple[Mapping[str, Any], dict[str, float]]:
         """Submit and wait, timing validation + hashing and publishing separately."""
-        identity = self.client.identity()  # read from Redis at most every few seconds: not this job's cost
+        # Read from Redis at most every few seconds: not this job's cost.
+        identity = self.client.identities().get(str(fields.get("mode", "voice_design")))
         started = time.perf_counter()
         request = SynthesisRequest.from_dict(fields, self.client.limits)
         if identity is not None:
@@ -536,9 +537,9 @@ def measure(settings: Settings, plan: Plan, corpus: Sequence[Sentence], *, embed
             app = None
         client = Client(settings, app=app)
         stack.callback(client.close)
-        if not embedded and client.identity() is None:
-            logger.warning("no %s worker has announced itself on this cache: jobs may wait for one",
-                           settings.engine)
+        if not embedded and not client.identities():
+            logger.warning("no worker of queue %s has announced itself on this cache: jobs may wait for one",
+                           settings.queue)
         outcomes, wall = run(ClientTarget(client), corpus, plan, progress=progress)
         languages = sorted({s.language for s in corpus})
         return report(outcomes, wall, plan, max_batch=settings.max_batch if embedded else None,
