@@ -52,7 +52,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         model = Path(args.model) if args.model else build(Path(scratch) / args.size, "voice_design", args.size)
         settings = Settings(engine="qwen", qwen_model=str(model), qwen_device=args.device, qwen_dtype=args.dtype,
-                            qwen_max_frames=max(16, args.frames))
+                            qwen_max_frames=max(2048, args.frames))  # requests carry their own cap
         engine = QwenEngine(settings)
         started = time.perf_counter()
         engine.load()
