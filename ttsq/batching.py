@@ -31,6 +31,7 @@ from ttsq.errors import EngineError, EngineOutOfMemory, TTSQError
 
 if TYPE_CHECKING:
     from ttsq.engines.base import Engine, EngineOutput
+    from ttsq.metrics import Metrics
     from ttsq.request import SynthesisRequest
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,8 @@ class BatchItem:
     batch_id: int
     batch_size: int
     synthesis_s: float
+    #: This item's share of its engine call's time, apportioned by the audio length it generated.
+    device_s: float = 0.0
 
 
 class Batcher:
@@ -64,8 +67,10 @@ class Batcher:
     every batch and closes it. On a GPU that keeps the device context and streams on one thread.
     """
 
-    def __init__(self, engine: Engine, *, max_batch: int, max_wait_s: float) -> None:
+    def __init__(self, engine: Engine, *, max_batch: int, max_wait_s: float,
+                 metrics: Metrics | None = None) -> None:
         self.engine = engine
+        self.metrics = metrics
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self._queue: queue.Queue[Any] = queue.Queue()
@@ -215,12 +220,12 @@ class Batcher:
         results = self._synthesize(requests)
         elapsed = time.perf_counter() - started
         failed = 0
-        for (_, future), (output, size, seconds) in zip(group, results, strict=True):
+        for (_, future), (output, size, seconds, share) in zip(group, results, strict=True):
             if isinstance(output, Exception):
                 failed += 1
                 future.set_exception(output if isinstance(output, TTSQError) else EngineError(repr(output)))
             else:
-                future.set_result(BatchItem(output, batch_id, size, seconds))
+                future.set_result(BatchItem(output, batch_id, size, seconds, share))
         logger.info("batch %d: %d items (%d failed) in %.3fs, %s", batch_id, len(group), failed, elapsed,
                     requests[0].describe().split(" chars=")[0])
 
@@ -238,16 +243,16 @@ class Batcher:
                 raise EngineError(f"engine returned {len(outputs)} outputs for {len(requests)} requests")
         except EngineOutOfMemory as exc:
             if len(requests) == 1:
-                return [(exc, 1, time.perf_counter() - started)]
+                return [(exc, 1, time.perf_counter() - started, 0.0)]
         except Exception as exc:
             if len(requests) == 1:
-                return [(exc, 1, time.perf_counter() - started)]
+                return [(exc, 1, time.perf_counter() - started, 0.0)]
             logger.warning("batch of %d failed (%s); retrying its items one by one",
                            len(requests), type(exc).__name__)
             return [self._synthesize([request])[0] for request in requests]
         else:
             seconds = time.perf_counter() - started
-            return [(output, len(requests), seconds) for output in outputs]
+            return self._account(outputs, seconds)
         # Only a batch that ran out of device memory gets here. It is split outside the handler, so the
         # failed attempt (and whatever it still held) is released before the halves run.
         half = (len(requests) + 1) // 2
@@ -255,15 +260,39 @@ class Batcher:
         # starts over), since one more failure on the device costs more than a smaller batch.
         self.largest_fit[bucket] = min(half, self.largest_fit.get(bucket, half))
         self.oom_splits += 1
+        if self.metrics is not None:
+            self.metrics.record_oom_split()
         logger.warning("batch of %d ran out of device memory; splitting, and capping batches of texts "
                        "up to %d characters at %d", len(requests), 2 ** bucket, self.largest_fit[bucket])
         return [*self._synthesize(requests[:half]), *self._synthesize(requests[half:])]
 
 
-#: An output or exception, the size of the engine call it came from, and that call's seconds.
-_Ran = tuple["EngineOutput | Exception", int, float]
+    def _account(self, outputs: list[EngineOutput | Exception], seconds: float) -> list[_Ran]:
+        """Record one engine call in the metrics and give each output its share of the call's time."""
+        lengths = [_audio_seconds(output) for output in outputs]
+        audio_s = sum(lengths)
+        if self.metrics is not None:
+            truncated = sum(1 for output in outputs if not isinstance(output, Exception) and output.truncated)
+            self.metrics.observe_batch(size=len(outputs), seconds=seconds, audio_s=audio_s, truncated=truncated)
+        # Padding makes every row of a pass cost about as much as the longest, but a longer item holds
+        # the device for more decode steps: generated length is the fairest split there is.
+        return [(output, len(outputs), seconds,
+                 seconds * length / audio_s if audio_s > 0 else seconds / len(outputs))
+                for output, length in zip(outputs, lengths, strict=True)]
+
+
+#: An output or exception, the size of the engine call it came from, that call's seconds, and this
+#: output's share of them (apportioned by generated audio length).
+_Ran = tuple["EngineOutput | Exception", int, float, float]
 
 
 def length_bucket(requests: Sequence[SynthesisRequest]) -> int:
     """Batches whose longest texts round up to the same power of two need about the same memory."""
     return max(len(request.text) for request in requests).bit_length()
+
+
+def _audio_seconds(output: EngineOutput | Exception) -> float:
+    """Seconds of audio an engine output holds (0 for a failed item)."""
+    if isinstance(output, Exception) or output.sample_rate <= 0:
+        return 0.0
+    return float(len(output.samples)) / output.sample_rate

@@ -30,6 +30,7 @@ from ttsq.constants import CLAIM_HEADER, IDENTITY_TTL_S, SENT_AT_HEADER, TASK_NA
 from ttsq.errors import BrokerError, InvalidRequest, JobFailed, JobTimeout, TTSQError
 from ttsq.keys import EngineIdentity, content_key
 from ttsq.request import JobResult, Limits, RequestFields, SynthesisRequest, result_from_stored
+from ttsq.stats import FleetStats
 from ttsq.storage import Storage, open_storage
 from ttsq.tasks import make_app, queue_for
 
@@ -75,6 +76,7 @@ class Client:
         self.settings = settings
         self.app = app or make_app(settings)
         self.cache = CacheIndex(settings.cache_url, ttl_s=settings.cache_ttl_s)
+        self.stats = FleetStats(settings.cache_url)
         self.limits = Limits.from_settings(settings)
         self._storage: Storage | None = None
         self._identities: tuple[float, dict[str, EngineIdentity]] = (0.0, {})
@@ -148,6 +150,10 @@ class Client:
         if entry is None:
             return None
         self.cache.count("cache_hits_producer")
+        try:
+            self.stats.record(cached_producer=1)
+        except Exception as exc:  # statistics are best effort; the hit itself is already served
+            logger.debug("could not count the cache hit: %s", type(exc).__name__)
         return Job(id=None, key=key, client=self, result=result_from_stored(
             key, entry, url=self.storage.url(entry["object_key"], self.settings.url_expiry_s),
             url_expires_s=self.settings.url_expiry_s, cached=True))
@@ -231,6 +237,7 @@ class Client:
     def close(self) -> None:
         """Release Redis connections."""
         self.cache.close()
+        self.stats.close()
         self.app.close()
 
     def __enter__(self) -> Client:

@@ -76,6 +76,11 @@ class Settings:
     #: Testing only: the engine fails every batch larger than this with a device out-of-memory error
     #: (0: off), so the batcher's split-and-retry path can be exercised on a CPU.
     qwen_fault_oom_above: int = 0
+    #: Port of a worker's Prometheus endpoint; a launcher gives its Nth worker this port + N. 0: off.
+    metrics_port: int = 9191
+    #: How long a stopping worker may take to finish the batches in flight before it is stopped
+    #: harder (a second SIGTERM does the same at once). Keep it below the orchestrator's grace period.
+    drain_timeout_s: int = 120
 
     def __post_init__(self) -> None:
         _check(self.max_batch >= 1 and self.max_batch <= 256, "max_batch", "must be 1..256")
@@ -93,6 +98,8 @@ class Settings:
                "redelivers jobs that are still running")
         _check(1 <= self.max_text_chars <= 1_000_000, "max_text_chars", "must be 1..1000000")
         _check(0 <= self.max_instruct_chars <= 100_000, "max_instruct_chars", "must be 0..100000")
+        _check(0 <= self.metrics_port <= 65535, "metrics_port", "must be 0..65535 (0 turns metrics off)")
+        _check(self.drain_timeout_s >= 1, "drain_timeout_s", "must be >= 1")
         for name in ("broker_url", "result_backend", "cache_url"):
             _check_redis_url(name, getattr(self, name))
         for name in ("s3_endpoint_url", "s3_public_endpoint_url"):
@@ -145,6 +152,10 @@ class Settings:
         if unknown:
             raise ConfigError("overrides", f"unknown settings {sorted(unknown)}")
         return cls(**values)
+
+    def to_env(self) -> dict[str, str]:
+        """The ``TTSQ_*`` variables that reproduce these settings in a child process."""
+        return {ENV_PREFIX + field.name.upper(): str(getattr(self, field.name)) for field in dataclasses.fields(self)}
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with some fields changed, validated like the original."""

@@ -22,6 +22,15 @@ CACHE_PREFIX = "ttsq:cache:"  # + content key -> JSON index entry; TTL = setting
 INFLIGHT_PREFIX = "ttsq:inflight:"  # + content key -> task id of the job producing it; SET NX EX
 FLEET_PREFIX = "ttsq:fleet:"  # + queue -> hash: mode -> JSON identity of the model serving it, re-announced
 STATS_PREFIX = "ttsq:stats:"  # + counter name -> integer, incremented by workers
+MINUTE_PREFIX = "ttsq:minute:"  # + Unix minute -> hash of that minute's job counters; TTL below
+WORKER_PREFIX = "ttsq:worker:"  # + node name -> JSON heartbeat of a live worker; TTL below
+RESTARTS_KEY = "ttsq:restarts"  # hash: node name -> times a launcher restarted it
+
+#: How long per-minute counters are kept (seconds): ``ttsq stats`` looks back at most this far.
+MINUTE_STATS_TTL_S = 2 * 3600
+#: A worker rewrites its heartbeat this often (seconds); it expires after the TTL if the worker dies.
+HEARTBEAT_INTERVAL_S = 5.0
+HEARTBEAT_TTL_S = 20
 
 #: Message header with the producer's wall-clock send time (seconds), for the queue-wait figure.
 SENT_AT_HEADER = "ttsq_sent_at"

@@ -173,6 +173,9 @@ class Timings(TypedDict):
     #: In the worker's batcher before its batch started (waiting to fill, or behind a running batch).
     batch_wait_s: float
     synthesis_s: float
+    #: This job's share of its batch's engine time (``synthesis_s``), apportioned by generated audio
+    #: length: what the job cost on the device. 0 for a cache hit.
+    device_s: float
     encode_s: float
     upload_s: float
     index_s: float
@@ -209,19 +212,21 @@ class JobResult(StoredAudio):
     #: How many jobs shared the forward pass (0: answered from the cache).
     batch_size: int
     timings: Timings
+    #: Node name of the worker that answered ("" when the producer answered from the cache).
+    worker: str
 
 
 def result_from_stored(key: str, stored: StoredAudio, *, url: str, url_expires_s: int, cached: bool,
-                       batch_size: int = 0, timings: Timings | None = None) -> JobResult:
+                       batch_size: int = 0, timings: Timings | None = None, worker: str = "") -> JobResult:
     """The public result for stored audio (built by workers, and by producers on a cache hit)."""
     return JobResult(key=key, url=url, url_expires_s=url_expires_s, cached=cached, **stored, batch_size=batch_size,
-                     timings=timings or no_timings())
+                     timings=timings or no_timings(), worker=worker)
 
 
 def no_timings() -> Timings:
     """All stages zero: a result answered from the cache by the producer."""
-    return Timings(queue_wait_s=0.0, batch_wait_s=0.0, synthesis_s=0.0, encode_s=0.0, upload_s=0.0, index_s=0.0,
-                   worker_s=0.0)
+    return Timings(queue_wait_s=0.0, batch_wait_s=0.0, synthesis_s=0.0, device_s=0.0, encode_s=0.0, upload_s=0.0,
+                   index_s=0.0, worker_s=0.0)
 
 
 def _clean_text(name: str, value: Any, max_chars: int, *, required: bool = False) -> str:

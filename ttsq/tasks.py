@@ -17,6 +17,7 @@ returns a ``JobResult`` dict (see ``ttsq.request``) or fails with ``InvalidReque
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     from ttsq.config import Settings
     from ttsq.request import JobResult
     from ttsq.worker import WorkerRuntime
+
+logger = logging.getLogger(__name__)
 
 
 def queue_for(base: str, mode: str) -> str:
@@ -114,7 +117,10 @@ def make_app(settings: Settings, *, runtime: WorkerRuntime | None = None) -> Cel
 
     # shared=False: Celery otherwise adds every task to every app made later in this process, and a
     # second app (tests, embedded mode) would run the first app's closure with the first runtime.
-    @app.task(name=TASK_NAME, bind=True, acks_late=True, shared=False)  # type: ignore[untyped-decorator]
+    # RedactedRequest: the worker's events (Flower) and inspect replies never carry the text or URL,
+    # whatever repr the producer sent.
+    @app.task(name=TASK_NAME, bind=True, acks_late=True, shared=False,  # type: ignore[untyped-decorator]
+              Request="ttsq.events:RedactedRequest")
     def synthesize(self: Any, *args: Any, **kwargs: Any) -> JobResult:
         if args:
             raise InvalidRequest("args", "ttsq.synthesize takes keyword arguments only (kwargs=...)")
@@ -123,6 +129,9 @@ def make_app(settings: Settings, *, runtime: WorkerRuntime | None = None) -> Cel
         sent_at = self.request.get(SENT_AT_HEADER)
         queue_wait = max(0.0, time.time() - float(sent_at)) if isinstance(sent_at, (int, float)) else None
         claim = self.request.get(CLAIM_HEADER)
+        if (self.request.delivery_info or {}).get("redelivered"):
+            # A worker died holding it (or it outlived the visibility timeout): the rerun is harmless.
+            logger.info("job %s: redelivered", self.request.id)
         return runtime.run(kwargs, task_id=self.request.id, queue_wait_s=queue_wait,
                            claimed_key=claim if isinstance(claim, str) else None)
 

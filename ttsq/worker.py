@@ -16,6 +16,7 @@ A worker killed anywhere in 3-6 has its message redelivered, and the rerun is ha
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -24,10 +25,11 @@ from typing import TYPE_CHECKING, Any
 from ttsq.audio import encode, probe
 from ttsq.batching import Batcher
 from ttsq.cache import CacheIndex
-from ttsq.constants import IDENTITY_REFRESH_S
+from ttsq.constants import HEARTBEAT_INTERVAL_S, IDENTITY_REFRESH_S
 from ttsq.engines import create_engine
-from ttsq.errors import JobTimeout
+from ttsq.errors import InvalidRequest, JobTimeout
 from ttsq.keys import content_key, object_key
+from ttsq.metrics import Metrics
 from ttsq.request import (
     JobResult,
     Limits,
@@ -37,6 +39,7 @@ from ttsq.request import (
     no_timings,
     result_from_stored,
 )
+from ttsq.stats import FleetStats, worker_info
 from ttsq.storage import open_storage
 from ttsq.tasks import queue_for
 
@@ -49,15 +52,28 @@ logger = logging.getLogger(__name__)
 class WorkerRuntime:
     """Engine, batcher, storage and cache index of one worker process."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, node: str | None = None, device: str = "",
+                 gpus: list[str] | None = None) -> None:
         self.settings = settings
+        #: Celery node name; it names this worker in results, heartbeats and metrics.
+        self.node = node or f"{settings.engine}@{socket.gethostname()}"
+        #: The device this worker is pinned to ("" for CPU), as shown by ``ttsq stats``.
+        self.device = device
         self.limits = Limits.from_settings(settings)
         self.engine = create_engine(settings)
         self.storage = open_storage(settings)
         self.cache = CacheIndex(settings.cache_url, ttl_s=settings.cache_ttl_s)
-        self.batcher = Batcher(self.engine, max_batch=settings.max_batch, max_wait_s=settings.max_wait_ms / 1000)
+        self.stats = FleetStats(settings.cache_url)
+        self.metrics = Metrics(node=self.node, broker_url=settings.broker_url, cache_url=settings.cache_url,
+                               gpus=gpus)
+        self.batcher = Batcher(self.engine, max_batch=settings.max_batch, max_wait_s=settings.max_wait_ms / 1000,
+                               metrics=self.metrics)
+        self._jobs_done = 0
+        self._jobs_lock = threading.Lock()
+        self._started_at = time.time()
         self._stopping = threading.Event()
         self._heartbeat = threading.Thread(target=self._announce, name="ttsq-announce", daemon=True)
+        self._stats_beat = threading.Thread(target=self._beat, name="ttsq-stats", daemon=True)
 
     def _announce(self) -> None:
         """Re-announce the model while this worker lives; producers forget a silent worker's modes."""
@@ -66,6 +82,32 @@ class WorkerRuntime:
                 self.cache.publish_identity(self.settings.queue, self.engine.identity.to_dict())
             except Exception as exc:  # Redis down for a moment: the next beat tries again
                 logger.warning("could not re-announce the model: %s", exc)
+
+    def _beat(self) -> None:
+        """Keep this worker's heartbeat in Redis fresh (``ttsq stats`` lists live workers from it)."""
+        while not self._stopping.is_set():
+            self._quietly(self._send_heartbeat)
+            self._stopping.wait(HEARTBEAT_INTERVAL_S)
+
+    def _send_heartbeat(self) -> None:
+        self.stats.heartbeat(self.node, worker_info(
+            node=self.node, engine=self.settings.engine, model=self.engine.identity.model, device=self.device,
+            started_at=self._started_at, jobs=self._jobs_done))
+
+    def _record(self, outcome: str, result: JobResult | None) -> None:
+        """Count the job in this minute's fleet statistics."""
+        amounts: dict[str, float] = {"cached_worker" if outcome == "cached" else outcome: 1}
+        if outcome == "synthesized" and result is not None:
+            amounts.update(audio_s=result["duration_s"], device_s=result["timings"]["device_s"])
+        self._quietly(lambda: self.stats.record(**amounts))
+
+    @staticmethod
+    def _quietly(call: Any) -> None:
+        """Statistics are best effort: a Redis hiccup must not fail a job or a shutdown."""
+        try:
+            call()
+        except Exception as exc:
+            logger.warning("could not update fleet statistics: %s", type(exc).__name__)
 
     @property
     def queues(self) -> list[str]:
@@ -80,6 +122,10 @@ class WorkerRuntime:
         identity = self.engine.identity
         self.cache.publish_identity(self.settings.queue, identity.to_dict())
         self._heartbeat.start()
+        self.metrics.describe(engine=self.settings.engine, model=identity.model)
+        self.metrics.watch_queues(self.queues)
+        self._started_at = time.time()
+        self._stats_beat.start()
         logger.info("engine %s ready in %.2fs (model %s, revision %s, max_batch %d)", self.settings.engine,
                     time.perf_counter() - started, identity.model, identity.revision, self.settings.max_batch)
 
@@ -87,6 +133,11 @@ class WorkerRuntime:
         """Finish queued batches, release the engine and connections."""
         self._stopping.set()
         self.batcher.stop()
+        if self._stats_beat.is_alive():
+            self._stats_beat.join(timeout=HEARTBEAT_INTERVAL_S + 5)
+        self._quietly(lambda: self.stats.forget(self.node))
+        self.metrics.close()
+        self.stats.close()
         self.cache.close()
 
     def run(self, kwargs: dict[str, Any], *, task_id: str, queue_wait_s: float | None,
@@ -98,23 +149,40 @@ class WorkerRuntime:
         """
         key = claimed_key
         started = time.perf_counter()
+        outcome = "failed"
+        result: JobResult | None = None
+        self.metrics.in_progress.inc()
         try:
             request = SynthesisRequest.from_dict(kwargs, self.limits)
             self.engine.identity.check(request)  # a raw send_task may name a mode, speaker or language we lack
             key = content_key(request, self.engine.identity)
             stored = self.cache.get(key)
+            self.metrics.cache_lookup(hit=stored is not None)
             if stored is not None:
                 self.cache.count("cache_hits_worker")
                 logger.info("job %s: cache hit %s", task_id, key[:12])
                 timings = no_timings()
                 timings["queue_wait_s"] = round(queue_wait_s or 0.0, 4)
                 result = self.result(key, stored, cached=True, batch_size=0, timings=timings)
+                outcome = "cached"
             else:
                 result = self._synthesize(request, key, task_id=task_id, queue_wait_s=queue_wait_s)
+                outcome = "synthesized"
             # Signed and ready: what is left (claim release, result store) belongs to the round trip.
             result["timings"]["worker_s"] = round(time.perf_counter() - started, 4)
             return result
+        except InvalidRequest:
+            outcome = "invalid"
+            raise
+        except JobTimeout:
+            outcome = "timeout"
+            raise
         finally:
+            self.metrics.in_progress.dec()
+            self.metrics.job_finished(outcome, queue_wait_s=queue_wait_s)
+            with self._jobs_lock:
+                self._jobs_done += 1
+            self._record(outcome, result)
             # Success or failure, this job no longer produces the key: let the next submit try.
             for claimed in {k for k in (key, claimed_key) if k is not None}:
                 self.cache.release(claimed, task_id)
@@ -158,6 +226,7 @@ class WorkerRuntime:
                            timings=Timings(queue_wait_s=round(queue_wait_s or 0.0, 4),
                                            batch_wait_s=round(batch_wait_s, 4),
                                            synthesis_s=round(item.synthesis_s, 4),
+                                           device_s=round(item.device_s, 4),
                                            encode_s=round(encoded - started, 4),
                                            upload_s=round(uploaded - encoded, 4),
                                            index_s=round(indexed - uploaded, 4), worker_s=0.0))
@@ -167,7 +236,7 @@ class WorkerRuntime:
         """The public result, with a URL signed now."""
         return result_from_stored(key, stored, url=self.storage.url(stored["object_key"], self.settings.url_expiry_s),
                                   url_expires_s=self.settings.url_expiry_s, cached=cached, batch_size=batch_size,
-                                  timings=timings)
+                                  timings=timings, worker=self.node)
 
 
 def redact_task_logs() -> None:

@@ -1,0 +1,256 @@
+"""A worker's Prometheus metrics: what its batches, jobs and device are doing.
+
+Every worker process owns one ``Metrics`` (its own registry, no module-level state) and serves it on
+``TTSQ_METRICS_PORT`` (a launcher gives its Nth worker that port + N). Series, all prefixed ``ttsq_``:
+
+=====================================  =========  ==================================================
+name                                   type       meaning
+=====================================  =========  ==================================================
+``batch_size``                         histogram  jobs per engine call
+``synthesis_seconds``                  histogram  engine time per batch
+``queue_wait_seconds``                 histogram  producer send to worker start, per job
+``real_time_factor``                   histogram  engine seconds per second of audio, per batch
+``audio_seconds_total``                counter    seconds of audio synthesized
+``device_seconds_total``               counter    engine (device) seconds spent in batches
+``jobs_total{outcome}``                counter    synthesized, cached, invalid, failed, timeout
+``cache_lookups_total{result}``        counter    the worker's cache re-check: hit, miss
+``truncated_items_total``              counter    items cut at the frame cap
+``oom_splits_total``                   counter    batches split after a device out-of-memory error
+``jobs_in_progress``                   gauge      jobs this worker holds (waiting or in a batch)
+``worker_info{node,engine,model}``     gauge      1, naming this worker and its model
+``worker_restarts_total{node}``        counter    times the launcher restarted this node (Redis)
+``queue_depth{queue}``                 gauge      messages waiting in the queue (Redis, at scrape)
+``unacked_messages``                   gauge      messages delivered but not yet acked, fleet-wide
+``gpu_utilization_ratio{device}``      gauge      NVML, only where NVML is available
+``gpu_memory_used_bytes{device}``      gauge      NVML
+``gpu_memory_total_bytes{device}``     gauge      NVML
+=====================================  =========  ==================================================
+
+Labels carry names chosen by the operator (queue, node, engine, model, device) and fixed outcome
+words, never request content.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import redis
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ttsq.constants import REDIS_CONNECT_TIMEOUT_S, RESTARTS_KEY
+
+if TYPE_CHECKING:
+    from prometheus_client import Metric
+
+logger = logging.getLogger(__name__)
+
+#: Outcomes of ``jobs_total``: a fixed vocabulary, so the label set stays small.
+OUTCOMES = ("synthesized", "cached", "invalid", "failed", "timeout")
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_RTF_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 5)
+# kombu's Redis transport keeps priority levels other than 0 in lists named queue + sep + level.
+_PRIORITY_SEP = "\x06\x16"
+_PRIORITY_STEPS = (3, 6, 9)
+
+
+class Metrics:
+    """One worker's metrics. Recording is thread-safe; serving is optional (``serve``)."""
+
+    def __init__(self, *, node: str = "", queues: Sequence[str] = (),
+                 broker_url: str | None = None, cache_url: str | None = None,
+                 gpus: Sequence[str] | None = None) -> None:
+        self.node = node
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.batch_size = Histogram("ttsq_batch_size", "Jobs per engine call.", buckets=_BATCH_BUCKETS, registry=r)
+        self.synthesis_seconds = Histogram("ttsq_synthesis_seconds", "Engine time per batch, seconds.",
+                                           buckets=_SECONDS_BUCKETS, registry=r)
+        self.queue_wait_seconds = Histogram("ttsq_queue_wait_seconds",
+                                            "From the producer's send to the worker's start, per job.",
+                                            buckets=_SECONDS_BUCKETS, registry=r)
+        self.real_time_factor = Histogram("ttsq_real_time_factor",
+                                          "Engine seconds per second of audio, per batch (lower is faster).",
+                                          buckets=_RTF_BUCKETS, registry=r)
+        self.audio_seconds = Counter("ttsq_audio_seconds", "Seconds of audio synthesized.", registry=r)
+        self.device_seconds = Counter("ttsq_device_seconds", "Engine seconds spent in batches.", registry=r)
+        self.jobs = Counter("ttsq_jobs", "Jobs this worker finished, by outcome.", ["outcome"], registry=r)
+        self.cache_lookups = Counter("ttsq_cache_lookups", "The worker's cache re-check before synthesis.",
+                                     ["result"], registry=r)
+        self.truncated_items = Counter("ttsq_truncated_items", "Items the engine cut at the frame cap.",
+                                       registry=r)
+        self.oom_splits = Counter("ttsq_oom_splits", "Batches split in two after a device out-of-memory error.",
+                                  registry=r)
+        self.in_progress = Gauge("ttsq_jobs_in_progress", "Jobs this worker holds, waiting or in a batch.",
+                                 registry=r)
+        self._info = Gauge("ttsq_worker_info", "This worker: its node name, engine and model.",
+                           ["node", "engine", "model"], registry=r)
+        # Every label value exists from the start, so a rate() over a fresh worker is 0, not absent.
+        for outcome in OUTCOMES:
+            self.jobs.labels(outcome=outcome)
+        for result in ("hit", "miss"):
+            self.cache_lookups.labels(result=result)
+        ProcessCollector(registry=r)
+        if broker_url is not None:
+            r.register(_QueueCollector(broker_url, list(queues)))
+        if cache_url is not None and node:
+            r.register(_RestartCollector(cache_url, node))
+        nvml = _NvmlCollector.open(gpus)
+        if nvml is not None:
+            r.register(nvml)
+        self._server: Any = None
+        self._lock = threading.Lock()
+
+    def describe(self, *, engine: str, model: str) -> None:
+        """Name the engine and model once they are loaded (``worker_info``)."""
+        self._info.clear()
+        self._info.labels(node=self.node, engine=engine, model=model).set(1)
+
+    # Recording ---------------------------------------------------------------------------------
+
+    def observe_batch(self, *, size: int, seconds: float, audio_s: float, truncated: int) -> None:
+        """One engine call: its size, engine time, audio produced and items cut at the frame cap."""
+        self.batch_size.observe(size)
+        self.synthesis_seconds.observe(seconds)
+        self.device_seconds.inc(seconds)
+        self.audio_seconds.inc(audio_s)
+        if audio_s > 0:
+            self.real_time_factor.observe(seconds / audio_s)
+        if truncated:
+            self.truncated_items.inc(truncated)
+
+    def job_finished(self, outcome: str, *, queue_wait_s: float | None = None) -> None:
+        """A job left this worker with ``outcome`` (one of ``OUTCOMES``)."""
+        self.jobs.labels(outcome=outcome if outcome in OUTCOMES else "failed").inc()
+        if queue_wait_s is not None:
+            self.queue_wait_seconds.observe(queue_wait_s)
+
+    def cache_lookup(self, *, hit: bool) -> None:
+        """The worker's cache re-check found (or did not find) the audio."""
+        self.cache_lookups.labels(result="hit" if hit else "miss").inc()
+
+    def record_oom_split(self) -> None:
+        """The batcher split a batch after a device out-of-memory error."""
+        self.oom_splits.inc()
+
+    # Serving -----------------------------------------------------------------------------------
+
+    def serve(self, port: int, address: str = "0.0.0.0") -> int:
+        """Serve ``/metrics`` over HTTP on ``port`` (0: a free one); return the port."""
+        with self._lock:
+            server, _thread = start_http_server(port, addr=address, registry=self.registry)
+            self._server = server
+            return int(server.server_address[1])
+
+    def close(self) -> None:
+        """Stop serving."""
+        with self._lock:
+            if self._server is not None:
+                self._server.shutdown()
+                self._server.server_close()
+                self._server = None
+
+
+class _QueueCollector(Collector):
+    """Queue depth per queue and unacked messages, read from the broker at scrape time."""
+
+    def __init__(self, broker_url: str, queues: list[str]) -> None:
+        self.queues = queues
+        self._redis = redis.Redis.from_url(broker_url, socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+                                           socket_timeout=REDIS_CONNECT_TIMEOUT_S)
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            depths = {queue: queue_depth(self._redis, queue) for queue in self.queues}
+            unacked = int(self._redis.hlen("unacked"))
+        except redis.exceptions.RedisError as exc:  # a scrape must not fail because Redis blinked
+            logger.debug("queue depth unavailable: %s", type(exc).__name__)
+            return
+        depth = GaugeMetricFamily("ttsq_queue_depth", "Messages waiting in the queue.", labels=["queue"])
+        for queue, value in depths.items():
+            depth.add_metric([queue], value)
+        yield depth
+        yield GaugeMetricFamily("ttsq_unacked_messages",
+                                "Messages delivered to a worker and not yet acknowledged (all queues).",
+                                value=unacked)
+
+
+def queue_depth(client: redis.Redis, queue: str) -> int:
+    """Messages waiting in ``queue`` on a kombu Redis broker, every priority level included."""
+    names = [queue, *(f"{queue}{_PRIORITY_SEP}{step}" for step in _PRIORITY_STEPS)]
+    with client.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.llen(name)
+        return sum(int(n) for n in pipe.execute())
+
+
+class _RestartCollector(Collector):
+    """How often the launcher restarted this node; the launcher counts it in Redis."""
+
+    def __init__(self, cache_url: str, node: str) -> None:
+        self.node = node
+        self._redis = redis.Redis.from_url(cache_url, socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+                                           socket_timeout=REDIS_CONNECT_TIMEOUT_S)
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            restarts = int(self._redis.hget(RESTARTS_KEY, self.node) or 0)
+        except redis.exceptions.RedisError:
+            return
+        family = CounterMetricFamily("ttsq_worker_restarts", "Times the launcher restarted this node.",
+                                     labels=["node"])
+        family.add_metric([self.node], restarts)
+        yield family
+
+
+class _NvmlCollector(Collector):
+    """GPU utilisation and memory through NVML, for the devices this worker is pinned to."""
+
+    def __init__(self, nvml: Any, handles: list[tuple[str, Any]]) -> None:
+        self._nvml = nvml
+        self._handles = handles
+
+    @classmethod
+    def open(cls, gpus: Sequence[str] | None) -> _NvmlCollector | None:
+        """A collector, or None where NVML (``nvidia-ml-py`` plus a driver) is not available."""
+        try:
+            import pynvml
+        except ImportError:
+            return None
+        try:
+            pynvml.nvmlInit()
+            count = pynvml.nvmlDeviceGetCount()
+            wanted = [str(i) for i in range(count)] if gpus is None else list(gpus)
+            handles = [(device, _nvml_handle(pynvml, device)) for device in wanted]
+        except Exception as exc:  # no driver, no GPU: NVML says so with its own error class
+            logger.debug("NVML not available: %s", exc)
+            return None
+        return cls(pynvml, handles) if handles else None
+
+    def collect(self) -> Iterator[Metric]:
+        util = GaugeMetricFamily("ttsq_gpu_utilization_ratio", "GPU busy fraction over the last sample (NVML).",
+                                 labels=["device"])
+        used = GaugeMetricFamily("ttsq_gpu_memory_used_bytes", "GPU memory in use (NVML).", labels=["device"])
+        total = GaugeMetricFamily("ttsq_gpu_memory_total_bytes", "GPU memory (NVML).", labels=["device"])
+        for device, handle in self._handles:
+            try:
+                rates = self._nvml.nvmlDeviceGetUtilizationRates(handle)
+                memory = self._nvml.nvmlDeviceGetMemoryInfo(handle)
+            except Exception:
+                continue
+            util.add_metric([device], rates.gpu / 100.0)
+            used.add_metric([device], memory.used)
+            total.add_metric([device], memory.total)
+        yield from (util, used, total)
+
+
+def _nvml_handle(pynvml: Any, device: str) -> Any:
+    """CUDA_VISIBLE_DEVICES entries are indexes or UUIDs (``GPU-...``); NVML takes either."""
+    if device.isdigit():
+        return pynvml.nvmlDeviceGetHandleByIndex(int(device))
+    return pynvml.nvmlDeviceGetHandleByUUID(device)
