@@ -1,0 +1,214 @@
+"""The launcher, ``ttsq worker --devices``, as a real process with real worker children.
+
+Each test starts the launcher the way an operator does, submits real jobs through Redis, and kills or
+signals real processes. Worker output goes to the launcher's log (the children inherit it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from conftest import queue_length, settings_env
+
+from ttsq.cache import CacheIndex
+from ttsq.client import Client, Job
+from ttsq.config import Settings
+from ttsq.constants import RESTARTS_KEY, WORKER_PREFIX
+
+
+class Launcher:
+    """``ttsq worker --devices ...`` as a subprocess."""
+
+    def __init__(self, settings: Settings, devices: str, log_path: Path, *, env: dict[str, str] | None = None,
+                 host: str = "test") -> None:
+        self.settings = settings
+        self.log_path = log_path
+        self.host = host
+        with open(log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "ttsq.cli.main", "worker", "--devices", devices, "-n", host],
+                env={**settings_env(settings), **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, nodes: list[str], timeout: float = 90.0) -> dict[str, int]:
+        """Wait for every node's heartbeat (written once its engine is warm); return node -> pid."""
+        cache = redis.Redis.from_url(self.settings.cache_url)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                beats = {node: cache.get(WORKER_PREFIX + node) for node in nodes}
+                if all(beats.values()):
+                    return {node: json.loads(raw)["pid"] for node, raw in beats.items() if raw}
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"launcher not ready:\n{self.log()}")
+                time.sleep(0.1)
+        finally:
+            cache.close()
+
+    def signal(self, sig: int) -> None:
+        self.process.send_signal(sig)
+
+    def wait(self, timeout: float = 90.0) -> int:
+        return self.process.wait(timeout)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Callable[..., Launcher]]:
+    started: list[Launcher] = []
+
+    def start(settings: Settings, devices: str, **kwargs: object) -> Launcher:
+        launcher = Launcher(settings, devices, tmp_path / f"launcher{len(started)}.log", **kwargs)  # type: ignore[arg-type]
+        started.append(launcher)
+        return launcher
+
+    yield start
+    for launcher in started:
+        launcher.stop()
+
+
+def texts(n: int, tag: str) -> list[str]:
+    """Distinct sentences long enough that a batch takes a moment (encode included)."""
+    filler = "The quick brown fox jumps over the lazy dog while the workers keep the queue moving. " * 3
+    return [f"{tag} job number {i}. {filler}" for i in range(n)]
+
+
+def wait_all(client: Client, jobs: list[Job], timeout: float = 120.0) -> list[dict[str, object]]:
+    deadline = time.monotonic() + timeout
+    return [dict(job.wait(timeout=max(1.0, deadline - time.monotonic()))) for job in jobs]
+
+
+def done_ids(client: Client, jobs: list[Job]) -> set[str]:
+    return {job.id for job in jobs if job.id and client.async_result(job.id).state == "SUCCESS"}
+
+
+def test_two_workers_share_a_burst_and_a_killed_one_loses_nothing(settings: Settings,
+                                                                  launch: Callable[..., Launcher]) -> None:
+    # A short visibility timeout: the killed worker's jobs come back in seconds, not an hour. (Not
+    # shorter: on a loaded machine a live worker's jobs would outlive it and run twice; harmless,
+    # but slow.)
+    settings = settings.replace(visibility_timeout_s=20, job_timeout_s=15)
+    launcher = launch(settings, "cpu:2")
+    pids = launcher.wait_ready(["cpu0@test", "cpu1@test"])
+    client = Client(settings)
+    jobs = [client.submit(text, format="ogg") for text in texts(48, "burst")]
+
+    # Kill cpu1 once it has finished a job while the queue still holds work: it is holding
+    # messages it has not acked (prefetch keeps concurrency-many reserved).
+    deadline = time.monotonic() + 60
+    while True:
+        finished = [client.async_result(job.id).result for job in jobs
+                    if job.id and client.async_result(job.id).state == "SUCCESS"]
+        if any(isinstance(r, dict) and r.get("worker") == "cpu1@test" for r in finished):
+            break
+        assert time.monotonic() < deadline, launcher.log()
+        time.sleep(0.05)
+    waiting = queue_length(settings)
+    unacked = redis.Redis.from_url(settings.broker_url).hlen("unacked")
+    os.kill(pids["cpu1@test"], signal.SIGKILL)
+    assert waiting > 0 and unacked > 0, "the burst ended before the kill; the test proves nothing"
+
+    results = wait_all(client, jobs)
+    assert len(results) == 48 and all(r["duration_s"] > 0 for r in results)  # type: ignore[operator]
+    assert {r["worker"] for r in results} == {"cpu0@test", "cpu1@test"}
+    log = launcher.log()
+    assert f"cpu1@test (pid {pids['cpu1@test']}) died: killed by SIGKILL" in log
+    assert "restart #1" in log
+    assert "redelivered" in log  # the dead worker's unacked jobs ran again elsewhere
+    assert int(redis.Redis.from_url(settings.cache_url).hget(RESTARTS_KEY, "cpu1@test") or 0) == 1
+    # the restarted worker is back under the same name, with a new pid
+    new_pids = launcher.wait_ready(["cpu0@test", "cpu1@test"])
+    assert new_pids["cpu1@test"] != pids["cpu1@test"] and new_pids["cpu0@test"] == pids["cpu0@test"]
+    assert queue_length(settings) == 0
+    client.close()
+
+
+def test_sigterm_finishes_the_batch_in_flight_and_requeues_the_rest(settings: Settings,
+                                                                    launch: Callable[..., Launcher]) -> None:
+    launcher = launch(settings, "cpu:1")
+    launcher.wait_ready(["cpu0@test"])
+    client = Client(settings)
+    jobs = [client.submit(text, format="ogg") for text in texts(40, "drain")]
+    while not done_ids(client, jobs):  # the worker is busy: a batch is in flight
+        time.sleep(0.02)
+    launcher.signal(signal.SIGTERM)
+    assert launcher.wait() == 0
+    log = launcher.log()
+    assert "draining: SIGTERM sent to 1 worker(s)" in log
+    # Tasks finished after the signal: the batches in flight completed instead of being dropped.
+    after_signal = log.split("Warm shutdown", 1)[1]
+    assert "succeeded in" in after_signal
+
+    done = done_ids(client, jobs)
+    # Everything is accounted for: acked and done, or back on the queue at once; nothing in limbo.
+    assert redis.Redis.from_url(settings.broker_url).hlen("unacked") == 0
+    assert len(done) + queue_length(settings) == 40 and len(done) < 40
+
+    # A fresh launcher finishes the rest, and no job runs twice.
+    second = launch(settings, "cpu:1")
+    results = wait_all(client, jobs)
+    assert len({r["key"] for r in results}) == 40
+    second.signal(signal.SIGTERM)
+    assert second.wait() == 0  # and its log is complete
+    stats = CacheIndex(settings.cache_url, ttl_s=0)
+    assert stats.counter("items_synthesized") == 40
+    assert stats.counter("cache_hits_worker") == 0
+    for job in jobs:
+        assert (launcher.log() + second.log()).count(f"Task ttsq.synthesize[{job.id}] succeeded") == 1
+    client.close()
+
+
+def test_second_sigterm_stops_hard_and_the_jobs_come_back(settings: Settings,
+                                                          launch: Callable[..., Launcher]) -> None:
+    settings = settings.replace(visibility_timeout_s=20, job_timeout_s=15)
+    launcher = launch(settings, "cpu:1")
+    launcher.wait_ready(["cpu0@test"])
+    client = Client(settings)
+    jobs = [client.submit(text, format="ogg") for text in texts(40, "hard")]
+    while not done_ids(client, jobs):
+        time.sleep(0.02)
+    launcher.signal(signal.SIGTERM)
+    while "draining" not in launcher.log():  # two signals at once would arrive as one
+        time.sleep(0.02)
+    launcher.signal(signal.SIGTERM)
+    launcher.wait()
+    assert "second signal: cold shutdown" in launcher.log()
+    launch(settings, "cpu:1")
+    assert len(wait_all(client, jobs)) == 40  # nothing lost
+    client.close()
+
+
+def test_a_worker_with_bad_settings_is_not_restarted_forever(settings: Settings,
+                                                             launch: Callable[..., Launcher]) -> None:
+    launcher = launch(settings.replace(engine="no-such-engine"), "cpu:2")
+    assert launcher.wait(timeout=120) == 2
+    log = launcher.log()
+    assert "not restarting it" in log and "restart #" not in log
+
+
+def test_no_gpu_means_one_cpu_worker_and_says_so(settings: Settings, launch: Callable[..., Launcher]) -> None:
+    launcher = launch(settings, "all", env={"CUDA_VISIBLE_DEVICES": ""})
+    launcher.wait_ready(["cpu0@test"])
+    assert "no GPU found" in launcher.log()
+    assert Client(settings).submit("One CPU worker.").wait(timeout=60)["worker"] == "cpu0@test"
+    launcher.signal(signal.SIGTERM)
+    assert launcher.wait() == 0
