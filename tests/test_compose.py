@@ -6,6 +6,7 @@ import dataclasses
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import compose
 
@@ -33,14 +34,97 @@ def test_compose_refuses_to_start_without_secrets(tmp_path: Path) -> None:
     assert out.returncode != 0 and "in .env" in out.stderr
 
 
-def test_worker_environment_matches_the_settings_the_code_reads() -> None:
-    out = run_compose("config", "--format", "json", env_file=ROOT / ".env.example")
+def rendered() -> dict[str, Any]:
+    """The compose file as Compose resolves it, every profile on."""
+    out = run_compose("--profile", "cpu", "--profile", "gpu", "config", "--format", "json",
+                      env_file=ROOT / ".env.example")
     assert out.returncode == 0, out.stderr
-    services = json.loads(out.stdout)["services"]
-    fields = {f"TTSQ_{f.name.upper()}" for f in dataclasses.fields(Settings)}
-    environment = services["worker"]["environment"]
-    ttsq_vars = {name for name in environment if name.startswith("TTSQ_")}
-    assert ttsq_vars and ttsq_vars <= fields, ttsq_vars - fields
-    # and the values parse: the worker would start with them
-    Settings.from_env({k: v for k, v in environment.items() if k.startswith("TTSQ_")})
+    project: dict[str, Any] = json.loads(out.stdout)
+    return project
+
+
+def is_ttsq(service: dict[str, Any]) -> bool:
+    return str(service.get("image", "")).startswith("ttsq:")
+
+
+#: Variables that ttsq's code reads besides its own TTSQ_* settings: boto3's credential chain.
+CODE_READS = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+#: Variables the third-party images read themselves (documented by those images).
+IMAGE_READS = {"minio": {"MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD"}}
+
+
+def test_every_service_environment_matches_what_its_code_reads() -> None:
+    from flower.options import options as flower_options
+
+    services = rendered()["services"]
+    settings_vars = {f"TTSQ_{f.name.upper()}" for f in dataclasses.fields(Settings)}
+    for name, service in services.items():
+        environment: dict[str, str] = service.get("environment") or {}
+        if is_ttsq(service):
+            ttsq_vars = {var for var in environment if var.startswith("TTSQ_")}
+            assert ttsq_vars <= settings_vars, (name, ttsq_vars - settings_vars)
+            flower_vars = {var for var in environment if var.startswith("FLOWER_")}
+            # Flower reads FLOWER_<OPTION> (tornado keeps option names with dashes)
+            assert {v.removeprefix("FLOWER_").lower().replace("_", "-") for v in flower_vars} \
+                <= set(flower_options._options), name
+            assert set(environment) - ttsq_vars - flower_vars <= CODE_READS, name
+            # the values parse: the process would start with them
+            settings = Settings.from_env({k: v for k, v in environment.items() if k.startswith("TTSQ_")})
+            assert settings.broker_url != Settings().broker_url, f"{name} would talk to a local Redis"
+        else:
+            # A third-party service's variables are used by its own command or healthcheck, or
+            # read by its image.
+            used = json.dumps([service.get("command"), service.get("entrypoint"), service.get("healthcheck")])
+            for var in environment:
+                assert f"${var}" in used or var in IMAGE_READS.get(name, set()), (name, var)
+    workers = {name for name in services if name.startswith("worker-")}
+    assert workers == {"worker-cpu", "worker-gpu0", "worker-gpu1"}
+    for name in workers:
+        env = services[name]["environment"]
+        for var in ("TTSQ_BROKER_URL", "TTSQ_RESULT_BACKEND", "TTSQ_CACHE_URL", "TTSQ_STORAGE_URL",
+                    "TTSQ_S3_ENDPOINT_URL", "TTSQ_ENGINE", "TTSQ_METRICS_PORT"):
+            assert var in env, (name, var)
+    assert services["flower"]["environment"]["FLOWER_BASIC_AUTH"].count(":") == 1
     assert not (ROOT / ".env").exists() or ".env" in (ROOT / ".gitignore").read_text().split()
+    assert "change-me" not in (ROOT / "docker-compose.yml").read_text()  # secrets only in .env
+
+
+def test_redis_is_durable_and_password_protected() -> None:
+    redis = rendered()["services"]["redis"]
+    command = redis["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert command[command.index("--requirepass") + 1] == "change-me-redis"  # from .env.example
+    assert any(volume["target"] == "/data" and volume["type"] == "volume" for volume in redis["volumes"])
+    assert "PONG" in " ".join(redis["healthcheck"]["test"])
+
+
+def test_each_gpu_worker_reserves_its_own_device() -> None:
+    services = rendered()["services"]
+    seen = set()
+    for name in ("worker-gpu0", "worker-gpu1"):
+        service = services[name]
+        (device,) = service["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+        (index,) = device["device_ids"]
+        assert name == f"worker-gpu{index}" and f"gpu{index}@" in " ".join(service["command"])
+        assert service["environment"]["TTSQ_ENGINE"] == "qwen" and service["profiles"] == ["gpu"]
+        seen.add(index)
+    assert seen == {"0", "1"}
+    assert services["worker-cpu"]["profiles"] == ["cpu"]
+    assert "deploy" not in services["worker-cpu"] or not services["worker-cpu"]["deploy"].get("resources")
+
+
+def test_prometheus_scrapes_every_worker_on_its_metrics_port() -> None:
+    import yaml
+
+    services = rendered()["services"]
+    mounted = {volume["target"]: volume["source"] for volume in services["prometheus"]["volumes"]}
+    config = yaml.safe_load(Path(mounted["/etc/prometheus/prometheus.yml"]).read_text())
+    targets = {target for job in config["scrape_configs"] for group in job["static_configs"]
+               for target in group["targets"]}
+    workers = {name: service for name, service in services.items() if name.startswith("worker-")}
+    assert {f"{name}:{service['environment']['TTSQ_METRICS_PORT']}" for name, service in workers.items()} <= targets
+    for target in targets:
+        host, _, port = target.partition(":")
+        assert host in services and port.isdigit(), target
+    assert "flower:5555" in targets
