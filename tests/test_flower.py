@@ -75,7 +75,7 @@ def test_flower_lists_a_burst_with_workers_and_no_text(settings: Settings, start
     start_worker(settings, name="w2")
     secret = "The board approves the confidential Nightjar merger on Tuesday"
     client = Client(settings)
-    jobs = [client.submit(f"{secret}, item {i}.", format="ogg") for i in range(20)]
+    jobs = [client.submit(f"{secret}, item {i}.", format="mp3") for i in range(20)]
     # A web backend's raw send_task: Celery's default kwargsrepr holds the whole text.
     raw = make_app(settings).send_task("ttsq.synthesize", kwargs={"text": f"{secret}, sent raw."},
                                        queue=settings.queue)

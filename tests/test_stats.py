@@ -31,7 +31,7 @@ def test_stats_are_consistent_during_and_after_a_burst(settings: Settings, start
     start_worker(settings, name="w2")
     client = Client(settings)
     texts = [f"Statistics sentence {i}, long enough to keep a worker busy for a moment or two." for i in range(BURST)]
-    jobs = [client.submit(text, format="ogg") for text in texts]
+    jobs = [client.submit(text, format="mp3") for text in texts]
 
     during = stats_json(settings)
     window = during["window"]
@@ -47,10 +47,10 @@ def test_stats_are_consistent_during_and_after_a_burst(settings: Settings, start
     results = [job.wait(timeout=120) for job in jobs]
     # Cache hits: three at the producer (short-circuit) and two at a worker (raw send_task).
     for text in texts[:3]:
-        assert client.submit(text, format="ogg").cached
+        assert client.submit(text, format="mp3").cached
     app = make_app(settings)
     for text in texts[3:5]:
-        assert app.send_task("ttsq.synthesize", kwargs={"text": text, "format": "ogg"},
+        assert app.send_task("ttsq.synthesize", kwargs={"text": text, "format": "mp3"},
                              queue=settings.queue).get(timeout=60)["cached"]
 
     after = stats_json(settings)
