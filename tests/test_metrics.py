@@ -111,3 +111,18 @@ def test_nvml_gauges_only_where_nvml_works() -> None:
     except Exception:
         has_gpu = False
     assert ("ttsq_gpu_memory_used_bytes" in names) == has_gpu
+
+
+def test_a_metrics_port_in_use_stops_the_worker_with_one_line(settings: Settings) -> None:
+    import socket
+
+    from conftest import run_cli
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = run_cli("worker", "--metrics-port", str(port), settings=settings)
+    assert out.returncode == 2
+    assert f"TTSQ_METRICS_PORT: cannot serve metrics on port {port}" in out.stderr.decode()
+    assert b"Traceback" not in out.stderr

@@ -18,11 +18,13 @@ from pathlib import Path
 import pytest
 import redis
 from conftest import queue_length, settings_env
+from test_metrics import scrape, value
 
 from ttsq.cache import CacheIndex
 from ttsq.client import Client, Job
 from ttsq.config import Settings
 from ttsq.constants import RESTARTS_KEY, WORKER_PREFIX
+from ttsq.embedded import free_port
 
 
 class Launcher:
@@ -106,7 +108,7 @@ def test_two_workers_share_a_burst_and_a_killed_one_loses_nothing(settings: Sett
     # A short visibility timeout: the killed worker's jobs come back in seconds, not an hour. (Not
     # shorter: on a loaded machine a live worker's jobs would outlive it and run twice; harmless,
     # but slow.)
-    settings = settings.replace(visibility_timeout_s=20, job_timeout_s=15)
+    settings = settings.replace(visibility_timeout_s=20, job_timeout_s=15, metrics_port=free_port_pair())
     launcher = launch(settings, "cpu:2")
     pids = launcher.wait_ready(["cpu0@test", "cpu1@test"])
     client = Client(settings)
@@ -139,7 +141,26 @@ def test_two_workers_share_a_burst_and_a_killed_one_loses_nothing(settings: Sett
     new_pids = launcher.wait_ready(["cpu0@test", "cpu1@test"])
     assert new_pids["cpu1@test"] != pids["cpu1@test"] and new_pids["cpu0@test"] == pids["cpu0@test"]
     assert queue_length(settings) == 0
+    # Each worker serves its own metrics on base port + N, and cpu1's counts its restart.
+    for index, node in enumerate(["cpu0@test", "cpu1@test"]):
+        samples = scrape(settings.metrics_port + index)
+        assert value(samples, "ttsq_worker_info", node=node, engine="espeak", model=results[0]["model"]) == 1
+        assert value(samples, "ttsq_worker_restarts_total", node=node) == (1 if node == "cpu1@test" else 0)
     client.close()
+
+
+def free_port_pair() -> int:
+    """A port P with P + 1 free as well (the launcher's second worker takes P + 1)."""
+    import socket
+
+    while True:
+        port = free_port()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("0.0.0.0", port + 1))
+                return port
+            except OSError:
+                continue
 
 
 def test_sigterm_finishes_the_batch_in_flight_and_requeues_the_rest(settings: Settings,
