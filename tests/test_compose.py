@@ -47,8 +47,9 @@ def is_ttsq(service: dict[str, Any]) -> bool:
     return str(service.get("image", "")).startswith("ttsq:")
 
 
-#: Variables that ttsq's code reads besides its own TTSQ_* settings: boto3's credential chain.
-CODE_READS = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+#: Variables that ttsq's code reads besides its own TTSQ_* settings: boto3's credential chain, and
+#: huggingface_hub's offline switch (under qwen-tts; the GPU workers load a local folder only).
+CODE_READS = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "HF_HUB_OFFLINE"}
 #: Variables the third-party images read themselves (documented by those images).
 IMAGE_READS = {"minio": {"MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD"}}
 
@@ -108,6 +109,9 @@ def test_each_gpu_worker_reserves_its_own_device() -> None:
         (index,) = device["device_ids"]
         assert name == f"worker-gpu{index}" and f"gpu{index}@" in " ".join(service["command"])
         assert service["environment"]["TTSQ_ENGINE"] == "qwen" and service["profiles"] == ["gpu"]
+        # the model folder the engine loads is inside a mounted volume
+        mounts = [volume["target"] for volume in service["volumes"]]
+        assert any(service["environment"]["TTSQ_QWEN_MODEL"].startswith(target + "/") for target in mounts)
         seen.add(index)
     assert seen == {"0", "1"}
     assert services["worker-cpu"]["profiles"] == ["cpu"]

@@ -21,6 +21,7 @@ from ttsq.config import Settings
 from ttsq.engines.base import EngineOutput, frame_cap
 from ttsq.engines.qwen import QwenEngine, checkpoint_revision
 from ttsq.errors import ConfigError, InvalidRequest
+from ttsq.metrics import Metrics
 from ttsq.request import SynthesisRequest
 from ttsq.storage import LocalStorage
 from ttsq.voices import add_voice
@@ -152,7 +153,8 @@ def test_out_of_memory_splits_the_batch_and_remembers_what_fits(qwen_checkpoints
     # batch above 2, the way a full GPU would; the batcher must split and finish every job.
     engine = QwenEngine(Settings(engine="qwen", qwen_model=str(qwen_checkpoints["voice_design"]),
                                  qwen_max_frames=24, qwen_fault_oom_above=2))
-    batcher = Batcher(engine, max_batch=8, max_wait_s=0.5)
+    metrics = Metrics(node="oom@test")
+    batcher = Batcher(engine, max_batch=8, max_wait_s=0.5, metrics=metrics)
     batcher.start()
     try:
         jobs = [request(f"Sentence number {i}.", seed=5) for i in range(8)]
@@ -166,6 +168,7 @@ def test_out_of_memory_splits_the_batch_and_remembers_what_fits(qwen_checkpoints
         splits = batcher.oom_splits
         # 8 -> 4 + 4; the first 4 -> 2 + 2; the second 4 is already cut to 2 + 2 before it runs.
         assert splits == 2
+        assert metrics.registry.get_sample_value("ttsq_oom_splits_total") == 2  # what Prometheus sees
 
         # The next batch of similar texts is cut to the size that fits up front: no new failure.
         again = [batcher.submit(request(f"Sentence number {i}!", seed=6)) for i in range(8)]
