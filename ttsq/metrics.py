@@ -96,8 +96,10 @@ class Metrics:
         for result in ("hit", "miss"):
             self.cache_lookups.labels(result=result)
         ProcessCollector(registry=r)
+        self._queues: _QueueCollector | None = None
         if broker_url is not None:
-            r.register(_QueueCollector(broker_url, list(queues)))
+            self._queues = _QueueCollector(broker_url, list(queues))
+            r.register(self._queues)
         if cache_url is not None and node:
             r.register(_RestartCollector(cache_url, node))
         nvml = _NvmlCollector.open(gpus)
@@ -110,6 +112,11 @@ class Metrics:
         """Name the engine and model once they are loaded (``worker_info``)."""
         self._info.clear()
         self._info.labels(node=self.node, engine=engine, model=model).set(1)
+
+    def watch_queues(self, queues: Sequence[str]) -> None:
+        """Export the depth of these queues (the worker knows them once its model is loaded)."""
+        if self._queues is not None:
+            self._queues.queues = list(queues)
 
     # Recording ---------------------------------------------------------------------------------
 

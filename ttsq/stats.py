@@ -122,13 +122,16 @@ def snapshot(settings: Settings, *, minutes: int = 5, ping_timeout: float = 1.0,
     answered a Celery ping within ``ping_timeout`` (0 skips the ping).
     """
     from ttsq.metrics import queue_depth
+    from ttsq.request import MODES
+    from ttsq.tasks import queue_for
 
     now = time.time() if now is None else now
+    queues = [queue_for(settings.queue, mode) for mode in MODES]
     stats = FleetStats(settings.cache_url)
     broker = redis.Redis.from_url(settings.broker_url, socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
                                   socket_timeout=REDIS_SOCKET_TIMEOUT_S)
     try:
-        depth = queue_depth(broker, settings.queue)
+        depths = [{"queue": queue, "depth": queue_depth(broker, queue)} for queue in queues]
         unacked = int(broker.hlen("unacked"))
         totals = stats.window(minutes, now=now)
         workers = stats.workers()
@@ -148,7 +151,7 @@ def snapshot(settings: Settings, *, minutes: int = 5, ping_timeout: float = 1.0,
     hits = int(totals["cached_worker"] + totals["cached_producer"])
     lookups = hits + int(totals["synthesized"])
     return {
-        "queues": [{"queue": settings.queue, "depth": depth}],
+        "queues": depths,
         "unacked": unacked,
         "workers": workers,
         "window": {
@@ -169,9 +172,9 @@ def snapshot(settings: Settings, *, minutes: int = 5, ping_timeout: float = 1.0,
 
 def format_table(snap: dict[str, Any]) -> str:
     """``snapshot`` as the table ``ttsq stats`` prints."""
-    lines = ["QUEUE                    DEPTH"]
-    lines += [f"{q['queue']:<24} {q['depth']:>5}" for q in snap["queues"]]
-    lines.append(f"{'(unacked, all queues)':<24} {snap['unacked']:>5}")
+    lines = ["QUEUE                         DEPTH"]
+    lines += [f"{q['queue']:<29} {q['depth']:>5}" for q in snap["queues"]]
+    lines.append(f"{'(unacked, all queues)':<29} {snap['unacked']:>5}")
     lines.append("")
     workers = snap["workers"]
     lines.append(f"WORKERS ONLINE: {len(workers)}")
