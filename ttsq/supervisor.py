@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ttsq.embedded import _parent_death_signal
+from ttsq.embedded import parent_death_signal
 from ttsq.stats import FleetStats
 
 if TYPE_CHECKING:
@@ -176,7 +176,7 @@ class Supervisor:
                "CUDA_VISIBLE_DEVICES": child.slot.cuda_visible_devices}
         child.process = subprocess.Popen(
             [sys.executable, "-m", "ttsq.cli.main", "worker", "-n", child.node],
-            env=env, start_new_session=True, preexec_fn=_parent_death_signal())
+            env=env, start_new_session=True, preexec_fn=parent_death_signal())
         child.started_at = time.monotonic()
         child.restart_at = None
         logger.info("started %s (pid %d, CUDA_VISIBLE_DEVICES=%r, metrics port %s)", child.node,
