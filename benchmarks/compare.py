@@ -162,7 +162,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # From the environment first: an engine's own settings (TTSQ_QWEN_MODEL, ...) reach all three systems.
         base = Settings.from_env(broker_url=f"{redis.url}/0", result_backend=f"{redis.url}/1",
                                  cache_url=f"{redis.url}/2", engine=args.engine, max_wait_ms=args.max_wait_ms,
-                                 log_level=args.log_level, storage_url=str(folder / "audio"), queue="unused")
+                                 log_level=args.log_level, storage_url=str(folder / "audio"), queue="unused",
+                                 # Two workers on one host would contend for one metrics port; none is scraped.
+                                 metrics_port=0)
         if args.storage == "s3":
             os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
             os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
