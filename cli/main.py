@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -90,6 +91,8 @@ def cli(ctx: click.Context, broker_url: str | None, result_backend: str | None, 
 @click.option("--repetition-penalty", type=float, default=None, help="Repetition penalty.")
 @click.option("--max-new-tokens", type=int, default=None,
               help="Frame cap (12.5 frames per second of audio); derived from the text if unset.")
+@click.option("--deadline-s", type=float, default=None,
+              help="Drop the job unsynthesized if it has not started within this many seconds.")
 @click.option("--wait/--no-wait", default=True, show_default=True, help="Wait for the result.")
 @click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds to wait.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -102,7 +105,8 @@ def cli(ctx: click.Context, broker_url: str | None, result_backend: str | None, 
 def submit(ctx: click.Context, text: str, mode: str, instruct: str, speaker: str, reference: str, language: str,
            audio_format: str | None,
            seed: int | None, temperature: float | None, top_p: float | None, top_k: int | None,
-           repetition_penalty: float | None, max_new_tokens: int | None, wait: bool, timeout: float,
+           repetition_penalty: float | None, max_new_tokens: int | None, deadline_s: float | None, wait: bool,
+           timeout: float,
            output: Path | None, as_json: bool, embedded: bool) -> None:
     """Synthesize TEXT (or '-' to read it from stdin)."""
     from ttsq.client import Client
@@ -120,6 +124,10 @@ def submit(ctx: click.Context, text: str, mode: str, instruct: str, speaker: str
     sampling = {"seed": seed, "temperature": temperature, "top_p": top_p, "top_k": top_k,
                 "repetition_penalty": repetition_penalty, "max_new_tokens": max_new_tokens}
     fields.update({name: value for name, value in sampling.items() if value is not None})
+    if deadline_s is not None:
+        if deadline_s <= 0:
+            raise click.BadParameter("must be above 0", param_hint="--deadline-s")
+        fields["deadline"] = time.time() + deadline_s
     settings = _settings(ctx)
 
     if embedded:
@@ -208,7 +216,39 @@ def voices_add(ctx: click.Context, file: Path, transcript: str, as_json: bool) -
 
 
 @cli.command()
-@click.option("--engine", default=None, help="Engine name (espeak, qwen). [TTSQ_ENGINE]")
+@click.option("--json", "as_json", is_flag=True, help="Print the parked jobs as JSON.")
+@click.pass_context
+@_one_line_errors
+def failed(ctx: click.Context, as_json: bool) -> None:
+    """List parked jobs: those that crashed or hung their worker too often (never their text)."""
+    from ttsq.client import Client
+
+    jobs = [job.summary() for job in Client(_settings(ctx)).parked()]
+    if as_json:
+        click.echo(json.dumps(jobs))
+        return
+    if not jobs:
+        click.echo("no parked jobs")
+    for job in jobs:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(job["parked_at"]))
+        click.echo(f"{job['id']}  {when}Z  attempts {job['attempts']}  queue {job['queue']}  "
+                   f"{job['chars']} chars  {job['language']}")
+
+
+@cli.command()
+@click.argument("job_id")
+@click.pass_context
+@_one_line_errors
+def retry(ctx: click.Context, job_id: str) -> None:
+    """Re-queue parked job JOB_ID under its own id, with its attempts cleared."""
+    from ttsq.client import Client
+
+    click.echo(f"queued {Client(_settings(ctx)).retry(job_id)}")
+
+
+@cli.command()
+@click.option("--engine", default=None,
+              help="Engine name (espeak, qwen) or package.module:Factory. [TTSQ_ENGINE]")
 @click.option("--max-batch", type=int, default=None, help="Largest batch. [TTSQ_MAX_BATCH]")
 @click.option("--max-wait-ms", type=int, default=None,
               help="Longest wait for a batch to fill after its first job. [TTSQ_MAX_WAIT_MS]")

@@ -68,8 +68,9 @@ def settings(redis_server: RedisServer, redis_client: redis.Redis, s3_endpoint: 
     url = redis_server.url
     return Settings(broker_url=f"{url}/0", result_backend=f"{url}/1", cache_url=f"{url}/2",
                     storage_url=f"s3://{BUCKET}/{run}", s3_endpoint_url=s3_endpoint, s3_region="us-east-1",
-                    queue=f"ttsq-{run}", max_batch=4, max_wait_ms=50, visibility_timeout_s=60,
-                    job_timeout_s=30, metrics_port=0)  # tests that scrape metrics choose a free port
+                    queue=f"ttsq-{run}", max_batch=4, max_wait_ms=50, visibility_timeout_s=210,
+                    job_timeout_s=120, storage_attempts=2, storage_timeout_s=5, storage_backoff_ms=200,
+                    metrics_port=0)  # tests that scrape metrics choose a free port
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

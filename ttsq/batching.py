@@ -13,6 +13,13 @@ the batch is split in halves and each half retried, and the half's size is remem
 bucket (longest text, rounded up to a power of two): later batches of similar texts are cut to that
 size up front instead of failing on the device again. Each item reports the size and time of the
 engine call it actually rode in.
+
+A job submitted ``isolated`` (a redelivery whose earlier attempt never finished: perhaps the job that
+killed the last worker) runs in a batch of its own, so that if it crashes the process again it takes
+no neighbour with it. A job whose deadline passes while it waits is dropped before the engine sees it.
+
+The batcher reports how long the current engine call has run (``busy_s``), so a watchdog can tell
+a slow engine from a stuck one.
 """
 
 from __future__ import annotations
@@ -22,12 +29,12 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ttsq.errors import EngineError, EngineOutOfMemory, TTSQError
+from ttsq.errors import DeadlineExceeded, EngineError, EngineOutOfMemory, TTSQError
 
 if TYPE_CHECKING:
     from ttsq.engines.base import Engine, EngineOutput
@@ -46,6 +53,12 @@ class _Waiting:
     request: SynthesisRequest
     future: Future[BatchItem]
     deadline: float
+    #: Group key: the request's group, or a key of its own for an isolated job.
+    group: tuple[Any, ...]
+    #: Called on the batcher thread just before the engine runs this job, and once the engine call
+    #: has returned (attempt accounting: a call that never returns leaves its jobs charged).
+    on_enter: Callable[[], object] | None = None
+    on_exit: Callable[[], object] | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +98,8 @@ class Batcher:
         self.largest_fit: dict[int, int] = {}
         self.oom_splits = 0
         self._thread = threading.Thread(target=self._main, name="ttsq-batcher", daemon=True)
+        self._isolated_ids = itertools.count(1)
+        self._busy_since: float | None = None  # monotonic start of the engine call now running
 
     def start(self, timeout: float = 600.0) -> None:
         """Load and warm the engine on the batcher thread; return when it is ready, or raise."""
@@ -94,16 +109,35 @@ class Batcher:
         if self._load_error is not None:
             raise self._load_error
 
-    def submit(self, request: SynthesisRequest) -> Future[BatchItem]:
-        """Queue one request; the future resolves when its batch is done."""
+    def submit(self, request: SynthesisRequest, *, isolated: bool = False,
+               on_enter: Callable[[], object] | None = None,
+               on_exit: Callable[[], object] | None = None) -> Future[BatchItem]:
+        """Queue one request; the future resolves when its batch is done.
+
+        ``isolated`` runs it in a batch of its own. ``on_enter`` and ``on_exit`` are called on the
+        batcher thread just before the engine runs it and once the engine call has returned (or
+        raised); if they raise, the job runs anyway (they are bookkeeping).
+        """
         future: Future[BatchItem] = Future()
         with self._lock:  # no request may slip in behind the stop marker
             if self._closed or not self._thread.is_alive():
                 future.set_exception(EngineError("the batcher has stopped"))
             else:
+                group = ("isolated", next(self._isolated_ids)) if isolated else request.group()
                 # The deadline starts now: time spent queued behind a running batch counts.
-                self._queue.put(_Waiting(request, future, time.monotonic() + self.max_wait_s))
+                self._queue.put(_Waiting(request, future, time.monotonic() + self.max_wait_s, group,
+                                         on_enter, on_exit))
         return future
+
+    def busy_s(self) -> float:
+        """How long the engine call now running has taken (0 when the engine is idle)."""
+        since = self._busy_since
+        return 0.0 if since is None else time.monotonic() - since
+
+    @property
+    def alive(self) -> bool:
+        """Whether the batcher thread runs (it ends only when stopped, or on a bug)."""
+        return self._thread.is_alive()
 
     def stop(self, timeout: float = 60.0) -> bool:
         """Finish what is queued, close the engine, end the thread; False if it is still busy."""
@@ -186,7 +220,7 @@ class Batcher:
                 self._stop_seen = True
                 return
             try:
-                self._pending.setdefault(item.request.group(), []).append(item)
+                self._pending.setdefault(item.group, []).append(item)
             except Exception as exc:  # a request that cannot even be grouped fails alone
                 if item.future.set_running_or_notify_cancel():
                     item.future.set_exception(EngineError(f"cannot batch this request: {exc!r}"))
@@ -197,13 +231,24 @@ class Batcher:
         group = self._pending.pop(key)
         if len(group) > self.max_batch:
             self._pending[key] = group[self.max_batch:]
-        # A future cancelled while waiting is dropped here, before any work is done for it.
-        return [waiting for waiting in group[:self.max_batch] if waiting.future.set_running_or_notify_cancel()]
+        # A future cancelled while waiting, or a job past its deadline, is dropped here, before any
+        # work is done for it.
+        now = time.time()
+        batch = []
+        for waiting in group[:self.max_batch]:
+            if not waiting.future.set_running_or_notify_cancel():
+                continue
+            if waiting.request.expired(now):
+                waiting.future.set_exception(DeadlineExceeded(_late(waiting.request, now)))
+                continue
+            batch.append(waiting)
+        return batch
 
     def _loop(self) -> None:
         while (batch := self._next_batch()) is not None:
             if not batch:
                 continue
+            _bookkeep([w.on_enter for w in batch])
             group = sorted(((w.request, w.future) for w in batch), key=lambda pair: len(pair[0].text))
             try:
                 self._run_group(group)
@@ -212,6 +257,8 @@ class Batcher:
                 for _, future in group:
                     if not future.done():
                         future.set_exception(EngineError(f"batcher failure: {exc!r}"))
+            finally:
+                _bookkeep([w.on_exit for w in batch])
 
     def _run_group(self, group: list[tuple[SynthesisRequest, Future[BatchItem]]]) -> None:
         batch_id = next(self._batch_ids)
@@ -229,6 +276,17 @@ class Batcher:
         logger.info("batch %d: %d items (%d failed) in %.3fs, %s", batch_id, len(group), failed, elapsed,
                     requests[0].describe().split(" chars=")[0])
 
+    def _call_engine(self, requests: Sequence[SynthesisRequest]) -> list[EngineOutput | Exception]:
+        """One engine call, timed for the watchdog (``busy_s``)."""
+        self._busy_since = time.monotonic()
+        try:
+            outputs = self.engine.synthesize_batch(requests)
+        finally:
+            self._busy_since = None
+        if len(outputs) != len(requests):
+            raise EngineError(f"engine returned {len(outputs)} outputs for {len(requests)} requests")
+        return outputs
+
     def _synthesize(self, requests: Sequence[SynthesisRequest]) -> list[_Ran]:
         """Each request's output (or exception) with the size and duration of the engine call it rode in."""
         bucket = length_bucket(requests)
@@ -238,9 +296,7 @@ class Batcher:
                     for ran in self._synthesize(requests[start:start + fit])]
         started = time.perf_counter()
         try:
-            outputs = self.engine.synthesize_batch(requests)
-            if len(outputs) != len(requests):
-                raise EngineError(f"engine returned {len(outputs)} outputs for {len(requests)} requests")
+            outputs = self._call_engine(requests)
         except EngineOutOfMemory as exc:
             if len(requests) == 1:
                 return [(exc, 1, time.perf_counter() - started, 0.0)]
@@ -284,6 +340,19 @@ class Batcher:
 #: An output or exception, the size of the engine call it came from, that call's seconds, and this
 #: output's share of them (apportioned by generated audio length).
 _Ran = tuple["EngineOutput | Exception", int, float, float]
+
+
+def _bookkeep(calls: list[Callable[[], object] | None]) -> None:
+    for call in calls:
+        if call is not None:
+            try:
+                call()
+            except Exception as exc:
+                logger.warning("could not record an attempt (%s); running the job anyway", exc)
+
+
+def _late(request: SynthesisRequest, now: float) -> str:
+    return f"deadline passed {now - (request.deadline or now):.1f}s before synthesis; the job was dropped"
 
 
 def length_bucket(requests: Sequence[SynthesisRequest]) -> int:

@@ -45,13 +45,11 @@ return 0
 class CacheIndex:
     """Content-key index, single-flight claims, engine identities and counters in one Redis DB."""
 
-    def __init__(self, url: str, *, ttl_s: int) -> None:
+    def __init__(self, url: str, *, ttl_s: int, patience_s: float = 0.0) -> None:
         self.url = url
         self.ttl_s = ttl_s
-        self._redis = redis.Redis.from_url(url, socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
-                                           socket_timeout=REDIS_SOCKET_TIMEOUT_S,
-                                           health_check_interval=REDIS_HEALTH_CHECK_INTERVAL_S,
-                                           decode_responses=True)
+        self.patience_s = patience_s
+        self._redis = connect(url)
 
     def get(self, key: str) -> StoredAudio | None:
         """The index entry for a content key, if the audio is stored."""
@@ -110,12 +108,34 @@ class CacheIndex:
         self._redis.close()
 
     def _do(self, call: Callable[[], T]) -> T:
-        with _redis_errors(self.url):
-            return call()
+        return patiently(call, self.url, self.patience_s)
+
+
+def connect(url: str) -> redis.Redis:
+    """A Redis client with ttsq's timeouts, answering ``str``."""
+    return redis.Redis.from_url(url, socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+                                socket_timeout=REDIS_SOCKET_TIMEOUT_S,
+                                health_check_interval=REDIS_HEALTH_CHECK_INTERVAL_S, decode_responses=True)
+
+
+def patiently(call: Callable[[], T], url: str, patience_s: float) -> T:
+    """Run a Redis call; while Redis cannot be reached, try again for up to ``patience_s`` seconds
+    (workers ride out a Redis restart), then raise ``BrokerError``."""
+    give_up = time.monotonic() + patience_s
+    while True:
+        try:
+            with redis_errors(url):
+                return call()
+        except BrokerError as exc:
+            if not isinstance(exc.__cause__, redis.exceptions.ConnectionError) or time.monotonic() >= give_up:
+                raise
+            logger.warning("Redis at %s unreachable; trying again", redact_url(url))
+            time.sleep(0.5)
 
 
 @contextmanager
-def _redis_errors(url: str) -> Iterator[None]:
+def redis_errors(url: str) -> Iterator[None]:
+    """Redis failures as ``BrokerError``, with the password masked."""
     try:
         yield
     except redis.exceptions.ConnectionError as exc:

@@ -29,6 +29,7 @@ from ttsq.cache import CacheIndex
 from ttsq.constants import CLAIM_HEADER, IDENTITY_TTL_S, SENT_AT_HEADER, TASK_NAME
 from ttsq.errors import BrokerError, InvalidRequest, JobFailed, JobTimeout, TTSQError
 from ttsq.keys import EngineIdentity, content_key
+from ttsq.ledger import Ledger, ParkedJob
 from ttsq.request import JobResult, Limits, RequestFields, SynthesisRequest, result_from_stored
 from ttsq.stats import FleetStats
 from ttsq.storage import Storage, open_storage
@@ -100,6 +101,8 @@ class Client:
 
     def submit_request(self, request: SynthesisRequest) -> Job:
         """Enqueue an already validated request (design steps 2-5)."""
+        if request.expired():
+            raise InvalidRequest("deadline", f"{request.deadline} is already in the past")
         fleet = self.identities()
         identity = fleet.get(request.mode)
         if fleet and identity is None:
@@ -225,6 +228,33 @@ class Client:
             logger.debug("could not presign a fresh URL; keeping the worker's")
             return result
         return {**result, "url": url, "url_expires_s": self.settings.url_expiry_s}
+
+    def parked(self) -> list[ParkedJob]:
+        """Jobs failed after too many unfinished attempts (they crashed or hung their workers)."""
+        ledger = Ledger(self.settings.cache_url, ttl_s=self.settings.inflight_ttl_s)
+        try:
+            return ledger.parked()
+        finally:
+            ledger.close()
+
+    def retry(self, task_id: str) -> str:
+        """Send a parked job again, under its own id and with its attempts cleared; return the id."""
+        ledger = Ledger(self.settings.cache_url, ttl_s=self.settings.inflight_ttl_s)
+        try:
+            job = ledger.unpark(task_id)
+            if job is None:
+                raise JobFailed(f"no parked job {task_id} (see `ttsq failed`)")
+            try:
+                # The old FAILURE result would answer a waiter at once: clear it first.
+                self.async_result(task_id).forget()
+                self.app.send_task(TASK_NAME, kwargs=job.kwargs, task_id=task_id, queue=job.queue,
+                                   headers={SENT_AT_HEADER: time.time()}, kwargsrepr="<retried parked job>")
+            except Exception as exc:
+                ledger.park(job)  # not sent: keep it where the operator found it
+                raise BrokerError(f"cannot re-queue {task_id}: {type(exc).__name__}: {exc}") from exc
+            return task_id
+        finally:
+            ledger.close()
 
     def download(self, result: JobResult) -> bytes:
         """The audio bytes of a result, read through ttsq's storage (no URL fetch needed)."""

@@ -11,6 +11,7 @@ instance role) supplies them, so they never travel in task arguments or results.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -26,6 +27,8 @@ T = TypeVar("T")
 ENV_PREFIX = "TTSQ_"
 #: SigV4 presigned URLs cannot live longer than seven days.
 MAX_URL_EXPIRY_S = 7 * 24 * 3600
+#: The longest pause between two storage tries, however many tries are allowed.
+MAX_STORAGE_BACKOFF_S = 30.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +58,18 @@ class Settings:
     visibility_timeout_s: int = 3600
     #: How long a task thread waits for its batch; must stay well inside the visibility timeout.
     job_timeout_s: int = 600
+    #: Longest one engine call may run; past it the engine is taken for stuck and the worker process
+    #: exits non-zero so that its supervisor restarts it. 0 means half the job timeout.
+    batch_timeout_s: int = 0
+    #: Times one job may enter the engine without finishing (its worker died or hung each time)
+    #: before it is failed and parked for an operator (``ttsq failed``, ``ttsq retry``).
+    max_attempts: int = 3
+    #: Tries per storage call, with exponential backoff and jitter between them.
+    storage_attempts: int = 3
+    #: Backoff before the second try; it doubles for each further try (capped at 30 s).
+    storage_backoff_ms: int = 500
+    #: Connect and read timeout of each storage try.
+    storage_timeout_s: int = 10
     max_text_chars: int = 5000
     max_instruct_chars: int = 1000
     log_level: str = "INFO"
@@ -96,6 +111,20 @@ class Settings:
         _check(self.job_timeout_s < self.visibility_timeout_s, "job_timeout_s",
                f"must be below TTSQ_VISIBILITY_TIMEOUT_S ({self.visibility_timeout_s}), or Redis "
                "redelivers jobs that are still running")
+        _check(0 <= self.batch_timeout_s <= self.job_timeout_s / 2, "batch_timeout_s",
+               f"must be 0..half of TTSQ_JOB_TIMEOUT_S ({self.job_timeout_s}): a job waits for the batch "
+               "ahead of it and then for its own, and gives up after the job timeout")
+        _check(1 <= self.max_attempts <= 100, "max_attempts", "must be 1..100")
+        _check(1 <= self.storage_attempts <= 20, "storage_attempts", "must be 1..20")
+        _check(0 <= self.storage_backoff_ms <= 60_000, "storage_backoff_ms", "must be 0..60000")
+        _check(1 <= self.storage_timeout_s <= 600, "storage_timeout_s", "must be 1..600")
+        # The visibility timeout must cover the longest time a healthy worker can hold a message
+        # unacknowledged, or Redis hands a job that is still running to a second worker.
+        _check(self.visibility_timeout_s >= self.min_visibility_timeout_s, "visibility_timeout_s",
+               f"{self.visibility_timeout_s} s is too short: a job can stay unacknowledged for "
+               f"{self.worst_unacked_s:.0f} s (TTSQ_JOB_TIMEOUT_S {self.job_timeout_s} s waiting for its batch, "
+               f"then up to {self.storage_budget_s:.0f} s of storage tries); with a 25% margin it must be at "
+               f"least {self.min_visibility_timeout_s} s, or lower TTSQ_JOB_TIMEOUT_S / TTSQ_STORAGE_*")
         _check(1 <= self.max_text_chars <= 1_000_000, "max_text_chars", "must be 1..1000000")
         _check(0 <= self.max_instruct_chars <= 100_000, "max_instruct_chars", "must be 0..100000")
         _check(0 <= self.metrics_port <= 65535, "metrics_port", "must be 0..65535 (0 turns metrics off)")
@@ -135,6 +164,34 @@ class Settings:
     def inflight_ttl_s(self) -> int:
         """How long a single-flight claim lives: as long as a job can legitimately be unfinished."""
         return self.visibility_timeout_s + self.job_timeout_s
+
+    @property
+    def batch_limit_s(self) -> float:
+        """The per-batch time limit the worker enforces (``batch_timeout_s``, else half the job
+        timeout: a job waits for the batch ahead of it, then for its own)."""
+        return float(self.batch_timeout_s or self.job_timeout_s / 2)
+
+    def storage_backoff_s(self, retry: int) -> float:
+        """The longest pause before storage try ``retry + 2`` (exponential, capped)."""
+        return float(min(MAX_STORAGE_BACKOFF_S, self.storage_backoff_ms / 1000 * 2**retry))
+
+    @property
+    def storage_budget_s(self) -> float:
+        """Worst time one upload takes with all its tries: each try is an existence check and a
+        PUT, each bounded by its connect and read timeouts, plus the longest pause between tries."""
+        pauses = sum(self.storage_backoff_s(retry) for retry in range(self.storage_attempts - 1))
+        return self.storage_attempts * 2 * 2 * self.storage_timeout_s + pauses
+
+    @property
+    def worst_unacked_s(self) -> float:
+        """Worst time a healthy worker holds one message: waiting in the worker (prefetch wait plus
+        its own batch, capped by the job timeout), then the upload with all its tries."""
+        return self.job_timeout_s + self.storage_budget_s
+
+    @property
+    def min_visibility_timeout_s(self) -> int:
+        """The shortest visibility timeout these settings allow: the worst hold plus 25%."""
+        return math.ceil(self.worst_unacked_s * 1.25)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -31,6 +31,14 @@ MINUTE_STATS_TTL_S = 2 * 3600
 #: A worker rewrites its heartbeat this often (seconds); it expires after the TTL if the worker dies.
 HEARTBEAT_INTERVAL_S = 5.0
 HEARTBEAT_TTL_S = 20
+ATTEMPTS_PREFIX = "ttsq:attempts:"  # + task id -> times the job entered an engine; TTL = inflight TTL
+PARKED_KEY = "ttsq:parked"  # hash: task id -> JSON of a job failed after too many attempts
+
+#: Exit status of a worker whose engine ran past the per-batch limit (EX_SOFTWARE): any supervisor
+#: (systemd, compose ``restart:``, ``ttsq worker --devices``) restarts it; its jobs are redelivered.
+EXIT_ENGINE_STUCK = 70
+#: How long a worker keeps retrying its own Redis calls while Redis restarts (seconds).
+WORKER_REDIS_PATIENCE_S = 30.0
 
 #: Message header with the producer's wall-clock send time (seconds), for the queue-wait figure.
 SENT_AT_HEADER = "ttsq_sent_at"

@@ -10,6 +10,8 @@
     ├── BrokerError          Redis (broker, results or cache) could not be reached
     └── JobError             a job did not produce a result
         ├── JobFailed        the worker ran it and it failed
+        ├── JobParked        it entered the engine too often without finishing; parked for an operator
+        ├── DeadlineExceeded its deadline passed before synthesis; dropped unsynthesized
         └── JobTimeout       no result within the caller's timeout
 
 Every class keeps its constructor arguments in ``args`` so that Celery's JSON result backend can
@@ -73,6 +75,15 @@ class JobError(TTSQError):
 
 class JobFailed(JobError):
     """The worker ran the job and it failed."""
+
+
+class JobParked(JobError):
+    """The job entered the engine too often without finishing (it kills or hangs its worker); it
+    is parked: ``ttsq failed`` lists it, ``ttsq retry ID`` re-queues it."""
+
+
+class DeadlineExceeded(JobError):
+    """The job's deadline passed before it was synthesized; it was dropped, nothing was made."""
 
 
 class JobTimeout(JobError):

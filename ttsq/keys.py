@@ -98,6 +98,8 @@ def content_key(request: SynthesisRequest, identity: EngineIdentity) -> str:
         "sample_rate": identity.sample_rate,
         **request.to_dict(),
     }
+    # When the audio is wanted does not change how it sounds: the same audio serves any deadline.
+    del material["deadline"]
     return hashlib.sha256(canonical_json(material)).hexdigest()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -51,6 +52,8 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "max_new_tokens": (1, 8192),  # codec frames; 8192 frames at 12.5 Hz is about 11 minutes
     "seed": (0, 2**32 - 1),
 }
+# A deadline is an absolute UNIX time: 2001..5138. A small number is a relative time sent by mistake.
+_DEADLINE_RANGE = (1e9, 1e11)
 # Bidi embeddings, overrides and isolates: they make text render differently from what is spoken.
 _BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 _WHITESPACE = re.compile(r"\s+")
@@ -90,6 +93,9 @@ class SynthesisRequest:
     repetition_penalty: float | None = None
     #: Frame cap; None lets the engine derive it from the text length.
     max_new_tokens: int | None = None
+    #: UNIX time (seconds) after which the job is worthless: dropped before synthesis, not run late.
+    #: Not part of the content key: it changes when the audio is wanted, not what it sounds like.
+    deadline: float | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], limits: Limits | None = None) -> SynthesisRequest:
@@ -131,8 +137,14 @@ class SynthesisRequest:
         for name, (ilow, ihigh) in _INT_RANGES.items():
             numbers[name] = _number(name, data.get(name), int, ilow, ihigh)
 
+        numbers["deadline"] = _deadline(data.get("deadline"))
+
         return cls(text=text, mode=cast(Mode, mode), language=language, instruct=instruct, speaker=speaker,
                    reference=reference, format=cast(AudioFormat, fmt), **numbers)
+
+    def expired(self, now: float | None = None) -> bool:
+        """Whether the deadline has passed."""
+        return self.deadline is not None and (time.time() if now is None else now) >= self.deadline
 
     def to_dict(self) -> dict[str, Any]:
         """The task kwargs: plain JSON, accepted back by ``from_dict``."""
@@ -164,6 +176,7 @@ class RequestFields(TypedDict, total=False):
     top_k: int
     repetition_penalty: float
     max_new_tokens: int
+    deadline: float
 
 
 class Timings(TypedDict):
@@ -265,6 +278,17 @@ def _language(value: Any) -> str:
         raise InvalidRequest("language",
                              f"unknown language {value[:40]!r}; expected one of {', '.join(LANGUAGES)}")
     return language
+
+
+def _deadline(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidRequest("deadline", f"expected a UNIX time in seconds, got {type(value).__name__}")
+    low, high = _DEADLINE_RANGE
+    if not (math.isfinite(value) and low <= value <= high):
+        raise InvalidRequest("deadline", f"{value} is not a UNIX time in seconds (send time.time() + seconds)")
+    return float(value)
 
 
 def _number(name: str, value: Any, kind: type, low: float, high: float) -> Any:

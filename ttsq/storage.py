@@ -7,13 +7,22 @@ renames it into place.
 
 URLs are made when asked for (presigned with an expiry), never stored, so a stale URL can always be
 refreshed from the key.
+
+Every S3 call is tried ``TTSQ_STORAGE_ATTEMPTS`` times. Between tries the pause doubles from
+``TTSQ_STORAGE_BACKOFF_MS`` (capped at 30 s) with "equal jitter": half the pause is fixed and half
+random, so workers that lost the store together do not come back in lockstep, and the total retry
+window has a known minimum. A refusal that another try cannot change (a 4xx such as AccessDenied)
+fails at once.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import random
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
@@ -90,19 +99,23 @@ class S3Storage:
     """S3, MinIO, R2 or any S3-compatible store, through boto3."""
 
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str = "", region: str = "",
-                 public_endpoint_url: str = "") -> None:
+                 public_endpoint_url: str = "", attempts: int = 3, backoff_s: Callable[[int], float] | None = None,
+                 timeout_s: float = 10) -> None:
         import boto3
         from botocore.config import Config
 
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.attempts = attempts
+        self.backoff_s = backoff_s or (lambda retry: min(30.0, 0.5 * 2**retry))
         config = Config(
             signature_version="s3v4",
             # Path-style addressing is what MinIO and most S3-compatible servers expect.
             s3={"addressing_style": "path" if endpoint_url else "auto"},
-            retries={"mode": "standard", "max_attempts": 5},
-            connect_timeout=5,
-            read_timeout=30,
+            # ttsq's own loop does the retrying (bounded, jittered, counted in the visibility budget).
+            retries={"mode": "standard", "total_max_attempts": 1},
+            connect_timeout=timeout_s,
+            read_timeout=timeout_s,
         )
         # Credentials come from boto3's chain (environment, shared config, instance role), never
         # from ttsq settings, task arguments or results.
@@ -119,16 +132,10 @@ class S3Storage:
         return True
 
     def exists(self, key: str) -> bool:
-        from botocore.exceptions import ClientError
-
         try:
-            self._client.head_object(Bucket=self.bucket, Key=self.prefix + key)
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return False
-            raise StorageError(f"s3 head_object {key}: {exc}") from exc
-        except Exception as exc:
-            raise StorageError(f"s3 head_object {key}: {exc}") from exc
+            self._call("head_object", Key=self.prefix + key)
+        except _Absent:
+            return False
         return True
 
     def get(self, key: str) -> bytes:
@@ -142,10 +149,36 @@ class S3Storage:
         return url
 
     def _call(self, method: str, **params: Any) -> Any:
-        try:
-            return getattr(self._client, method)(Bucket=self.bucket, **params)
-        except Exception as exc:  # botocore raises many unrelated types for one outage
-            raise StorageError(f"s3 {method} {params.get('Key', '')}: {exc}") from exc
+        """One S3 call, tried up to ``attempts`` times; ``StorageError`` once they run out."""
+        from botocore.exceptions import ClientError
+
+        started = time.monotonic()
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return getattr(self._client, method)(Bucket=self.bucket, **params)
+            except ClientError as exc:
+                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+                code = exc.response.get("Error", {}).get("Code")
+                if method == "head_object" and code in ("404", "NoSuchKey", "NotFound"):
+                    raise _Absent from None
+                if 400 <= status < 500 and status not in (408, 429):  # another try cannot change a refusal
+                    raise StorageError(f"s3 {method} {params.get('Key', '')}: {exc}") from exc
+                error: Exception = exc
+            except Exception as exc:  # botocore raises many unrelated types for one outage
+                error = exc
+            if attempt == self.attempts:
+                raise StorageError(f"s3 {method} {params.get('Key', '')}: gave up after {attempt} tries in "
+                                   f"{time.monotonic() - started:.1f}s: {error}") from error
+            cap = self.backoff_s(attempt - 1)
+            pause = cap / 2 + random.uniform(0, cap / 2)  # equal jitter
+            logger.warning("s3 %s failed (try %d of %d: %s); trying again in %.2fs", method, attempt,
+                           self.attempts, type(error).__name__, pause)
+            time.sleep(pause)
+        raise AssertionError("unreachable")
+
+
+class _Absent(Exception):
+    """head_object found no object (not an error: ``exists`` answers False)."""
 
 
 def open_storage(settings: Settings) -> Storage:
@@ -154,7 +187,9 @@ def open_storage(settings: Settings) -> Storage:
     if url.startswith("s3://"):
         parsed = urlparse(url)
         return S3Storage(parsed.netloc, parsed.path, endpoint_url=settings.s3_endpoint_url,
-                         region=settings.s3_region, public_endpoint_url=settings.s3_public_endpoint_url)
+                         region=settings.s3_region, public_endpoint_url=settings.s3_public_endpoint_url,
+                         attempts=settings.storage_attempts, backoff_s=settings.storage_backoff_s,
+                         timeout_s=settings.storage_timeout_s)
     if url.startswith("file://"):
         return LocalStorage(urlparse(url).path)
     if "://" in url:

@@ -5,7 +5,9 @@ only one that touches the engine. The order of the stages is the delivery guaran
 
 1. validate the kwargs again (a raw ``send_task`` never met the producer's checks);
 2. re-check the cache: the message may be a redelivery of a job that already finished;
-3. synthesize in a batch;
+   then drop a job past its deadline, and park a job whose engine call has failed to return
+   ``max_attempts`` times (it kills or hangs workers; see ``ttsq.ledger``);
+3. synthesize in a batch (a job with an engine call that never returned runs alone);
 4. encode and ``put`` the object (idempotent: same key, same audio);
 5. write the index entry last, so the index never points at a missing object;
 6. release the single-flight claim and return; Celery acks after the return.
@@ -25,10 +27,11 @@ from typing import TYPE_CHECKING, Any
 from ttsq.audio import encode, probe
 from ttsq.batching import Batcher
 from ttsq.cache import CacheIndex
-from ttsq.constants import HEARTBEAT_INTERVAL_S, IDENTITY_REFRESH_S
+from ttsq.constants import HEARTBEAT_INTERVAL_S, IDENTITY_REFRESH_S, WORKER_REDIS_PATIENCE_S
 from ttsq.engines import create_engine
-from ttsq.errors import InvalidRequest, JobTimeout
+from ttsq.errors import DeadlineExceeded, InvalidRequest, JobParked, JobTimeout
 from ttsq.keys import content_key, object_key
+from ttsq.ledger import Ledger, ParkedJob
 from ttsq.metrics import Metrics
 from ttsq.request import (
     JobResult,
@@ -42,6 +45,7 @@ from ttsq.request import (
 from ttsq.stats import FleetStats, worker_info
 from ttsq.storage import open_storage
 from ttsq.tasks import queue_for
+from ttsq.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from ttsq.config import Settings
@@ -62,7 +66,9 @@ class WorkerRuntime:
         self.limits = Limits.from_settings(settings)
         self.engine = create_engine(settings)
         self.storage = open_storage(settings)
-        self.cache = CacheIndex(settings.cache_url, ttl_s=settings.cache_ttl_s)
+        # A worker rides out a Redis restart instead of failing the jobs it holds.
+        self.cache = CacheIndex(settings.cache_url, ttl_s=settings.cache_ttl_s, patience_s=WORKER_REDIS_PATIENCE_S)
+        self.ledger = Ledger(settings.cache_url, ttl_s=settings.inflight_ttl_s, patience_s=WORKER_REDIS_PATIENCE_S)
         self.stats = FleetStats(settings.cache_url)
         self.metrics = Metrics(node=self.node, broker_url=settings.broker_url, cache_url=settings.cache_url,
                                gpus=gpus)
@@ -71,6 +77,7 @@ class WorkerRuntime:
         self._jobs_done = 0
         self._jobs_lock = threading.Lock()
         self._started_at = time.time()
+        self.watchdog = Watchdog(self.batcher, limit_s=settings.batch_limit_s)
         self._stopping = threading.Event()
         self._heartbeat = threading.Thread(target=self._announce, name="ttsq-announce", daemon=True)
         self._stats_beat = threading.Thread(target=self._beat, name="ttsq-stats", daemon=True)
@@ -119,6 +126,7 @@ class WorkerRuntime:
         started = time.perf_counter()
         redact_task_logs()
         self.batcher.start()
+        self.watchdog.start()
         identity = self.engine.identity
         self.cache.publish_identity(self.settings.queue, identity.to_dict())
         self._heartbeat.start()
@@ -132,6 +140,7 @@ class WorkerRuntime:
     def close(self) -> None:
         """Finish queued batches, release the engine and connections."""
         self._stopping.set()
+        self.watchdog.stop()
         self.batcher.stop()
         if self._stats_beat.is_alive():
             self._stats_beat.join(timeout=HEARTBEAT_INTERVAL_S + 5)
@@ -139,6 +148,7 @@ class WorkerRuntime:
         self.metrics.close()
         self.stats.close()
         self.cache.close()
+        self.ledger.close()
 
     def run(self, kwargs: dict[str, Any], *, task_id: str, queue_wait_s: float | None,
             claimed_key: str | None = None) -> JobResult:
@@ -166,7 +176,14 @@ class WorkerRuntime:
                 result = self.result(key, stored, cached=True, batch_size=0, timings=timings)
                 outcome = "cached"
             else:
-                result = self._synthesize(request, key, task_id=task_id, queue_wait_s=queue_wait_s)
+                if request.expired():
+                    raise DeadlineExceeded(f"deadline passed {time.time() - (request.deadline or 0):.1f}s before "
+                                           "synthesis; the job was dropped")
+                attempts = self.ledger.attempts(task_id)
+                if attempts >= self.settings.max_attempts:
+                    self._park(kwargs, request, task_id, attempts)
+                result = self._synthesize(request, key, task_id=task_id, queue_wait_s=queue_wait_s,
+                                          isolated=attempts > 0)
                 outcome = "synthesized"
             # Signed and ready: what is left (claim release, result store) belongs to the round trip.
             result["timings"]["worker_s"] = round(time.perf_counter() - started, 4)
@@ -187,10 +204,23 @@ class WorkerRuntime:
             for claimed in {k for k in (key, claimed_key) if k is not None}:
                 self.cache.release(claimed, task_id)
 
+    def _park(self, kwargs: dict[str, Any], request: SynthesisRequest, task_id: str, attempts: int) -> None:
+        error = (f"job {task_id} was in {attempts} engine calls that never returned (it crashed or hung its "
+                 f"worker each time); parked: `ttsq failed` lists it, `ttsq retry {task_id}` re-queues it")
+        queue = queue_for(self.settings.queue, request.mode)  # where `ttsq retry` sends it back
+        self.ledger.park(ParkedJob(id=task_id, queue=queue, kwargs=kwargs, attempts=attempts,
+                                   error=error, parked_at=time.time()))
+        self.cache.count("jobs_parked")
+        logger.error("job %s parked after %d unfinished attempts", task_id, attempts)
+        raise JobParked(error)
+
     def _synthesize(self, request: SynthesisRequest, key: str, *, task_id: str,
-                    queue_wait_s: float | None) -> JobResult:
+                    queue_wait_s: float | None, isolated: bool = False) -> JobResult:
         queued = time.perf_counter()
-        future = self.batcher.submit(request)
+        # A job that was in an engine call that never returned runs alone: if it is the one that
+        # crashes workers, it takes no neighbour down with it this time.
+        future = self.batcher.submit(request, isolated=isolated, on_enter=lambda: self.ledger.charge(task_id),
+                                     on_exit=lambda: self.ledger.refund(task_id))
         try:
             item = future.result(timeout=self.settings.job_timeout_s)
         except FutureTimeout:

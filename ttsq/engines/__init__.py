@@ -20,17 +20,31 @@ REGISTRY: dict[str, str] = {
 
 
 def create_engine(settings: Settings) -> Engine:
-    """Build (but do not load) the engine named by ``TTSQ_ENGINE``."""
-    try:
-        target = REGISTRY[settings.engine]
-    except KeyError:
-        raise ConfigError("TTSQ_ENGINE", f"unknown engine {settings.engine!r}; "
-                          f"expected one of {', '.join(sorted(REGISTRY))}") from None
+    """Build (but do not load) the engine named by ``TTSQ_ENGINE``.
+
+    The name is a registry entry, or ``package.module:Factory`` for an engine that lives outside
+    ttsq (a site's own model, or a test engine): the factory is called with the settings.
+    """
+    target = REGISTRY.get(settings.engine)
+    if target is None and _is_import_path(settings.engine):
+        target = settings.engine
+    if target is None:
+        raise ConfigError("TTSQ_ENGINE", f"unknown engine {settings.engine!r}; expected one of "
+                          f"{', '.join(sorted(REGISTRY))}, or package.module:Factory")
     module_name, factory_name = target.split(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise EngineUnavailable(f"engine {settings.engine!r} cannot be imported ({exc}); "
-                                f"install it with: pip install 'ttsq[{settings.engine}]'") from exc
-    engine: Engine = getattr(module, factory_name)(settings)
+        hint = f"install it with: pip install 'ttsq[{settings.engine}]'" if settings.engine in REGISTRY \
+            else f"is {module_name} on PYTHONPATH?"
+        raise EngineUnavailable(f"engine {settings.engine!r} cannot be imported ({exc}); {hint}") from exc
+    factory = getattr(module, factory_name, None)
+    if not callable(factory):
+        raise ConfigError("TTSQ_ENGINE", f"{module_name} has no factory named {factory_name!r}")
+    engine: Engine = factory(settings)
     return engine
+
+
+def _is_import_path(name: str) -> bool:
+    module, _, factory = name.partition(":")
+    return bool(module) and bool(factory) and all(part.isidentifier() for part in (*module.split("."), factory))
