@@ -72,6 +72,16 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
         time.sleep(0.05)
 
 
+def where_is(settings: Settings, task_id: str, workers: list[WorkerProcess]) -> str:
+    """Where a job that never finished went: for a failure message."""
+    broker = redis.Redis.from_url(settings.broker_url)
+    queued = any(task_id.encode() in raw for raw in broker.lrange(settings.queue, 0, -1))
+    held = any(task_id.encode() in raw for raw in broker.hvals("unacked"))
+    seen = [w.hostname for w in workers if task_id in w.log()]
+    logs = " | ".join(f"{w.hostname}: {w.log_path}" for w in workers)
+    return f"queued={queued} unacked={held} seen by {seen}; logs {logs}"
+
+
 def expected_key(client: Client, text: str) -> str:
     identity = client.identity()
     assert isinstance(identity, EngineIdentity)
@@ -181,8 +191,7 @@ def test_redis_restart_mid_burst_loses_no_accepted_job_and_workers_consume_after
     settings = faulty.replace(engine="espeak", broker_url=f"{url}/0", result_backend=f"{url}/1",
                               cache_url=f"{url}/2")
     try:
-        start_worker(settings, name="w1")
-        start_worker(settings, name="w2")
+        workers = [start_worker(settings, name="w1"), start_worker(settings, name="w2")]
         accepted: list[tuple[str, Job]] = []
         refused: list[BrokerError] = []
         restarted = threading.Event()
@@ -216,8 +225,12 @@ def test_redis_restart_mid_burst_loses_no_accepted_job_and_workers_consume_after
         bound = settings.visibility_timeout_s + RESTORE_INTERVAL_S + SLACK_S
         give_up = time.monotonic() + bound
         for text, job in accepted:
-            result = client.wait(job.id or "", timeout=max(1.0, give_up - time.monotonic())) \
-                if job.result is None else job.result
+            try:
+                result = client.wait(job.id or "", timeout=max(1.0, give_up - time.monotonic())) \
+                    if job.result is None else job.result
+            except Exception as exc:
+                raise AssertionError(f"accepted job {job.id} has no result ({exc}); "
+                                     f"{where_is(settings, job.id or '', workers)}") from exc
             assert result["key"] == expected_key(client, text)
         keys = s3_keys(settings)
         assert len(keys) == len(set(keys)) == len({text for text, _ in accepted})
@@ -225,6 +238,7 @@ def test_redis_restart_mid_burst_loses_no_accepted_job_and_workers_consume_after
         # work after the restart must be done, by both workers' queue.
         fresh = [client.submit(f"After the restart, sentence {i}.") for i in range(8)]
         assert all(job.wait(timeout=SLACK_S)["duration_s"] > 0 for job in fresh)
+        assert [w.process.poll() if w.process else "not started" for w in workers] == [None, None]
         client.close()
     finally:
         server.stop()

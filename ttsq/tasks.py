@@ -21,7 +21,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from celery import Celery
+from celery import Celery, Task
+from celery.exceptions import InvalidTaskError
 
 from ttsq.constants import (
     CLAIM_HEADER,
@@ -106,6 +107,31 @@ def _route_by_mode(base: str, name: str, args: Any, kwargs: Any, options: Any, t
     return {"queue": queue_for(base, mode if isinstance(mode, str) else "voice_design")}
 
 
+class GuardedTask(Task):  # type: ignore[misc]
+    """A task whose messages are checked for shape before Celery builds a request from them.
+
+    Celery 5.7 unpacks a protocol-2 body as ``args, kwargs, embed`` outside any handler: one message
+    whose body is a JSON object or a number ends the whole worker ("Unrecoverable error"), and,
+    never acknowledged, it ends the next worker too; kwargs that are not an object leave the task
+    without any result. Here such a message becomes an ``InvalidTaskError``, which Celery's consumer
+    logs and drops.
+    """
+
+    def start_strategy(self, app: Celery, consumer: Any, **kwargs: Any) -> Any:
+        handle = super().start_strategy(app, consumer, **kwargs)
+
+        def guarded(message: Any, body: Any, *args: Any, **kw: Any) -> Any:
+            if "task" in (message.headers or {}):  # protocol 2; protocol 1 bodies are checked by Celery
+                payload = message.payload
+                if not (isinstance(payload, (list, tuple)) and len(payload) == 3
+                        and isinstance(payload[0], (list, tuple)) and isinstance(payload[1], dict)
+                        and isinstance(payload[2], (dict, type(None)))):
+                    raise InvalidTaskError("message body is not [args, kwargs, embed]")
+            return handle(message, body, *args, **kw)
+
+        return guarded
+
+
 def make_app(settings: Settings, *, runtime: WorkerRuntime | None = None) -> Celery:
     """The Celery app for these settings, with ``ttsq.synthesize`` registered.
 
@@ -118,9 +144,9 @@ def make_app(settings: Settings, *, runtime: WorkerRuntime | None = None) -> Cel
     # shared=False: Celery otherwise adds every task to every app made later in this process, and a
     # second app (tests, embedded mode) would run the first app's closure with the first runtime.
     # RedactedRequest: the worker's events (Flower) and inspect replies never carry the text or URL,
-    # whatever repr the producer sent.
+    # whatever repr the producer sent. GuardedTask: a message of the wrong shape is dropped, not fatal.
     @app.task(name=TASK_NAME, bind=True, acks_late=True, shared=False,  # type: ignore[untyped-decorator]
-              Request="ttsq.events:RedactedRequest")
+              Request="ttsq.events:RedactedRequest", base=GuardedTask)
     def synthesize(self: Any, *args: Any, **kwargs: Any) -> JobResult:
         if args:
             raise InvalidRequest("args", "ttsq.synthesize takes keyword arguments only (kwargs=...)")

@@ -274,6 +274,24 @@ def redact_task_logs() -> None:
     trace_logger = logging.getLogger("celery.app.trace")
     if _redact_return_value not in trace_logger.filters:
         trace_logger.addFilter(_redact_return_value)
+    consumer_logger = logging.getLogger("celery.worker.consumer.consumer")
+    if _redact_message_body not in consumer_logger.filters:
+        consumer_logger.addFilter(_redact_message_body)
+
+
+def _redact_message_body(record: logging.LogRecord) -> bool:
+    """Celery logs the body of a message it cannot use (undecodable, malformed, unknown task): that
+    body is a request, input text included. Keep the reason, withhold the body."""
+    if record.levelno >= logging.WARNING and isinstance(record.msg, str) and "body" in record.msg:
+        reason = record.args[0] if isinstance(record.args, tuple) and record.args else None
+        summary = f"{type(reason).__name__}: {reason}" if isinstance(reason, BaseException) else str(reason)[:200]
+        if record.msg.startswith("Received and deleted unknown message"):
+            summary = "unknown message format"
+        record.msg = "%s; message dropped (its body is withheld from the log: it may hold input text)"
+        record.args = (summary,)
+        record.exc_info = None
+        record.exc_text = None
+    return True
 
 
 def _redact_return_value(record: logging.LogRecord) -> bool:
