@@ -7,6 +7,7 @@ the input text nor a presigned URL.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +42,7 @@ def outcome(app: Any, task_id: str, timeout: float) -> tuple[str, Any]:
 
 def test_bad_messages_mixed_into_a_burst_do_not_affect_their_neighbours(
         settings: Settings, start_worker: StartWorker) -> None:
+    settings = settings.replace(url_expiry_s=777)  # presigned URLs must carry the expiry from settings
     worker = start_worker(settings)
     app = make_app(settings)
     client = Client(settings, app=app)
@@ -55,6 +57,8 @@ def test_bad_messages_mixed_into_a_burst_do_not_affect_their_neighbours(
     for text, job in good:  # every neighbour: its own, correct result
         result = job.wait(timeout=60)
         assert not result["cached"] and result["duration_s"] > 0, text
+        assert "X-Amz-Expires=777" in result["url"] and result["url_expires_s"] == 777
+        assert MARKER not in json.dumps(result)  # no input text in results
     for case, task_id in bad:
         expected = case.get("outcome", f"InvalidRequest:{case.get('field')}")
         state, value = outcome(app, task_id, timeout=2 if expected == "dropped" else 30)

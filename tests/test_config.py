@@ -63,3 +63,35 @@ def test_malformed_urls_are_refused_at_startup(variable: str, value: str) -> Non
 def test_unknown_override_is_a_config_error() -> None:
     with pytest.raises(ConfigError):
         Settings.from_env({}, max_bacth=3)
+
+
+def test_a_visibility_timeout_a_healthy_job_could_outlive_is_refused_at_startup() -> None:
+    # 60 s job timeout + 2 storage tries x (check + PUT) x (connect + read) of 10 s + 0.5 s pause = 140.5 s
+    env = {"TTSQ_JOB_TIMEOUT_S": "60", "TTSQ_STORAGE_ATTEMPTS": "2", "TTSQ_STORAGE_TIMEOUT_S": "10",
+           "TTSQ_STORAGE_BACKOFF_MS": "500"}
+    settings = Settings.from_env({**env, "TTSQ_VISIBILITY_TIMEOUT_S": "176"})
+    assert settings.worst_unacked_s == 140.5 and settings.min_visibility_timeout_s == 176
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({**env, "TTSQ_VISIBILITY_TIMEOUT_S": "175"})
+    assert info.value.variable == "TTSQ_VISIBILITY_TIMEOUT_S"
+    assert "at least 176 s" in str(info.value)
+
+
+def test_the_batch_limit_leaves_a_job_time_for_the_batch_ahead_of_it() -> None:
+    assert Settings(job_timeout_s=600).batch_limit_s == 300
+    assert Settings(job_timeout_s=600, batch_timeout_s=30).batch_limit_s == 30
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({"TTSQ_JOB_TIMEOUT_S": "600", "TTSQ_BATCH_TIMEOUT_S": "301"})
+    assert info.value.variable == "TTSQ_BATCH_TIMEOUT_S"
+
+
+def test_storage_backoff_doubles_up_to_its_cap() -> None:
+    settings = Settings(storage_backoff_ms=1000, storage_attempts=8, visibility_timeout_s=3600)
+    assert [settings.storage_backoff_s(retry) for retry in range(7)] == [1, 2, 4, 8, 16, 30, 30]
+
+
+@pytest.mark.parametrize("name", ["TTSQ_MAX_ATTEMPTS", "TTSQ_STORAGE_ATTEMPTS", "TTSQ_STORAGE_TIMEOUT_S"])
+def test_retry_settings_must_be_positive(name: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({name: "0"})
+    assert info.value.variable == name
