@@ -117,7 +117,9 @@ class EspeakEngine:
 
     def _collect(self, wav: Any, n_samples: int, events: Any) -> int:
         if wav and n_samples > 0:
-            self._chunks.append(np.ctypeslib.as_array(wav, shape=(n_samples,)).copy())
+            # Copy the bytes out: np.ctypeslib.as_array would make (and cache forever) a ctypes array
+            # type per distinct chunk length, which a soak of distinct texts sees as a steady leak.
+            self._chunks.append(np.frombuffer(ctypes.string_at(wav, n_samples * 2), dtype=np.int16))
         return 0
 
 
