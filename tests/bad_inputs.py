@@ -78,7 +78,12 @@ def send_raw(app: Celery, queue: str, case: dict[str, Any]) -> str:
         body, content_type, encoding = raw["latin1"].encode("latin-1"), "application/json", "utf-8"
     else:
         body, content_type, encoding = json.dumps(raw["body"]).encode(), "application/json", "utf-8"
+    from kombu import Exchange, Queue
+
     with app.producer_or_acquire() as producer:
+        # Declared like Celery declares it: a message published to an exchange with no binding yet
+        # (the worker may still be connecting) would be dropped by the broker, not refused by ttsq.
         producer.publish(body, exchange=queue, routing_key=queue, headers=headers, content_type=content_type,
-                         content_encoding=encoding, correlation_id=task_id, serializer=None)
+                         content_encoding=encoding, correlation_id=task_id, serializer=None,
+                         declare=[Queue(queue, Exchange(queue, type="direct"), routing_key=queue)])
     return task_id

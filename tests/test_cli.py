@@ -161,3 +161,16 @@ def test_worker_that_cannot_start_says_why_in_one_line(settings: Settings, env: 
     assert out.returncode == code
     assert out.stderr.strip().splitlines()[-1].startswith(message)
     assert "Traceback" not in out.stderr
+
+
+def test_deadline_flag_is_checked_and_carried_in_the_job(settings: Settings) -> None:
+    import base64
+    import time
+
+    out = run_cli("submit", "Too late.", "--deadline-s", "0", settings=settings)
+    assert out.returncode == 2 and b"--deadline-s" in out.stderr and queue_length(settings) == 0
+    out = run_cli("submit", "Wanted soon.", "--deadline-s", "30", "--no-wait", "--json", settings=settings)
+    assert out.returncode == 0, out.stderr
+    (raw,) = redis.Redis.from_url(settings.broker_url).lrange(settings.queue, 0, -1)
+    _, kwargs, _ = json.loads(base64.b64decode(json.loads(raw)["body"]))  # kombu's envelope, then Celery's body
+    assert 0 < kwargs["deadline"] - time.time() <= 30

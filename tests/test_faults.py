@@ -167,8 +167,8 @@ def test_a_stuck_engine_exits_the_worker_for_its_supervisor_and_its_jobs_are_red
     w1 = start_worker(settings, name="w1")
     client = Client(settings)
     stuck = client.submit("[hang] This request hangs the engine.")
-    # Another group (language): it waits in the worker behind the stuck batch, never enters the engine.
-    neighbour = client.submit("A neighbour held by the stuck worker.", language="english")
+    # Another group (its seed): it waits in the worker behind the stuck batch, never enters the engine.
+    neighbour = client.submit("A neighbour held by the stuck worker.", seed=7)
     assert w1.process is not None
     w1.process.wait(SLACK_S)  # the watchdog ends the process; no one sent it a signal
     assert w1.process.returncode == EXIT_ENGINE_STUCK
