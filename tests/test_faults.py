@@ -254,7 +254,8 @@ def test_storage_outage_retries_with_backoff_and_completes_when_the_store_is_bac
     store = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     store.start()
     patient = settings.replace(s3_endpoint_url=f"http://127.0.0.1:{port}", storage_attempts=6,
-                               storage_backoff_ms=1000, storage_timeout_s=2, visibility_timeout_s=240)
+                               storage_backoff_ms=1000, storage_timeout_s=2, job_timeout_s=20,
+                               visibility_timeout_s=240)
     worker = start_worker(patient)
     client = Client(patient)
     client.submit("Warm the producer's view of the model.").wait(timeout=30)
