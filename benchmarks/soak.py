@@ -32,7 +32,7 @@ import redis
 from ttsq.cache import CacheIndex
 from ttsq.client import Client
 from ttsq.config import Settings
-from ttsq.constants import ENGINE_PREFIX
+from ttsq.constants import FLEET_PREFIX
 from ttsq.embedded import RedisServer
 
 WORDS = ("amber", "river", "quiet", "signal", "harbor", "lantern", "meadow", "copper", "violet", "summit",
@@ -83,7 +83,7 @@ def main() -> int:
             workers.append(start_worker(settings, f"w{n + 1}", work / f"w{n + 1}.log"))
         cache = redis.Redis.from_url(settings.cache_url)
         deadline = time.monotonic() + 120
-        while not cache.exists(ENGINE_PREFIX + settings.engine):
+        while not cache.exists(FLEET_PREFIX + settings.queue):
             if time.monotonic() > deadline or any(w.poll() is not None for w in workers):
                 raise SystemExit(f"workers did not start; see {work}")
             time.sleep(0.1)
