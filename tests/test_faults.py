@@ -46,7 +46,7 @@ def faulty(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     that redelivery happens within a test (and the worst hold of a healthy job still fits in it)."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("FAULTY_ENGINE_EVENTS", str(tmp_path / "batches.log"))
-    return settings.replace(engine=FAULTY, visibility_timeout_s=25, job_timeout_s=8, storage_attempts=1,
+    return settings.replace(engine=FAULTY, visibility_timeout_s=25, job_timeout_s=12, storage_attempts=1,
                             storage_timeout_s=2)
 
 
@@ -83,7 +83,7 @@ def where_is(settings: Settings, task_id: str, workers: list[WorkerProcess]) -> 
 
 
 def expected_key(client: Client, text: str) -> str:
-    identity = client.identity()
+    identity = client.identities().get("voice_design")
     assert isinstance(identity, EngineIdentity)
     return content_key(SynthesisRequest.from_dict({"text": text}), identity)
 
