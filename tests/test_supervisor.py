@@ -108,7 +108,9 @@ def test_two_workers_share_a_burst_and_a_killed_one_loses_nothing(settings: Sett
     # A short visibility timeout: the killed worker's jobs come back in seconds, not an hour. (Not
     # shorter: on a loaded machine a live worker's jobs would outlive it and run twice; harmless,
     # but slow.)
-    settings = settings.replace(visibility_timeout_s=20, job_timeout_s=15, metrics_port=free_port_pair())
+    # Config refuses a visibility timeout a healthy job could outlive (job timeout + storage tries).
+    settings = settings.replace(visibility_timeout_s=30, job_timeout_s=15, storage_attempts=1, storage_timeout_s=2,
+                                metrics_port=free_port_pair())
     launcher = launch(settings, "cpu:2")
     pids = launcher.wait_ready(["cpu0@test", "cpu1@test"])
     client = Client(settings)
@@ -200,7 +202,7 @@ def test_sigterm_finishes_the_batch_in_flight_and_requeues_the_rest(settings: Se
 
 def test_second_sigterm_stops_hard_and_the_jobs_come_back(settings: Settings,
                                                           launch: Callable[..., Launcher]) -> None:
-    settings = settings.replace(visibility_timeout_s=20, job_timeout_s=15)
+    settings = settings.replace(visibility_timeout_s=30, job_timeout_s=15, storage_attempts=1, storage_timeout_s=2)
     launcher = launch(settings, "cpu:1")
     launcher.wait_ready(["cpu0@test"])
     client = Client(settings)
