@@ -76,7 +76,7 @@ def main() -> int:
     url = server.url
     settings = Settings(broker_url=f"{url}/0", result_backend=f"{url}/1", cache_url=f"{url}/2",
                         storage_url=str(work / "audio"), queue="soak", max_batch=args.max_batch,
-                        log_level="WARNING")
+                        log_level="WARNING", metrics_port=0)  # two workers on one host: no metrics port
     workers: list[subprocess.Popen[bytes]] = []
     try:
         for n in range(args.workers):
@@ -135,7 +135,9 @@ def main() -> int:
             "rss_start_kib": first, "rss_at_20pct_kib": warm, "rss_end_kib": last,
             "rss_growth_after_20pct_kib": [e - w for e, w in zip(last, warm, strict=True)],
             "samples": samples,
-            "ok": len(keys) == synthesized == written == stored == args.jobs,
+            "workers_alive": sum(1 for w in workers if w.poll() is None),
+            "ok": len(keys) == synthesized == written == stored == args.jobs
+            and all(w.poll() is None for w in workers),
         }
         if args.json:
             print(json.dumps(summary))
