@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 from conftest import queue_length, settings_env
+from test_faults import FAULTY, TESTS
 from test_metrics import scrape, value
 
 from ttsq.cache import CacheIndex
@@ -104,31 +105,50 @@ def done_ids(client: Client, jobs: list[Job]) -> set[str]:
 
 
 def test_two_workers_share_a_burst_and_a_killed_one_loses_nothing(settings: Settings,
-                                                                  launch: Callable[..., Launcher]) -> None:
+                                                                  launch: Callable[..., Launcher],
+                                                                  tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     # A short visibility timeout: the killed worker's jobs come back in seconds, not an hour. (Not
     # shorter: on a loaded machine a live worker's jobs would outlive it and run twice; harmless,
     # but slow.)
     # Config refuses a visibility timeout a healthy job could outlive (job timeout + storage tries).
-    settings = settings.replace(visibility_timeout_s=30, job_timeout_s=15, storage_attempts=1, storage_timeout_s=2,
-                                metrics_port=free_port_pair())
+    # The test engine (espeak, one second slower per batch on "[slow]") keeps each batch in flight long
+    # enough to kill cpu1 while it holds messages and is not fetching: kombu's Redis transport pops a
+    # message and then records it as unacked, and a process killed between the two loses that message
+    # (celery/celery#7950; README "Guarantees" names this limit).
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+    events = tmp_path / "batches.log"
+    monkeypatch.setenv("FAULTY_ENGINE_EVENTS", str(events))
+    settings = settings.replace(engine=FAULTY, visibility_timeout_s=30, job_timeout_s=15, storage_attempts=1,
+                                storage_timeout_s=2, metrics_port=free_port_pair())
     launcher = launch(settings, "cpu:2")
     pids = launcher.wait_ready(["cpu0@test", "cpu1@test"])
     client = Client(settings)
-    jobs = [client.submit(text, format="mp3") for text in texts(48, "burst")]
+    jobs = [client.submit(f"[slow] {text}", format="mp3") for text in texts(48, "burst")]
 
-    # Kill cpu1 once it has finished a job while the queue still holds work: it is holding
-    # messages it has not acked (prefetch keeps concurrency-many reserved).
-    deadline = time.monotonic() + 60
+    def batches_of(pid: int) -> int:
+        lines = events.read_text().splitlines() if events.exists() else []
+        return sum(1 for line in lines if line.split()[0] == str(pid))
+
+    # Kill cpu1 just after its second batch starts (its first is done), once both workers have refilled
+    # their prefetch (8 held each): it holds unacked messages and has no fetch in flight.
+    broker = redis.Redis.from_url(settings.broker_url)
+    deadline = time.monotonic() + 90
     while True:
-        finished = [client.async_result(job.id).result for job in jobs
-                    if job.id and client.async_result(job.id).state == "SUCCESS"]
-        if any(isinstance(r, dict) and r.get("worker") == "cpu1@test" for r in finished):
-            break
         assert time.monotonic() < deadline, launcher.log()
-        time.sleep(0.05)
+        seen = batches_of(pids["cpu1@test"])
+        while batches_of(pids["cpu1@test"]) == seen:
+            assert time.monotonic() < deadline, launcher.log()
+            time.sleep(0.005)
+        started = time.monotonic()
+        while broker.hlen("unacked") < 16 and time.monotonic() - started < 0.5:
+            time.sleep(0.005)
+        if seen >= 1 and broker.hlen("unacked") == 16 and time.monotonic() - started < 0.5:
+            break
     waiting = queue_length(settings)
-    unacked = redis.Redis.from_url(settings.broker_url).hlen("unacked")
+    unacked = broker.hlen("unacked")
     os.kill(pids["cpu1@test"], signal.SIGKILL)
+    broker.close()
     assert waiting > 0 and unacked > 0, "the burst ended before the kill; the test proves nothing"
 
     results = wait_all(client, jobs)
@@ -146,7 +166,7 @@ def test_two_workers_share_a_burst_and_a_killed_one_loses_nothing(settings: Sett
     # Each worker serves its own metrics on base port + N, and cpu1's counts its restart.
     for index, node in enumerate(["cpu0@test", "cpu1@test"]):
         samples = scrape(settings.metrics_port + index)
-        assert value(samples, "ttsq_worker_info", node=node, engine="espeak", model=results[0]["model"]) == 1
+        assert value(samples, "ttsq_worker_info", node=node, engine=FAULTY, model=results[0]["model"]) == 1
         assert value(samples, "ttsq_worker_restarts_total", node=node) == (1 if node == "cpu1@test" else 0)
     client.close()
 
