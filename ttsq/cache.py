@@ -79,7 +79,7 @@ class CacheIndex:
 
     def publish_identity(self, queue: str, identity: dict[str, Any]) -> None:
         """A worker announces the model it serves, under each of its modes, so producers can predict
-        content keys and route (or refuse) each mode. Live workers repeat it every IDENTITY_REFRESH_S.
+        content keys and route (or refuse) each mode. Live workers repeat it with every heartbeat.
         ``queue`` is the deployment's base queue (``TTSQ_QUEUE``): deployments sharing a Redis stay apart."""
         payload = json.dumps({**identity, "announced_at": time.time()}, sort_keys=True)
         modes = identity.get("modes") or ("voice_design",)

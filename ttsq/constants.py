@@ -49,9 +49,8 @@ CLAIM_HEADER = "ttsq_claim"
 
 #: How long a producer trusts the models the workers announced before reading them again (seconds).
 IDENTITY_TTL_S = 10.0
-#: Workers re-announce their model this often; an announcement older than IDENTITY_MAX_AGE_S is taken
-#: for a worker that is gone, so a retired mode stops being "served" within two minutes.
-IDENTITY_REFRESH_S = 30.0
+#: Workers re-announce their model with every heartbeat (HEARTBEAT_INTERVAL_S); an announcement older than
+#: this is taken for a worker that is gone, so a retired mode stops being "served" within two minutes.
 IDENTITY_MAX_AGE_S = 120.0
 
 # Redis socket limits for every connection ttsq opens (seconds): fail fast when Redis is gone

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ttsq.audio import encode, probe
 from ttsq.batching import Batcher
 from ttsq.cache import CacheIndex
-from ttsq.constants import HEARTBEAT_INTERVAL_S, IDENTITY_REFRESH_S, WORKER_REDIS_PATIENCE_S
+from ttsq.constants import HEARTBEAT_INTERVAL_S, WORKER_REDIS_PATIENCE_S
 from ttsq.engines import create_engine
 from ttsq.errors import DeadlineExceeded, InvalidRequest, JobParked, JobTimeout
 from ttsq.keys import content_key, object_key
@@ -79,21 +79,14 @@ class WorkerRuntime:
         self._started_at = time.time()
         self.watchdog = Watchdog(self.batcher, limit_s=settings.batch_limit_s)
         self._stopping = threading.Event()
-        self._heartbeat = threading.Thread(target=self._announce, name="ttsq-announce", daemon=True)
-        self._stats_beat = threading.Thread(target=self._beat, name="ttsq-stats", daemon=True)
-
-    def _announce(self) -> None:
-        """Re-announce the model while this worker lives; producers forget a silent worker's modes."""
-        while not self._stopping.wait(IDENTITY_REFRESH_S):
-            try:
-                self.cache.publish_identity(self.settings.queue, self.engine.identity.to_dict())
-            except Exception as exc:  # Redis down for a moment: the next beat tries again
-                logger.warning("could not re-announce the model: %s", exc)
+        self._stats_beat = threading.Thread(target=self._beat, name="ttsq-beat", daemon=True)
 
     def _beat(self) -> None:
-        """Keep this worker's heartbeat in Redis fresh (``ttsq stats`` lists live workers from it)."""
+        """While this worker lives: keep its heartbeat fresh (``ttsq stats`` lists live workers from it)
+        and re-announce its model (producers forget the modes of a worker that falls silent)."""
         while not self._stopping.is_set():
             self._quietly(self._send_heartbeat)
+            self._quietly(lambda: self.cache.publish_identity(self.settings.queue, self.engine.identity.to_dict()))
             self._stopping.wait(HEARTBEAT_INTERVAL_S)
 
     def _send_heartbeat(self) -> None:
@@ -129,7 +122,6 @@ class WorkerRuntime:
         self.watchdog.start()
         identity = self.engine.identity
         self.cache.publish_identity(self.settings.queue, identity.to_dict())
-        self._heartbeat.start()
         self.metrics.describe(engine=self.settings.engine, model=identity.model)
         self.metrics.watch_queues(self.queues)
         self._started_at = time.time()

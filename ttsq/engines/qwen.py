@@ -160,8 +160,8 @@ class QwenEngine:
         """Drop the model and give the device memory back."""
         self._tts = None
         self._prompts.clear()
-        if self._torch is not None and self._torch.cuda.is_available():
-            self._torch.cuda.empty_cache()
+        if self._torch is not None:
+            _release_device_memory(self._torch)
 
     # -- synthesis --------------------------------------------------------------------------------
 
