@@ -22,7 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, Task
-from celery.exceptions import InvalidTaskError
+from celery.exceptions import InvalidTaskError, Reject
 
 from ttsq.constants import (
     CLAIM_HEADER,
@@ -158,8 +158,15 @@ def make_app(settings: Settings, *, runtime: WorkerRuntime | None = None) -> Cel
         if (self.request.delivery_info or {}).get("redelivered"):
             # A worker died holding it (or it outlived the visibility timeout): the rerun is harmless.
             logger.info("job %s: redelivered", self.request.id)
-        return runtime.run(kwargs, task_id=self.request.id, queue_wait_s=queue_wait,
-                           claimed_key=claim if isinstance(claim, str) else None)
+        try:
+            return runtime.run(kwargs, task_id=self.request.id, queue_wait_s=queue_wait,
+                               claimed_key=claim if isinstance(claim, str) else None)
+        except Exception as exc:
+            if runtime.stopping:
+                # A cold shutdown closed this worker's connections under the job: give the message
+                # back (or leave it unacked for redelivery) instead of recording a failure.
+                raise Reject(exc, requeue=True) from exc
+            raise
 
     return app
 

@@ -110,6 +110,11 @@ class WorkerRuntime:
             logger.warning("could not update fleet statistics: %s", type(exc).__name__)
 
     @property
+    def stopping(self) -> bool:
+        """Whether ``close`` has begun: a job failing now failed because of the shutdown, not itself."""
+        return self._stopping.is_set()
+
+    @property
     def queues(self) -> list[str]:
         """The queues of the modes this worker's model serves."""
         return [queue_for(self.settings.queue, mode) for mode in self.engine.identity.modes]
