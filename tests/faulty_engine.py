@@ -7,7 +7,9 @@ would fail:
 - ``[crash]``: the process dies with SIGKILL mid-batch, as on a segfault or an out-of-memory kill
   (unless ``FAULTY_ENGINE_ARMED`` names a file that does not exist: the bug has been fixed);
 - ``[hang]``: the engine call never returns, as on a stuck kernel;
-- ``[slow]``: the batch takes ``SLOW_S`` seconds longer, so a test can act while it is in flight.
+- ``[slow]``: the batch takes ``SLOW_S`` seconds longer, so a test can act while it is in flight;
+- ``[flaky]``: the item fails (an ``EngineError`` in its slot) while the file ``FAULTY_ENGINE_FLAKY``
+  names exists, as on a transient device fault.
 
 If ``FAULTY_ENGINE_EVENTS`` names a file, each batch appends ``<pid> <size>`` to it as it starts.
 Nothing in ttsq is mocked: the batcher, worker, Celery and Redis are the real ones.
@@ -23,6 +25,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ttsq.engines.espeak import EspeakEngine
+from ttsq.errors import EngineError
 
 if TYPE_CHECKING:
     from ttsq.engines.base import EngineOutput
@@ -45,4 +48,9 @@ class FaultyEngine(EspeakEngine):
             threading.Event().wait()
         if any("[slow]" in text for text in texts):
             time.sleep(SLOW_S)
-        return super().synthesize_batch(requests)
+        outputs = super().synthesize_batch(requests)
+        flaky = os.environ.get("FAULTY_ENGINE_FLAKY")
+        if flaky and os.path.exists(flaky):
+            outputs = [EngineError("flaky device fault") if "[flaky]" in request.text else output
+                       for request, output in zip(requests, outputs, strict=True)]
+        return outputs

@@ -103,6 +103,10 @@ class CacheIndex:
         """A counter's value (0 if never counted)."""
         return int(self._do(lambda: self._redis.get(STATS_PREFIX + name)) or 0)
 
+    def read(self, call: Callable[[redis.Redis], T]) -> T:
+        """Run a read of another record kept in this database (documents), with the same error handling."""
+        return self._do(lambda: call(self._redis))
+
     def close(self) -> None:
         """Close the connection pool."""
         self._redis.close()

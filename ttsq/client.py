@@ -22,11 +22,18 @@ import contextlib
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from ttsq.cache import CacheIndex
-from ttsq.constants import CLAIM_HEADER, IDENTITY_TTL_S, SENT_AT_HEADER, TASK_NAME
+from ttsq.constants import (
+    CLAIM_HEADER,
+    DOCUMENT_TASK_NAME,
+    IDENTITY_TTL_S,
+    PROGRESS_STATE,
+    SENT_AT_HEADER,
+    TASK_NAME,
+)
 from ttsq.errors import BrokerError, InvalidRequest, JobFailed, JobTimeout, TTSQError
 from ttsq.keys import EngineIdentity, content_key
 from ttsq.ledger import Ledger, ParkedJob
@@ -148,6 +155,66 @@ class Client:
                 self.cache.release(key, task_id)
         return Job(id=task_id, key=key, client=self)
 
+    def submit_document(self, text: str, **fields: Any) -> Job:
+        """Validate and enqueue a document of any length (or answer it from the cache): one job that
+        splits it, synthesizes each chunk as an ordinary job and stitches one file (``ttsq.document``).
+
+        The job's id carries the stitched result (a ``DocumentResult``); while it runs, ``status``
+        shows its progress. ``fields`` are the request fields for every chunk.
+        """
+        from ttsq.document import Document, Options, document_result, read_document
+
+        options = Options.from_settings(self.settings)
+        limits, most = self.limits, self.settings.max_document_chars
+        document = Document.parse({"text": text, **fields}, limits=limits, max_document_chars=most,
+                                  default_options=options)
+        mode = document.fields["mode"]
+        fleet = self.identities()
+        identity = fleet.get(mode)
+        if fleet and identity is None:
+            raise InvalidRequest("mode", f"no running worker serves {mode}; the workers online serve "
+                                         f"{', '.join(sorted(fleet))}")
+        if identity is not None:  # again, with the limits of the model that will read it
+            document = Document.parse({"text": text, **fields}, limits=limits, max_document_chars=most,
+                                      identity=identity, default_options=options)
+        reference = document.fields.get("reference")
+        if reference and not self.storage.exists(reference):
+            raise InvalidRequest("reference", f"no voice {reference} in storage; upload it with `ttsq voices add`")
+        task_id = str(uuid.uuid4())
+        key = None
+        if identity is not None:
+            key = document.key(identity)
+            record = self.cache.read(lambda client: read_document(client, key))
+            if record is not None:
+                self.cache.count("cache_hits_producer")
+                return Job(id=None, key=key, client=self, result=cast("JobResult", document_result(
+                    record, url=self.storage.url(record["audio"]["object_key"], self.settings.url_expiry_s),
+                    url_expires_s=self.settings.url_expiry_s, cached=True)))
+            owner = self.cache.claim(key, task_id, self.settings.inflight_ttl_s)
+            if owner is not None and self._finished(owner):
+                # The document that held the claim failed (or its result expired): start it again;
+                # its finished chunks are answered from the cache.
+                self.cache.release(key, owner)
+                owner = self.cache.claim(key, task_id, self.settings.inflight_ttl_s)
+            if owner is not None:
+                return Job(id=owner, key=key, client=self, joined=True)
+        kwargs = {"text": document.text, **{name: value for name, value in document.fields.items()
+                                             if value is not None and value != ""},
+                  "options": asdict(options)}
+        sent = False
+        try:
+            self.app.send_task(DOCUMENT_TASK_NAME, kwargs=kwargs, task_id=task_id,
+                               queue=queue_for(self.settings.queue, document.fields["mode"]),
+                               headers={SENT_AT_HEADER: time.time()},
+                               kwargsrepr=f"document of {len(document.text)} chars in {len(document.chunks)} chunks")
+            sent = True
+        except Exception as exc:
+            raise BrokerError(f"cannot reach the broker to enqueue: {type(exc).__name__}: {exc}") from exc
+        finally:
+            if key is not None and not sent:
+                self.cache.release(key, task_id)
+        return Job(id=task_id, key=key, client=self)
+
     def _cached(self, key: str) -> Job | None:
         entry = self.cache.get(key)
         if entry is None:
@@ -206,7 +273,8 @@ class Client:
         return self.refresh_url(value)
 
     def status(self, task_id: str) -> dict[str, Any]:
-        """State of a task: PENDING (unknown or queued), STARTED, SUCCESS, FAILURE."""
+        """State of a task: PENDING (unknown or queued), STARTED, PROGRESS (a document: ``progress``
+        holds chunks done and total and audio seconds so far), SUCCESS, FAILURE."""
         async_result = self.async_result(task_id)
         try:
             state = async_result.state
@@ -216,6 +284,8 @@ class Client:
         out: dict[str, Any] = {"id": task_id, "state": state}
         if state == "FAILURE":
             out["error"] = f"{type(info).__name__}: {info}"
+        elif state == PROGRESS_STATE and isinstance(info, dict):
+            out["progress"] = info
         elif state == "SUCCESS" and isinstance(info, dict):
             out["result"] = self.refresh_url(cast("JobResult", info))
         return out

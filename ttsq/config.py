@@ -96,6 +96,19 @@ class Settings:
     #: How long a stopping worker may take to finish the batches in flight before it is stopped
     #: harder (a second SIGTERM does the same at once). Keep it below the orchestrator's grace period.
     drain_timeout_s: int = 120
+    # Long documents (``ttsq submit -f``): split into chunk jobs, stitched into one file.
+    #: Longest document accepted, in characters (normalized).
+    max_document_chars: int = 200_000
+    #: Sentences are packed into one chunk job up to this many characters...
+    doc_target_chars: int = 200
+    #: ...and no chunk is longer than this (a longer sentence is cut at a clause mark or a space).
+    #: A chunk is an ordinary job: TTSQ_MAX_TEXT_CHARS and the model's frame cap lower it further.
+    doc_max_chars: int = 400
+    #: Silence between two chunks that end and begin a sentence, and between paragraphs.
+    doc_sentence_pause_ms: int = 250
+    doc_paragraph_pause_ms: int = 700
+    #: Crossfade where an over-long sentence was cut in two.
+    doc_crossfade_ms: int = 40
 
     def __post_init__(self) -> None:
         _check(self.max_batch >= 1 and self.max_batch <= 256, "max_batch", "must be 1..256")
@@ -129,6 +142,12 @@ class Settings:
         _check(0 <= self.max_instruct_chars <= 100_000, "max_instruct_chars", "must be 0..100000")
         _check(0 <= self.metrics_port <= 65535, "metrics_port", "must be 0..65535 (0 turns metrics off)")
         _check(self.drain_timeout_s >= 1, "drain_timeout_s", "must be >= 1")
+        _check(1 <= self.max_document_chars <= 10_000_000, "max_document_chars", "must be 1..10000000")
+        _check(20 <= self.doc_max_chars <= 100_000, "doc_max_chars", "must be 20..100000")
+        _check(1 <= self.doc_target_chars <= self.doc_max_chars, "doc_target_chars",
+               f"must be 1..TTSQ_DOC_MAX_CHARS ({self.doc_max_chars})")
+        for name in ("doc_sentence_pause_ms", "doc_paragraph_pause_ms", "doc_crossfade_ms"):
+            _check(0 <= getattr(self, name) <= 10_000, name, "must be 0..10000")
         for name in ("broker_url", "result_backend", "cache_url"):
             _check_redis_url(name, getattr(self, name))
         for name in ("s3_endpoint_url", "s3_public_endpoint_url"):

@@ -8,6 +8,14 @@ from __future__ import annotations
 #: The public task. Web backends call ``send_task(TASK_NAME, kwargs=...)`` without importing ttsq.
 TASK_NAME = "ttsq.synthesize"
 
+#: A long document: split, one ``ttsq.synthesize`` job per chunk, stitched by ``ttsq.stitch`` (``ttsq.document``).
+DOCUMENT_TASK_NAME = "ttsq.document"
+STITCH_TASK_NAME = "ttsq.stitch"
+#: Version of the document-key recipe and of the stitching (joins, pauses, crossfade shape).
+DOCUMENT_SCHEMA_VERSION = 1
+#: Custom Celery state of a document while its chunks run; its meta is ``ttsq.document.Progress``.
+PROGRESS_STATE = "PROGRESS"
+
 #: The queue every worker consumes and every producer sends to.
 DEFAULT_QUEUE = "ttsq"
 
@@ -21,6 +29,8 @@ POSTPROCESS_VERSION = 1
 CACHE_PREFIX = "ttsq:cache:"  # + content key -> JSON index entry; TTL = settings.cache_ttl_s
 INFLIGHT_PREFIX = "ttsq:inflight:"  # + content key -> task id of the job producing it; SET NX EX
 FLEET_PREFIX = "ttsq:fleet:"  # + queue -> hash: mode -> JSON identity of the model serving it, re-announced
+DOCUMENT_PREFIX = "ttsq:document:"  # + document key -> JSON of the stitched file and its chunk spans
+PROGRESS_PREFIX = "ttsq:progress:"  # + document task id -> hash: chunk index -> audio seconds; TTL = result TTL
 STATS_PREFIX = "ttsq:stats:"  # + counter name -> integer, incremented by workers
 MINUTE_PREFIX = "ttsq:minute:"  # + Unix minute -> hash of that minute's job counters; TTL below
 WORKER_PREFIX = "ttsq:worker:"  # + node name -> JSON heartbeat of a live worker; TTL below
@@ -46,6 +56,10 @@ SENT_AT_HEADER = "ttsq_sent_at"
 #: Message header with the content key the producer claimed for this job (single flight), so the
 #: worker can release the claim even when it cannot compute the key itself (the job was invalid).
 CLAIM_HEADER = "ttsq_claim"
+
+#: Message header of a chunk job: ``{"id": <document task id>, "index": i, "total": n}``, so the
+#: worker that finishes the chunk can report the document's progress.
+DOCUMENT_HEADER = "ttsq_document"
 
 #: How long a producer trusts the models the workers announced before reading them again (seconds).
 IDENTITY_TTL_S = 10.0

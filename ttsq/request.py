@@ -243,6 +243,18 @@ def no_timings() -> Timings:
 
 
 def _clean_text(name: str, value: Any, max_chars: int, *, required: bool = False) -> str:
+    check_characters(name, value)
+    text = _WHITESPACE.sub(" ", unicodedata.normalize("NFC", value)).strip()
+    if required and not text:
+        raise InvalidRequest(name, "is empty")
+    if len(text) > max_chars:
+        raise InvalidRequest(name, f"is {len(text)} characters; the limit is {max_chars}")
+    return text
+
+
+def check_characters(name: str, value: Any) -> None:
+    """Refuse a value that is not a string of speakable text: surrogates, control characters other
+    than tab and line breaks, bidirectional controls. Raises ``InvalidRequest`` naming ``name``."""
     if not isinstance(value, str):
         raise InvalidRequest(name, f"expected a string, got {type(value).__name__}")
     for ch in value:
@@ -253,12 +265,6 @@ def _clean_text(name: str, value: Any, max_chars: int, *, required: bool = False
             raise InvalidRequest(name, f"contains control character U+{ord(ch):04X}")
         if ch in _BIDI_CONTROLS:
             raise InvalidRequest(name, f"contains bidirectional control character U+{ord(ch):04X}")
-    text = _WHITESPACE.sub(" ", unicodedata.normalize("NFC", value)).strip()
-    if required and not text:
-        raise InvalidRequest(name, "is empty")
-    if len(text) > max_chars:
-        raise InvalidRequest(name, f"is {len(text)} characters; the limit is {max_chars}")
-    return text
 
 
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:

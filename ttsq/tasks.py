@@ -26,16 +26,20 @@ from celery.exceptions import InvalidTaskError, Reject
 
 from ttsq.constants import (
     CLAIM_HEADER,
+    DOCUMENT_HEADER,
+    DOCUMENT_TASK_NAME,
     REDIS_CONNECT_TIMEOUT_S,
     REDIS_HEALTH_CHECK_INTERVAL_S,
     REDIS_SOCKET_TIMEOUT_S,
     SENT_AT_HEADER,
+    STITCH_TASK_NAME,
     TASK_NAME,
 )
 from ttsq.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from ttsq.config import Settings
+    from ttsq.document import Documents
     from ttsq.request import JobResult
     from ttsq.worker import WorkerRuntime
 
@@ -101,7 +105,7 @@ def celery_config(settings: Settings, *, worker: bool) -> dict[str, Any]:
 
 def _route_by_mode(base: str, name: str, args: Any, kwargs: Any, options: Any, task: Any = None,
                    **_: Any) -> dict[str, str] | None:
-    if name != TASK_NAME:
+    if name not in (TASK_NAME, DOCUMENT_TASK_NAME):
         return None
     mode = kwargs.get("mode") if isinstance(kwargs, dict) else None
     return {"queue": queue_for(base, mode if isinstance(mode, str) else "voice_design")}
@@ -159,14 +163,44 @@ def make_app(settings: Settings, *, runtime: WorkerRuntime | None = None) -> Cel
             # A worker died holding it (or it outlived the visibility timeout): the rerun is harmless.
             logger.info("job %s: redelivered", self.request.id)
         try:
-            return runtime.run(kwargs, task_id=self.request.id, queue_wait_s=queue_wait,
-                               claimed_key=claim if isinstance(claim, str) else None)
+            result = runtime.run(kwargs, task_id=self.request.id, queue_wait_s=queue_wait,
+                                 claimed_key=claim if isinstance(claim, str) else None)
         except Exception as exc:
             if runtime.stopping:
                 # A cold shutdown closed this worker's connections under the job: give the message
                 # back (or leave it unacked for redelivery) instead of recording a failure.
                 raise Reject(exc, requeue=True) from exc
             raise
+        document = self.request.get(DOCUMENT_HEADER)
+        if document is not None and documents is not None:
+            try:
+                documents.chunk_done(document, result, node=runtime.node)
+            except Exception as exc:  # progress is for watching: the chunk itself is done and stored
+                logger.warning("job %s: could not record document progress: %s", self.request.id, type(exc).__name__)
+        return result
 
+    documents = _register_document_tasks(app, runtime) if runtime is not None else None
     return app
+
+
+def _register_document_tasks(app: Celery, runtime: WorkerRuntime) -> Documents:
+    """``ttsq.document`` (fan out into a chord of chunk jobs) and ``ttsq.stitch`` (its body), on workers.
+    Producers send ``ttsq.document`` by name and never run either."""
+    from ttsq.document import Documents
+
+    documents = Documents(app, runtime)
+
+    @app.task(name=DOCUMENT_TASK_NAME, bind=True, acks_late=True, shared=False,  # type: ignore[untyped-decorator]
+              Request="ttsq.events:RedactedRequest", base=GuardedTask)
+    def document(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if args:
+            raise InvalidRequest("args", "ttsq.document takes keyword arguments only (kwargs=...)")
+        return documents.fan_out(self, kwargs)
+
+    @app.task(name=STITCH_TASK_NAME, bind=True, acks_late=True, shared=False,  # type: ignore[untyped-decorator]
+              Request="ttsq.events:RedactedRequest", base=GuardedTask)
+    def stitch(self: Any, results: Any = None, *, plan: dict[str, Any]) -> Any:
+        return documents.stitch(self, results, plan)
+
+    return documents
 

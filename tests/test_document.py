@@ -1,0 +1,268 @@
+"""Long documents end to end: real Redis, moto S3, real ``ttsq worker`` processes, espeak.
+
+A document fans out into ordinary chunk jobs and a stitch job (a Celery chord that replaces the
+document task); these tests check the stitched file against its chunks, resume after a worker is
+killed, progress while it runs, and sharing with ordinary submits. Waits are generous bounds,
+never timings.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import soundfile as sf
+from conftest import WorkerProcess, run_cli
+
+from ttsq.cache import CacheIndex
+from ttsq.client import Client
+from ttsq.config import Settings
+from ttsq.constants import DOCUMENT_TASK_NAME
+from ttsq.errors import InvalidRequest
+from ttsq.keys import EngineIdentity, content_key
+from ttsq.request import SynthesisRequest
+from ttsq.splitter import normalize
+
+StartWorker = Callable[..., WorkerProcess]
+TESTS = Path(__file__).parent
+
+#: A sentence in each of the ten languages Qwen3-TTS speaks; ``{n}`` keeps every chunk distinct.
+SENTENCES = (
+    "Dr. Smith measured 3.5 litres of water in sample {n}, i.e. more than expected.",
+    "Der Versuch Nummer {n} begann um 9.30 Uhr, z.B. mit einer kurzen Messung.",
+    "Le chapitre {n} raconte « une longue histoire » sur la mer et les bateaux.",
+    "El capítulo {n} habla de la ciudad (y de su gente) durante el invierno.",
+    "Il capitolo {n} descrive una giornata di sole a Roma, con molte persone.",
+    "O capítulo {n} fala de um rio comprido que atravessa o país inteiro.",
+    "Глава {n} рассказывает о зиме в Москве и о длинных вечерах.",
+    "第{n}章讲述了一个关于大海的故事。渔夫每天早上出海！",
+    "第{n}章は海の話です。漁師は毎朝早く海に出ます。",
+    "제{n}장은 바다에 관한 이야기입니다. 어부는 매일 아침 바다로 나갑니다.",
+)
+
+
+def corpus(chars: int) -> str:
+    """A multilingual document of about ``chars`` characters, in paragraphs of five sentences."""
+    paragraphs, sentences, n = [], [], 0
+    while sum(map(len, paragraphs)) + sum(map(len, sentences)) < chars:
+        sentences.append(SENTENCES[n % len(SENTENCES)].format(n=n))
+        n += 1
+        if len(sentences) == 5:
+            paragraphs.append(" ".join(sentences))
+            sentences = []
+    if sentences:
+        paragraphs.append(" ".join(sentences))
+    return "\n\n".join(paragraphs)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def synthesized_keys(worker: WorkerProcess) -> list[str]:
+    """Key prefixes of the chunks a worker synthesized (not answered from the cache), from its log."""
+    return re.findall(r"job \S+: synthesized ([0-9a-f]{12}) in batch", worker.log())
+
+
+def test_a_20000_character_multilingual_document_becomes_one_file(settings: Settings,
+                                                                   start_worker: StartWorker) -> None:
+    text = corpus(20_000)
+    assert len(text) >= 20_000
+    start_worker(settings)
+    with Client(settings) as client:
+        job = client.submit_document(text, format="flac")
+        result = job.wait(timeout=240)
+        assert result["format"] == "flac" and not result["cached"] and job.id is not None
+        chunks = result["chunks"]  # type: ignore[typeddict-item]
+        assert result["document"]["chunks"] == len(chunks) >= 50  # type: ignore[typeddict-item]
+
+        # The file is exactly its chunks joined: minus each crossfade, plus each pause.
+        cache = CacheIndex(settings.cache_url, ttl_s=0)
+        entries = [cache.get(chunk["key"]) for chunk in chunks]
+        assert all(entry is not None and entry["format"] == "wav" for entry in entries)
+        rate = result["sample_rate"]
+        pauses = {"sentence": settings.doc_sentence_pause_ms, "paragraph": settings.doc_paragraph_pause_ms}
+        expected_samples = 0
+        for index, (chunk, entry) in enumerate(zip(chunks, entries, strict=True)):
+            assert entry is not None
+            expected_samples += round(entry["duration_s"] * rate)
+            if index < len(chunks) - 1:
+                expected_samples += round(pauses.get(chunk["boundary"], 0) * rate / 1000)
+                if chunk["boundary"] == "split":
+                    expected_samples -= round(settings.doc_crossfade_ms * rate / 1000)
+        info = sf.info(io.BytesIO(client.download(result)))
+        assert info.samplerate == rate
+        assert abs(info.frames - expected_samples) <= len(chunks)  # chunk durations are rounded to 0.1 ms
+        assert abs(result["duration_s"] - info.duration) < 0.01
+
+        # Chunk boundaries: contiguous in the text, increasing in time, inside the file.
+        normalized = normalize(text)
+        assert chunks[0]["start_char"] == 0 and chunks[-1]["end_char"] == len(normalized)
+        assert {chunk["boundary"] for chunk in chunks} >= {"sentence", "paragraph", "end"}
+        for before, after in zip(chunks, chunks[1:]):
+            assert before["end_char"] == after["start_char"]
+            assert before["start_s"] < before["end_s"] <= after["start_s"] < after["end_s"]
+        assert chunks[-1]["end_s"] == pytest.approx(info.duration, abs=0.01)
+        for chunk in chunks:
+            sentences = chunk["sentences"]
+            assert sentences[0]["start_s"] == chunk["start_s"] and sentences[-1]["end_s"] == chunk["end_s"]
+            assert all(chunk["start_char"] <= s["start_char"] < s["end_char"] <= chunk["end_char"]
+                       for s in sentences)
+
+        # Every chunk is an ordinary job: its key is the one a plain submit of its text would get.
+        identity = client.identities()["voice_design"]
+        seed = result["document"]["seed"]  # type: ignore[typeddict-item]
+        assert seed == int(result["key"][:8], 16)  # no seed given: derived from the document key
+        for chunk in chunks[:10]:
+            piece = normalized[chunk["start_char"]:chunk["end_char"]].strip()
+            assert chunk["key"] == content_key(SynthesisRequest.from_dict({"text": piece, "seed": seed}), identity)
+
+        # Submitting it again is a cache hit: no job at all.
+        again = client.submit_document(text, format="flac")
+        assert again.id is None and again.result is not None and again.result["cached"]
+        assert again.result["key"] == result["key"]
+        assert again.result["chunks"] == chunks  # type: ignore[typeddict-item]
+        assert client.status(job.id)["state"] == "SUCCESS"
+
+
+def test_chunks_are_shared_with_ordinary_submits(settings: Settings, start_worker: StartWorker) -> None:
+    worker = start_worker(settings)
+    text = ("First sentence of the shared test. Second sentence of the shared test. Third sentence here. "
+            "Fourth and last sentence.")
+    with Client(settings) as client:
+        # One chunk per sentence; the first two were already made by ordinary submits of the same text.
+        ordinary = [client.submit(piece, seed=7).wait(timeout=60)
+                    for piece in ("First sentence of the shared test.", "Second sentence of the shared test.")]
+        assert len(synthesized_keys(worker)) == 2
+        client.settings = settings.replace(doc_target_chars=1)
+        document = client.submit_document(text, seed=7).wait(timeout=60)
+    chunks = document["chunks"]  # type: ignore[typeddict-item]
+    assert len(chunks) == 4
+    assert [chunk["key"] for chunk in chunks[:2]] == [result["key"] for result in ordinary]
+    assert [chunk["cached"] for chunk in chunks] == [True, True, False, False]
+    assert document["document"]["cached_chunks"] == 2  # type: ignore[typeddict-item]
+    made = synthesized_keys(worker)
+    assert len(made) == 4 and {key[:12] for key in (c["key"] for c in chunks[2:])} == set(made[2:])
+
+
+def test_kill_the_worker_halfway_only_missing_chunks_are_redone(settings: Settings, start_worker: StartWorker,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+    # Slow chunks, one at a time, and a visibility timeout short enough to see redelivery in a test.
+    slow = settings.replace(engine="faulty_engine:FaultyEngine", max_batch=1, visibility_timeout_s=25,
+                            job_timeout_s=12, storage_attempts=1, storage_timeout_s=2, doc_target_chars=1)
+    text = " ".join(f"[slow] Sentence number {n} of the resume test." for n in range(10))
+    w1 = start_worker(slow, name="w1")
+    client = Client(slow)
+    job = client.submit_document(text)
+    wait_until(lambda: len(synthesized_keys(w1)) >= 3, 60, "three chunks done")
+    assert w1.process is not None
+    w1.process.send_signal(signal.SIGKILL)
+    w1.process.wait(10)
+    before = synthesized_keys(w1)
+    assert 3 <= len(before) < 10
+
+    # After restart and re-submit: the re-submit joins the same document, nothing done is redone.
+    w2 = start_worker(slow, name="w2")
+    again = client.submit_document(text)
+    assert again.id == job.id and again.joined
+    result = again.wait(timeout=180)
+    after = synthesized_keys(w2)
+    keys = [chunk["key"][:12] for chunk in result["chunks"]]  # type: ignore[typeddict-item]
+    assert len(keys) == 10
+    assert not set(before) & set(after), "a chunk finished before the kill was synthesized again"
+    assert sorted(before + after) == sorted(keys)  # every chunk synthesized exactly once
+    client.close()
+
+
+def test_a_failed_document_resubmitted_makes_only_the_missing_chunks(
+        settings: Settings, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+    fault = tmp_path / "device-fault"
+    fault.touch()
+    monkeypatch.setenv("FAULTY_ENGINE_FLAKY", str(fault))
+    flaky = settings.replace(engine="faulty_engine:FaultyEngine", doc_target_chars=1)
+    worker = start_worker(flaky)
+    text = "A short sentence to begin. Another short one follows. And a [flaky] one at the end."
+    with Client(flaky) as client:
+        failed = client.submit_document(text)
+        with pytest.raises(Exception, match="flaky device fault"):
+            failed.wait(timeout=60)
+        assert client.status(failed.id or "")["state"] == "FAILURE"
+        assert len(synthesized_keys(worker)) == 2  # the two good chunks are stored
+        fault.unlink()  # the device recovers
+        again = client.submit_document(text)
+        assert again.id != failed.id  # a failed document is not joined: it starts again
+        result = again.wait(timeout=60)
+    assert [chunk["cached"] for chunk in result["chunks"]] == [True, True, False]  # type: ignore[typeddict-item]
+    assert len(synthesized_keys(worker)) == 3  # only the missing chunk was synthesized
+
+
+def test_status_shows_progress_rising_while_a_document_runs(settings: Settings, start_worker: StartWorker,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+    slow = settings.replace(engine="faulty_engine:FaultyEngine", max_batch=1, doc_target_chars=1)
+    start_worker(slow)
+    text = " ".join(f"[slow] Progress sentence number {n}." for n in range(6))
+    with Client(slow) as client:
+        job = client.submit_document(text)
+        assert job.id is not None
+        seen: list[int] = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            out = run_cli("status", job.id, "--json", settings=slow)
+            assert out.returncode == 0, out.stderr
+            import json
+
+            info = json.loads(out.stdout)
+            if info["state"] == "PROGRESS":
+                progress = info["progress"]
+                assert progress["chunks_total"] == 6
+                if not seen or progress["chunks_done"] != seen[-1]:
+                    seen.append(progress["chunks_done"])
+            if info["state"] == "SUCCESS":
+                break
+            time.sleep(0.2)
+        assert info["state"] == "SUCCESS"
+        assert len(seen) >= 2 and seen == sorted(seen) and seen[-1] > seen[0], seen
+        plain = run_cli("status", job.id, settings=slow)
+        assert plain.returncode == 0 and "SUCCESS" in plain.stdout.decode()
+
+
+def test_bad_documents_are_refused_at_the_edge_and_nothing_is_queued(settings: Settings) -> None:
+    from conftest import queue_length
+
+    with Client(settings.replace(max_document_chars=100)) as client:
+        for text, fields, field in (("", {}, "text"), ("   \n\n  ", {}, "text"), ("a\x00b", {}, "text"),
+                                    ("x. " * 60, {}, "text"), ("Hello.", {"language": "klingon"}, "language"),
+                                    ("Hello.", {"deadline": time.time() + 60}, "deadline"),
+                                    ("Hello.", {"speed": 2}, "speed")):
+            with pytest.raises(InvalidRequest) as info:
+                client.submit_document(text, **fields)
+            assert info.value.field.startswith(field), (text, info.value)
+    assert queue_length(settings) == 0
+
+
+def test_a_raw_document_message_from_a_backend_without_ttsq(settings: Settings, start_worker: StartWorker) -> None:
+    from celery import Celery
+
+    start_worker(settings)
+    app = Celery(broker=settings.broker_url, backend=settings.result_backend)
+    result = app.send_task(DOCUMENT_TASK_NAME, kwargs={"text": "One. Two sentences.\n\nA paragraph.",
+                                                       "format": "mp3"}, queue=settings.queue)
+    value = result.get(timeout=60)
+    assert value["format"] == "mp3" and len(value["chunks"]) >= 2 and "text" not in value
+    bad = app.send_task(DOCUMENT_TASK_NAME, kwargs={"text": "Hello.", "mode": "karaoke"}, queue=settings.queue)
+    with pytest.raises(Exception, match="mode"):
+        bad.get(timeout=60)
+    app.close()
