@@ -13,7 +13,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
@@ -21,6 +21,9 @@ from ttsq import __version__
 from ttsq.config import Settings
 from ttsq.errors import ConfigError, InvalidRequest, TTSQError
 from ttsq.request import FORMATS, LANGUAGES, JobResult
+
+if TYPE_CHECKING:
+    from ttsq.client import Client, Job
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -73,7 +76,14 @@ def cli(ctx: click.Context, broker_url: str | None, result_backend: str | None, 
 
 
 @cli.command()
-@click.argument("text")
+@click.argument("text", required=False)
+@click.option("-f", "--file", "text_file", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+              default=None,
+              help="Read the text from this file ('-': stdin) as one document of any length: it is split into "
+                   "chunk jobs and stitched into one audio file, with a progress bar while it runs.")
+@click.option("--each-line", is_flag=True,
+              help="With -f: one ordinary job per non-blank line instead (many short clips), with a progress bar "
+                   "and a summary; --json prints one record per line.")
 @click.option("--mode", default="voice_design", show_default=True,
               help="voice_design (a voice described in words), custom_voice (a named speaker) or "
                    "voice_clone (a stored reference voice).")
@@ -102,20 +112,27 @@ def cli(ctx: click.Context, broker_url: str | None, result_backend: str | None, 
               help="Start a private Redis and an in-process espeak worker for this one job.")
 @click.pass_context
 @_one_line_errors
-def submit(ctx: click.Context, text: str, mode: str, instruct: str, speaker: str, reference: str, language: str,
+def submit(ctx: click.Context, text: str | None, text_file: Path | None, each_line: bool, mode: str, instruct: str,
+           speaker: str, reference: str, language: str,
            audio_format: str | None,
            seed: int | None, temperature: float | None, top_p: float | None, top_k: int | None,
            repetition_penalty: float | None, max_new_tokens: int | None, deadline_s: float | None, wait: bool,
            timeout: float,
            output: Path | None, as_json: bool, embedded: bool) -> None:
-    """Synthesize TEXT (or '-' to read it from stdin)."""
+    """Synthesize TEXT (or '-' to read it from stdin), or a document with -f FILE."""
     from ttsq.client import Client
 
-    if text == "-":
-        try:
-            text = sys.stdin.buffer.read().decode("utf-8")
-        except UnicodeDecodeError:
-            raise InvalidRequest("text", "is not valid UTF-8") from None
+    if (text is None) == (text_file is None):
+        raise click.UsageError("give TEXT as an argument or a file with -f FILE (one of them)")
+    if each_line and text_file is None:
+        raise click.UsageError("--each-line reads the lines of -f FILE")
+    if each_line and output is not None:
+        raise click.UsageError("--each-line makes one file per line: print their URLs with --json instead of -o")
+    if text_file is not None:
+        text = _read_text(sys.stdin.buffer.read() if str(text_file) == "-" else text_file.read_bytes())
+    elif text == "-":
+        text = _read_text(sys.stdin.buffer.read())
+    text = cast(str, text)  # one of the two was given, checked above
     if audio_format is None:
         suffix = output.suffix.lower().lstrip(".") if output else ""
         audio_format = suffix if suffix in FORMATS else "wav"
@@ -145,11 +162,23 @@ def submit(ctx: click.Context, text: str, mode: str, instruct: str, speaker: str
         SynthesisRequest.from_dict({"text": text, **fields}, Limits.from_settings(settings))
         with Embedded(settings.replace(engine="espeak")) as stack:
             client = Client(stack.settings, app=stack.app)
-            job = client.submit(text, **fields)
-            _report(job.wait(timeout), output=output, as_json=as_json)
+            if each_line:
+                sys.exit(_submit_lines(client, text, fields, wait=True, timeout=timeout, as_json=as_json))
+            job = client.submit_document(text, **fields) if text_file is not None else client.submit(text, **fields)
+            _report(_wait_with_progress(client, job, timeout), output=output, as_json=as_json)
         return
 
     client = Client(settings)
+    if each_line:
+        sys.exit(_submit_lines(client, text, fields, wait=wait, timeout=timeout, as_json=as_json))
+    if text_file is not None:
+        job = client.submit_document(text, **fields)
+        if job.result is None and not wait and output is None:
+            click.echo(json.dumps({"id": job.id, "key": job.key, "state": "PENDING", "chunks": job.chunks})
+                       if as_json else f"queued {job.id} ({job.chunks} chunks)")
+            return
+        _report(_wait_with_progress(client, job, timeout), output=output, as_json=as_json)
+        return
     job = client.submit(text, **fields)
     if job.result is None and not wait and output is None:
         click.echo(json.dumps({"id": job.id, "key": job.key, "state": "PENDING"}) if as_json
@@ -174,6 +203,10 @@ def status(ctx: click.Context, job_id: str, as_json: bool) -> None:
         click.echo(f"{info['state']} {info['error']}")
     elif "result" in info:
         click.echo(f"{info['state']} {_summary(info['result'])}")
+    elif "progress" in info:
+        progress = info["progress"]
+        click.echo(f"{info['state']} {progress['chunks_done']}/{progress['chunks_total']} chunks, "
+                   f"{progress['audio_s']:.1f} s of audio")
     else:
         click.echo(info["state"])
 
@@ -382,6 +415,78 @@ def flower(ctx: click.Context, address: str, port: int, basic_auth: str | None, 
                         extra=flower_args))
 
 
+def _read_text(data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidRequest("text", "is not valid UTF-8") from None
+
+
+def _wait_with_progress(client: Client, job: Job, timeout: float) -> JobResult:
+    """Wait for a document, with a progress bar of its chunks on stderr (read from its PROGRESS state)."""
+    if job.result is not None or job.id is None:
+        return job.wait(timeout)
+    deadline = time.monotonic() + timeout
+    total = max(job.chunks, 1)
+    with click.progressbar(length=total, label="chunks", file=sys.stderr, show_pos=True) as bar:
+        shown = 0
+        while time.monotonic() < deadline:
+            info = client.status(job.id)
+            progress = info.get("progress")
+            if progress:
+                done = int(progress["chunks_done"])
+                bar.label = f"chunks ({progress['audio_s']:.0f} s of audio)"
+                bar.update(done - shown)
+                shown = done
+            if info["state"] in ("SUCCESS", "FAILURE", "REVOKED"):
+                bar.update(total - shown)
+                break
+            time.sleep(0.3)
+    return job.wait(max(0.1, deadline - time.monotonic()))
+
+
+def _submit_lines(client: Client, text: str, fields: dict[str, Any], *, wait: bool, timeout: float,
+                  as_json: bool) -> int:
+    """One job per non-blank line; a bad line fails alone. Exit status 1 if any line failed."""
+    records: list[dict[str, Any]] = []
+    jobs: list[tuple[dict[str, Any], Job]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        record: dict[str, Any] = {"line": number}
+        records.append(record)
+        try:
+            job = client.submit(line, **fields)
+        except InvalidRequest as exc:
+            record.update(state="failed", error=str(exc))
+            continue
+        record.update(id=job.id, key=job.key, state="queued")
+        jobs.append((record, job))
+    deadline = time.monotonic() + timeout
+    if wait:
+        with click.progressbar(jobs, label="lines", file=sys.stderr, show_pos=True) as bar:
+            for record, job in bar:
+                try:
+                    result = job.wait(max(0.1, deadline - time.monotonic()))
+                except TTSQError as exc:
+                    record.update(state="failed", error=str(exc))
+                    continue
+                record.update(state="cached" if result["cached"] else "done", key=result["key"],
+                              url=result["url"], duration_s=result["duration_s"])
+    counts = {state: sum(1 for r in records if r["state"] == state) for state in ("done", "cached", "failed", "queued")}
+    if as_json:
+        for record in records:
+            click.echo(json.dumps(record, ensure_ascii=False))
+    else:
+        click.echo(f"{'lines':>7} {'done':>7} {'cached':>7} {'failed':>7}" + (f" {'queued':>7}" if not wait else ""))
+        click.echo(f"{len(records):>7} {counts['done']:>7} {counts['cached']:>7} {counts['failed']:>7}"
+                   + (f" {counts['queued']:>7}" if not wait else ""))
+        for record in records:
+            if record["state"] == "failed":
+                click.echo(f"line {record['line']}: {record['error']}")
+    return 1 if counts["failed"] else 0
+
+
 def _report(result: JobResult, *, output: Path | None, as_json: bool) -> None:
     if output is not None:
         output.write_bytes(_fetch(result["url"]))
@@ -395,6 +500,9 @@ def _report(result: JobResult, *, output: Path | None, as_json: bool) -> None:
 
 def _summary(result: JobResult) -> str:
     source = "cached" if result["cached"] else "synthesized"
+    document = result.get("document")
+    if isinstance(document, dict):  # a stitched document
+        source = f"{document['chunks']} chunks ({document['cached_chunks']} from the cache), {source}"
     ignored = f" (ignored: {', '.join(result['ignored'])})" if result["ignored"] else ""
     truncated = " (truncated at the frame cap)" if result["truncated"] else ""
     return (f"{result['duration_s']:.2f}s {result['format']} {result['sample_rate']} Hz, {source} "

@@ -9,6 +9,8 @@ never timings.
 from __future__ import annotations
 
 import io
+import itertools
+import json
 import os
 import re
 import signal
@@ -24,9 +26,10 @@ from ttsq.cache import CacheIndex
 from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.constants import DOCUMENT_TASK_NAME
+from ttsq.document import Document, Options
 from ttsq.errors import InvalidRequest
-from ttsq.keys import EngineIdentity, content_key
-from ttsq.request import SynthesisRequest
+from ttsq.keys import content_key
+from ttsq.request import Limits, SynthesisRequest
 from ttsq.splitter import normalize
 
 StartWorker = Callable[..., WorkerProcess]
@@ -109,7 +112,7 @@ def test_a_20000_character_multilingual_document_becomes_one_file(settings: Sett
         normalized = normalize(text)
         assert chunks[0]["start_char"] == 0 and chunks[-1]["end_char"] == len(normalized)
         assert {chunk["boundary"] for chunk in chunks} >= {"sentence", "paragraph", "end"}
-        for before, after in zip(chunks, chunks[1:]):
+        for before, after in itertools.pairwise(chunks):
             assert before["end_char"] == after["start_char"]
             assert before["start_s"] < before["end_s"] <= after["start_s"] < after["end_s"]
         assert chunks[-1]["end_s"] == pytest.approx(info.duration, abs=0.01)
@@ -122,7 +125,9 @@ def test_a_20000_character_multilingual_document_becomes_one_file(settings: Sett
         # Every chunk is an ordinary job: its key is the one a plain submit of its text would get.
         identity = client.identities()["voice_design"]
         seed = result["document"]["seed"]  # type: ignore[typeddict-item]
-        assert seed == int(result["key"][:8], 16)  # no seed given: derived from the document key
+        document = Document.parse({"text": text}, limits=Limits(), max_document_chars=len(text),
+                                  default_options=Options.from_settings(settings))
+        assert seed == document.seed(identity)  # no seed given: derived from the document, the same every time
         for chunk in chunks[:10]:
             piece = normalized[chunk["start_char"]:chunk["end_char"]].strip()
             assert chunk["key"] == content_key(SynthesisRequest.from_dict({"text": piece, "seed": seed}), identity)
@@ -266,3 +271,42 @@ def test_a_raw_document_message_from_a_backend_without_ttsq(settings: Settings, 
     with pytest.raises(Exception, match="mode"):
         bad.get(timeout=60)
     app.close()
+
+
+def test_cli_document_with_a_progress_bar_and_an_output_file(settings: Settings, start_worker: StartWorker,
+                                                             tmp_path: Path) -> None:
+    start_worker(settings)
+    chapter = tmp_path / "chapter.txt"
+    chapter.write_text(corpus(1500), encoding="utf-8")
+    audio = tmp_path / "chapter.ogg"
+    out = run_cli("submit", "-f", str(chapter), "--wait", "-o", str(audio), settings=settings)
+    assert out.returncode == 0, out.stderr
+    assert "chunks" in out.stderr.decode()  # the progress bar (stderr: stdout stays one line)
+    line = out.stdout.decode().strip()
+    assert line.startswith(f"wrote {audio}:") and "chunks (0 from the cache), synthesized" in line
+    assert sf.info(str(audio)).format == "OGG" and sf.info(str(audio)).duration > 30
+    again = run_cli("submit", "-f", str(chapter), "--json", settings=settings)
+    result = json.loads(again.stdout)
+    assert again.returncode == 0 and not result["cached"] and result["format"] == "wav"  # another file...
+    assert result["document"]["cached_chunks"] == result["document"]["chunks"]  # ...from the same chunks
+
+
+def test_cli_each_line_submits_one_job_per_line_with_a_summary(settings: Settings, start_worker: StartWorker,
+                                                              tmp_path: Path) -> None:
+    start_worker(settings)
+    with Client(settings) as client:
+        client.submit("Line two is already cached.").wait(timeout=60)
+    lines = tmp_path / "lines.txt"
+    lines.write_text("Line one is new.\nLine two is already cached.\n\n" + "x" * 80 + "\nLine five is new too.\n",
+                     encoding="utf-8")
+    strict = settings.replace(max_text_chars=60)  # the producer refuses line 4 at the edge
+    out = run_cli("submit", "-f", str(lines), "--each-line", "--json", settings=strict)
+    assert out.returncode == 1, out.stderr  # one line failed
+    records = [json.loads(line) for line in out.stdout.decode().splitlines()]
+    assert [(r["line"], r["state"]) for r in records] == [(1, "done"), (2, "cached"), (4, "failed"), (5, "done")]
+    assert records[2]["error"].startswith("invalid text:") and "url" in records[0] and "text" not in records[0]
+    table = run_cli("submit", "-f", str(lines), "--each-line", settings=strict)
+    rows = table.stdout.decode().splitlines()
+    assert rows[0].split() == ["lines", "done", "cached", "failed"]
+    assert rows[1].split() == ["4", "0", "3", "1"] and rows[2].startswith("line 4: invalid text")
+    assert "lines" in table.stderr.decode()  # the progress bar

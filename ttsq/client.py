@@ -62,6 +62,8 @@ class Job:
     result: JobResult | None = None
     #: True when this submit joined a job another producer had already started.
     joined: bool = False
+    #: A document job: how many chunk jobs it fans out into (0 for an ordinary job).
+    chunks: int = 0
 
     @property
     def cached(self) -> bool:
@@ -187,9 +189,10 @@ class Client:
             record = self.cache.read(lambda client: read_document(client, key))
             if record is not None:
                 self.cache.count("cache_hits_producer")
-                return Job(id=None, key=key, client=self, result=cast("JobResult", document_result(
-                    record, url=self.storage.url(record["audio"]["object_key"], self.settings.url_expiry_s),
-                    url_expires_s=self.settings.url_expiry_s, cached=True)))
+                return Job(id=None, key=key, client=self, chunks=len(document.chunks),
+                           result=cast("JobResult", document_result(
+                               record, url=self.storage.url(record["audio"]["object_key"], self.settings.url_expiry_s),
+                               url_expires_s=self.settings.url_expiry_s, cached=True)))
             owner = self.cache.claim(key, task_id, self.settings.inflight_ttl_s)
             if owner is not None and self._finished(owner):
                 # The document that held the claim failed (or its result expired): start it again;
@@ -197,7 +200,7 @@ class Client:
                 self.cache.release(key, owner)
                 owner = self.cache.claim(key, task_id, self.settings.inflight_ttl_s)
             if owner is not None:
-                return Job(id=owner, key=key, client=self, joined=True)
+                return Job(id=owner, key=key, client=self, joined=True, chunks=len(document.chunks))
         kwargs = {"text": document.text, **{name: value for name, value in document.fields.items()
                                              if value is not None and value != ""},
                   "options": asdict(options)}
@@ -213,7 +216,7 @@ class Client:
         finally:
             if key is not None and not sent:
                 self.cache.release(key, task_id)
-        return Job(id=task_id, key=key, client=self)
+        return Job(id=task_id, key=key, client=self, chunks=len(document.chunks))
 
     def _cached(self, key: str) -> Job | None:
         entry = self.cache.get(key)

@@ -177,7 +177,21 @@ class Document:
 
     def key(self, identity: EngineIdentity) -> str:
         """The document key: everything that shapes the stitched file."""
-        material = {
+        return hashlib.sha256(canonical_json(self._material(identity))).hexdigest()
+
+    def seed(self, identity: EngineIdentity) -> int:
+        """The seed of every chunk: the request's, or one derived from the document's text, voice and
+        chunking. Not from its output format or pauses: the same chunks then serve every format."""
+        given = self.fields.get("seed")
+        if given is not None:
+            return int(given)
+        material = self._material(identity)
+        material["fields"] = {name: value for name, value in self.fields.items() if name != "format"}
+        material["options"] = {"target_chars": self.options.target_chars, "max_chars": self.options.max_chars}
+        return int(hashlib.sha256(canonical_json(material)).hexdigest()[:8], 16)
+
+    def _material(self, identity: EngineIdentity) -> dict[str, Any]:
+        return {
             "kind": "document",
             "schema": DOCUMENT_SCHEMA_VERSION,
             "splitter": SPLITTER_VERSION,
@@ -189,12 +203,6 @@ class Document:
             "options": asdict(self.options),
             "text": self.text,
         }
-        return hashlib.sha256(canonical_json(material)).hexdigest()
-
-    def seed(self, key: str) -> int:
-        """The seed of every chunk: the request's, or one derived from the document key."""
-        given = self.fields.get("seed")
-        return int(given) if given is not None else int(key[:8], 16)
 
     def requests(self, *, seed: int, limits: Limits) -> list[SynthesisRequest]:
         """One ordinary request per chunk. Chunks are WAV (lossless, and the default format, so shared
@@ -278,10 +286,12 @@ class Documents:
             runtime.cache.release(key, task_id)
             logger.info("document %s: cached %s", task_id, key[:12])
             return self.result(stored, cached=True)
-        seed = document.seed(key)
+        seed = document.seed(identity)
         requests = document.requests(seed=seed, limits=runtime.limits)
         keys = [content_key(request, identity) for request in requests]
-        total = len(requests)
+        # A chunk that repeats (a refrain, a stock phrase) is one job; the stitch places it every time.
+        unique = list({key: request for key, request in zip(keys, requests, strict=True)}.values())
+        total = len(unique)
         queue = queue_for(self.settings.queue, document.fields["mode"])
         self._store_progress(task_id, Progress(chunks_done=0, chunks_total=total, audio_s=0.0))
         header = [
@@ -289,7 +299,7 @@ class Documents:
                                headers={SENT_AT_HEADER: time.time(),
                                         DOCUMENT_HEADER: {"id": task_id, "index": index, "total": total}},
                                kwargsrepr=f"document chunk {index + 1}/{total} {request.describe()}")
-            for index, request in enumerate(requests)
+            for index, request in enumerate(unique)
         ]
         plan = {
             "key": key,
@@ -359,13 +369,16 @@ class Documents:
         pieces: list[npt.NDArray[np.float32]] = []
         rate = 0
         entries: list[StoredAudio] = []
+        decoded: dict[str, tuple[npt.NDArray[np.float32], int]] = {}
         for chunk in plan["chunks"]:
             entry = runtime.cache.get(chunk["key"])
             if entry is None:
                 # The chord fired without this chunk stored (a duplicate counted for it): not yet.
                 raise task.retry(countdown=2, max_retries=30,
                                  exc=JobFailed(f"chunk {chunk['key'][:12]} of document {key[:12]} is not stored"))
-            samples, chunk_rate = _decode(runtime.storage.get(entry["object_key"]))
+            if entry["object_key"] not in decoded:  # a repeated chunk is read once
+                decoded[entry["object_key"]] = _decode(runtime.storage.get(entry["object_key"]))
+            samples, chunk_rate = decoded[entry["object_key"]]
             rate = rate or chunk_rate
             pieces.append(resample(samples, chunk_rate, rate))
             entries.append(entry)
@@ -384,8 +397,7 @@ class Documents:
                                   model_revision=identity.revision,
                                   truncated=any(entry["truncated"] for entry in entries), ignored=ignored)
         record = {"key": key, "audio": audio_entry, "chunks": spans,
-                  "document": DocumentInfo(chunks=len(spans), cached_chunks=len(cached_keys & {c["key"] for c in
-                                                                                              plan["chunks"]}),
+                  "document": DocumentInfo(chunks=len(spans), cached_chunks=sum(span["cached"] for span in spans),
                                            characters=plan["characters"], seed=plan["seed"])}
         # Last: the index never points at an object that is not there.
         self._redis.set(DOCUMENT_PREFIX + key, canonical_json(record).decode(), ex=self.settings.cache_ttl_s or None)
