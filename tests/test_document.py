@@ -310,3 +310,33 @@ def test_cli_each_line_submits_one_job_per_line_with_a_summary(settings: Setting
     assert rows[0].split() == ["lines", "done", "cached", "failed"]
     assert rows[1].split() == ["4", "0", "3", "1"] and rows[2].startswith("line 4: invalid text")
     assert "lines" in table.stderr.decode()  # the progress bar
+
+
+def test_flower_shows_a_document_in_progress_then_done(settings: Settings, start_worker: StartWorker,
+                                                       monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from test_flower import Flower
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+    slow = settings.replace(engine="faulty_engine:FaultyEngine", max_batch=1, doc_target_chars=1)
+    flower = Flower(slow, tmp_path / "flower.log")
+    try:
+        start_worker(slow)
+        with Client(slow) as client:
+            job = client.submit_document(" ".join(f"[slow] Flower sentence number {n}." for n in range(5)))
+            states: list[tuple[str, str]] = []
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                try:
+                    info = json.loads(flower.get(f"/api/task/info/{job.id}"))
+                except OSError:  # 404 until Flower has seen an event of it
+                    time.sleep(0.2)
+                    continue
+                states.append((info["state"], str(info.get("result"))))
+                if info["state"] == "SUCCESS":
+                    break
+                time.sleep(0.2)
+        progress = [result for state, result in states if state == "PROGRESS"]
+        assert progress and re.fullmatch(r"\d/5 chunks, [\d.]+ s of audio", progress[0]), states
+        assert states[-1][0] == "SUCCESS" and "<url>" in states[-1][1]  # the stitched result, URL redacted
+    finally:
+        flower.stop()

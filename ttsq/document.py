@@ -336,9 +336,12 @@ class Documents:
         progress = Progress(chunks_done=len(values), chunks_total=total,
                             audio_s=round(sum(float(v) for v in values), 3))
         self._store_progress(doc_id, progress)
+        summary = f"{progress['chunks_done']}/{total} chunks, {progress['audio_s']:.1f} s of audio"
         try:
             with self.app.events.default_dispatcher(hostname=node) as dispatcher:
-                dispatcher.send("task-progress", uuid=doc_id, **progress)
+                # Flower takes an unknown event type as the task's state (PROGRESS) and shows the
+                # ``result`` field, one of the few it keeps, on its task pages and API.
+                dispatcher.send("task-progress", uuid=doc_id, **progress, result=summary)
         except Exception as exc:  # events are for watching; the state above is the record
             logger.debug("could not send a progress event: %s", type(exc).__name__)
 
