@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import redis
 import soundfile as sf
 from conftest import WorkerProcess, run_cli
 
@@ -28,7 +29,7 @@ from ttsq.config import Settings
 from ttsq.constants import DOCUMENT_TASK_NAME
 from ttsq.document import Document, Options
 from ttsq.errors import InvalidRequest
-from ttsq.keys import content_key
+from ttsq.keys import EngineIdentity, content_key
 from ttsq.request import Limits, SynthesisRequest
 from ttsq.splitter import normalize
 
@@ -50,9 +51,13 @@ SENTENCES = (
 )
 
 
+#: One sentence longer than TTSQ_DOC_MAX_CHARS (400): it is cut at its commas and crossfaded.
+RUN_ON = ", ".join(f"and then the road turned again past the {n}th old mill by the river" for n in range(12)) + "."
+
+
 def corpus(chars: int) -> str:
     """A multilingual document of about ``chars`` characters, in paragraphs of five sentences."""
-    paragraphs, sentences, n = [], [], 0
+    paragraphs, sentences, n = [RUN_ON], [], 0
     while sum(map(len, paragraphs)) + sum(map(len, sentences)) < chars:
         sentences.append(SENTENCES[n % len(SENTENCES)].format(n=n))
         n += 1
@@ -81,7 +86,7 @@ def test_a_20000_character_multilingual_document_becomes_one_file(settings: Sett
                                                                    start_worker: StartWorker) -> None:
     text = corpus(20_000)
     assert len(text) >= 20_000
-    start_worker(settings)
+    worker = start_worker(settings)
     with Client(settings) as client:
         job = client.submit_document(text, format="flac")
         result = job.wait(timeout=240)
@@ -111,10 +116,15 @@ def test_a_20000_character_multilingual_document_becomes_one_file(settings: Sett
         # Chunk boundaries: contiguous in the text, increasing in time, inside the file.
         normalized = normalize(text)
         assert chunks[0]["start_char"] == 0 and chunks[-1]["end_char"] == len(normalized)
-        assert {chunk["boundary"] for chunk in chunks} >= {"sentence", "paragraph", "end"}
+        assert {chunk["boundary"] for chunk in chunks} == {"split", "sentence", "paragraph", "end"}
         for before, after in itertools.pairwise(chunks):
             assert before["end_char"] == after["start_char"]
-            assert before["start_s"] < before["end_s"] <= after["start_s"] < after["end_s"]
+            assert before["start_s"] < before["end_s"] and after["start_s"] < after["end_s"]
+            gap = after["start_s"] - before["end_s"]
+            if before["boundary"] == "split":  # the two overlap by the crossfade
+                assert gap == pytest.approx(-settings.doc_crossfade_ms / 1000, abs=0.001)
+            else:
+                assert gap == pytest.approx(pauses[before["boundary"]] / 1000, abs=0.001)
         assert chunks[-1]["end_s"] == pytest.approx(info.duration, abs=0.01)
         for chunk in chunks:
             sentences = chunk["sentences"]
@@ -138,6 +148,13 @@ def test_a_20000_character_multilingual_document_becomes_one_file(settings: Sett
         assert again.result["key"] == result["key"]
         assert again.result["chunks"] == chunks  # type: ignore[typeddict-item]
         assert client.status(job.id)["state"] == "SUCCESS"
+    # The worker does not keep listening for the results of the chunk and stitch jobs it sent.
+    subscribed = redis.Redis.from_url(settings.result_backend).pubsub_channels("celery-task-meta-*")
+    wait_until(lambda: not redis.Redis.from_url(settings.result_backend).pubsub_channels("celery-task-meta-*"),
+               30, f"no result subscriptions left (there were {len(subscribed)})")
+    log = worker.log()
+    assert "document" in log and "stitched" in log
+    assert "old mill" not in log and "渔夫" not in log and "Signature" not in log  # no text, no signed URL
 
 
 def test_chunks_are_shared_with_ordinary_submits(settings: Settings, start_worker: StartWorker) -> None:
@@ -227,21 +244,22 @@ def test_status_shows_progress_rising_while_a_document_runs(settings: Settings, 
         while time.monotonic() < deadline:
             out = run_cli("status", job.id, "--json", settings=slow)
             assert out.returncode == 0, out.stderr
-            import json
-
             info = json.loads(out.stdout)
             if info["state"] == "PROGRESS":
                 progress = info["progress"]
                 assert progress["chunks_total"] == 6
                 if not seen or progress["chunks_done"] != seen[-1]:
                     seen.append(progress["chunks_done"])
+                if len(seen) == 2:  # what a person sees
+                    plain = run_cli("status", job.id, settings=slow).stdout.decode()
+                    assert re.fullmatch(r"(PROGRESS \d/6 chunks, [\d.]+ s of audio|SUCCESS .*)\n", plain), plain
             if info["state"] == "SUCCESS":
                 break
             time.sleep(0.2)
         assert info["state"] == "SUCCESS"
         assert len(seen) >= 2 and seen == sorted(seen) and seen[-1] > seen[0], seen
-        plain = run_cli("status", job.id, settings=slow)
-        assert plain.returncode == 0 and "SUCCESS" in plain.stdout.decode()
+        done = run_cli("status", job.id, settings=slow)
+        assert done.returncode == 0 and "SUCCESS" in done.stdout.decode() and "6 chunks" in done.stdout.decode()
 
 
 def test_bad_documents_are_refused_at_the_edge_and_nothing_is_queued(settings: Settings) -> None:
@@ -340,3 +358,17 @@ def test_flower_shows_a_document_in_progress_then_done(settings: Settings, start
         assert states[-1][0] == "SUCCESS" and "<url>" in states[-1][1]  # the stitched result, URL redacted
     finally:
         flower.stop()
+
+
+def test_chunks_fit_the_frame_cap_of_the_model_that_reads_them() -> None:
+    # A model with a 100-frame cap (8 s) refuses text whose fast reading is longer: chunks stay under it.
+    identity = EngineIdentity(engine="qwen", model="tiny", revision="r", sample_rate=24000, max_frames=100)
+    text = "这是一个没有标点的很长很长的句子" * 20 + "。Short one. " + "word " * 200
+    document = Document.parse({"text": text}, limits=Limits(), max_document_chars=10_000, identity=identity)
+    assert Options().chunk_max(Limits(), identity) == 48
+    assert len(document.chunks) > 10 and all(len(chunk.text) <= 48 for chunk in document.chunks)
+    for request in document.requests(seed=1, limits=Limits()):
+        identity.check(request)  # none refused
+    with pytest.raises(InvalidRequest) as info:
+        Document.parse({"text": "Hello.", "options": {"max_chars": 5}}, limits=Limits(), max_document_chars=100)
+    assert info.value.field == "options.max_chars"

@@ -45,6 +45,7 @@ import hashlib
 import io
 import logging
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, TypedDict, cast
@@ -294,8 +295,9 @@ class Documents:
         total = len(unique)
         queue = queue_for(self.settings.queue, document.fields["mode"])
         self._store_progress(task_id, Progress(chunks_done=0, chunks_total=total, audio_s=0.0))
+        ids = [str(uuid.uuid4()) for _ in unique]
         header = [
-            self.app.signature(TASK_NAME, kwargs=request.to_dict(), queue=queue,
+            self.app.signature(TASK_NAME, kwargs=request.to_dict(), queue=queue, task_id=ids[index],
                                headers={SENT_AT_HEADER: time.time(),
                                         DOCUMENT_HEADER: {"id": task_id, "index": index, "total": total}},
                                kwargsrepr=f"document chunk {index + 1}/{total} {request.describe()}")
@@ -316,7 +318,12 @@ class Documents:
         body = self.app.signature(STITCH_TASK_NAME, kwargs={"plan": plan}, queue=queue,
                                   kwargsrepr=f"stitch {total} chunks into {key[:12]}")
         logger.info("document %s: %d chunks (%d characters) for %s", task_id, total, len(document.text), key[:12])
-        return task.replace(chord(header, body))
+        try:
+            return task.replace(chord(header, body))
+        finally:
+            # Nobody here waits for these results; Celery would listen for them forever otherwise.
+            stop_listening(self.app.backend, ids)
+            stop_listening(self.app.backend, [task_id], unless_waited=True)
 
     # --- 2. progress, from each chunk job ------------------------------------------------------
 
@@ -423,6 +430,29 @@ class Documents:
     def close(self) -> None:
         """Release the Redis connection."""
         self._redis.close()
+
+
+def stop_listening(backend: Any, task_ids: Sequence[str], *, unless_waited: bool = False) -> None:
+    """Stop this process listening for the results of tasks it sent but never waits for.
+
+    Celery's Redis backend subscribes to the result channel of every task a process sends, and the
+    group result of a chord keeps each header task waited on until its result is read; a worker
+    never reads them, so every document would leave its chunk ids subscribed and referenced for
+    the life of the process (celery/celery#3812, #4824). ``unless_waited`` keeps an id someone in
+    this process does wait for (the embedded mode's client waits on its document in-process).
+    """
+    consumer = getattr(backend, "result_consumer", None)
+    pending = getattr(backend, "_pending_results", ())  # Celery 5.7: (concrete, weak) waiters by task id
+    for task_id in task_ids:
+        if unless_waited and any(task_id in mapping for mapping in pending):
+            continue
+        for mapping in pending:
+            mapping.pop(task_id, None)
+        if consumer is not None:
+            try:
+                consumer.cancel_for(task_id)
+            except Exception as exc:  # a lost subscription is harmless; failing the job is not
+                logger.debug("could not unsubscribe from a result: %s", type(exc).__name__)
 
 
 def read_document(client: Any, key: str) -> dict[str, Any] | None:

@@ -186,7 +186,9 @@ def make_app(settings: Settings, *, runtime: WorkerRuntime | None = None) -> Cel
 def _register_document_tasks(app: Celery, runtime: WorkerRuntime) -> Documents:
     """``ttsq.document`` (fan out into a chord of chunk jobs) and ``ttsq.stitch`` (its body), on workers.
     Producers send ``ttsq.document`` by name and never run either."""
-    from ttsq.document import Documents
+    from celery.signals import task_postrun
+
+    from ttsq.document import Documents, stop_listening
 
     documents = Documents(app, runtime)
 
@@ -196,6 +198,14 @@ def _register_document_tasks(app: Celery, runtime: WorkerRuntime) -> Documents:
         if args:
             raise InvalidRequest("args", "ttsq.document takes keyword arguments only (kwargs=...)")
         return documents.fan_out(self, kwargs)
+
+    @task_postrun.connect(sender=app.tasks[TASK_NAME], weak=False)  # type: ignore[untyped-decorator]
+    def after_chunk(task_id: str, task: Any, **_: Any) -> None:
+        # The worker that finishes a document's last chunk sends the stitch job (Celery's chord
+        # join, after the chunk returned), and would then listen for its result forever.
+        document = task.request.get(DOCUMENT_HEADER) if task.request is not None else None
+        if isinstance(document, dict) and isinstance(document.get("id"), str):
+            stop_listening(app.backend, [document["id"]], unless_waited=True)
 
     @app.task(name=STITCH_TASK_NAME, bind=True, acks_late=True, shared=False,  # type: ignore[untyped-decorator]
               Request="ttsq.events:RedactedRequest", base=GuardedTask)
