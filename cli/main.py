@@ -434,6 +434,7 @@ def _wait_with_progress(client: Client, job: Job, timeout: float) -> JobResult:
             info = client.status(job.id)
             progress = info.get("progress")
             if progress:
+                bar.length = total = int(progress["chunks_total"])  # repeated chunks run once
                 done = int(progress["chunks_done"])
                 bar.label = f"chunks ({progress['audio_s']:.0f} s of audio)"
                 bar.update(done - shown)

@@ -291,7 +291,7 @@ class Documents:
         requests = document.requests(seed=seed, limits=runtime.limits)
         keys = [content_key(request, identity) for request in requests]
         # A chunk that repeats (a refrain, a stock phrase) is one job; the stitch places it every time.
-        unique = list({key: request for key, request in zip(keys, requests, strict=True)}.values())
+        unique = list({chunk_key: request for chunk_key, request in zip(keys, requests, strict=True)}.values())
         total = len(unique)
         queue = queue_for(self.settings.queue, document.fields["mode"])
         self._store_progress(task_id, Progress(chunks_done=0, chunks_total=total, audio_s=0.0))

@@ -12,6 +12,9 @@ Each mode has its own queue (``queue_for``): ``ttsq`` for voice_design, the defa
 checkpoint it loaded and consumes only that mode's queue.
 
 returns a ``JobResult`` dict (see ``ttsq.request``) or fails with ``InvalidRequest`` / ``EngineError``.
+
+``ttsq.document`` takes the same kwargs with a text of any length and returns a ``DocumentResult``
+(see ``ttsq.document``); on a worker it becomes a chord of ``ttsq.synthesize`` jobs and ``ttsq.stitch``.
 """
 
 from __future__ import annotations
