@@ -340,3 +340,17 @@ def test_chunks_fit_the_frame_cap_of_the_model_that_reads_them() -> None:
     with pytest.raises(InvalidRequest) as info:
         Document.parse({"text": "Hello.", "options": {"max_chars": 5}}, limits=Limits(), max_document_chars=100)
     assert info.value.field == "options.max_chars"
+
+
+def test_the_document_benchmark_runs(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = TESTS.parent / "benchmarks" / "document.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TTSQ_")}
+    out = subprocess.run([sys.executable, str(script), "--chars", "600", "--rounds", "1"], capture_output=True,
+                         timeout=300, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr.decode()[-2000:]
+    lines = out.stdout.decode().splitlines()
+    assert lines[0].startswith("document: ") and "baseline" in lines[1] and "overhead" in lines[2]
+    assert "cache hit" in lines[3]
