@@ -77,7 +77,8 @@ def cli(ctx: click.Context, broker_url: str | None, result_backend: str | None, 
 
 @cli.command()
 @click.argument("text", required=False)
-@click.option("-f", "--file", "text_file", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+@click.option("-f", "--file", "text_file",
+              type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path),
               default=None,
               help="Read the text from this file ('-': stdin) as one document of any length: it is split into "
                    "chunk jobs and stitched into one audio file, with a progress bar while it runs.")

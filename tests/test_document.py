@@ -354,3 +354,22 @@ def test_the_document_benchmark_runs(tmp_path: Path) -> None:
     lines = out.stdout.decode().splitlines()
     assert lines[0].startswith("document: ") and "baseline" in lines[1] and "overhead" in lines[2]
     assert "cache hit" in lines[3]
+
+
+def test_cli_usage_errors_are_one_line_and_queue_nothing(settings: Settings, tmp_path: Path) -> None:
+    from conftest import queue_length
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text("Hello there.", encoding="utf-8")
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"caf\xe9")
+    for args, message in ((["submit", "text", "-f", str(doc)], "one of them"),
+                          (["submit", "--each-line", "text"], "--each-line reads the lines of -f FILE"),
+                          (["submit", "-f", str(doc), "--each-line", "-o", str(tmp_path / "x.wav")], "--json"),
+                          (["submit", "-f", str(tmp_path / "missing.txt")], "does not exist"),
+                          (["submit", "-f", str(bad)], "invalid text: is not valid UTF-8"),
+                          (["submit", "-f", str(doc), "--deadline-s", "30"], "invalid deadline")):
+        out = run_cli(*args, settings=settings)
+        lines = out.stderr.decode().strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and message in lines[0], (args, out.stderr)
+    assert queue_length(settings) == 0
