@@ -282,7 +282,7 @@ def retry(ctx: click.Context, job_id: str) -> None:
 
 @cli.command()
 @click.option("--engine", default=None,
-              help="Engine name (espeak, qwen) or package.module:Factory. [TTSQ_ENGINE]")
+              help="Engine name (espeak, qwen, qwen-fast) or package.module:Factory. [TTSQ_ENGINE]")
 @click.option("--max-batch", type=int, default=None, help="Largest batch. [TTSQ_MAX_BATCH]")
 @click.option("--max-wait-ms", type=int, default=None,
               help="Longest wait for a batch to fill after its first job. [TTSQ_MAX_WAIT_MS]")

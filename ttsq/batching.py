@@ -34,10 +34,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ttsq.engines.base import is_continuous
 from ttsq.errors import DeadlineExceeded, EngineError, EngineOutOfMemory, TTSQError
 
 if TYPE_CHECKING:
-    from ttsq.engines.base import Engine, EngineOutput
+    from ttsq.engines.base import ContinuousEngine, Engine, EngineOutput
     from ttsq.metrics import Metrics
     from ttsq.request import SynthesisRequest
 
@@ -163,7 +164,10 @@ class Batcher:
             return
         self._ready.set()
         try:
-            self._loop()
+            if is_continuous(self.engine):
+                self._continuous_loop()
+            else:
+                self._loop()
         finally:
             with self._lock:
                 self._closed = True  # whatever ended the loop, refuse new work from now on
@@ -259,6 +263,76 @@ class Batcher:
                         future.set_exception(EngineError(f"batcher failure: {exc!r}"))
             finally:
                 _bookkeep([w.on_exit for w in batch])
+
+    # -- continuous batching ----------------------------------------------------------------------
+
+    def _continuous_loop(self) -> None:
+        """Feed a ``ContinuousEngine``: every job joins as soon as a slot is free (at the next frame),
+        in arrival order, and leaves when it is done; no job waits for a batch to fill or to finish.
+
+        An isolated job runs alone: it waits for the slots to empty and nothing joins beside it.
+        """
+        engine: ContinuousEngine = self.engine  # type: ignore[assignment]
+        waiting: list[_Waiting] = []
+        alone = False  # an isolated job is decoding
+        while True:
+            idle = not engine.active and not waiting
+            if idle and self._stop_seen and not self._pending:
+                return
+            self._drain(block_until=float("inf") if idle and not self._stop_seen else None)
+            if self._pending:  # arrival order across groups: the groups only matter to batch engines
+                waiting.extend(w for group in self._pending.values() for w in group)
+                self._pending.clear()
+                waiting.sort(key=lambda w: w.deadline)
+            alone = alone and engine.active > 0
+            while waiting and not alone and engine.free_slots() > 0:
+                isolated = waiting[0].group[0] == "isolated"
+                if isolated and engine.active:
+                    break  # it starts once the slots have emptied
+                self._admit(engine, waiting.pop(0))
+                alone = isolated
+            if engine.active:
+                self._busy_since = time.monotonic()
+                try:
+                    engine.step()
+                except Exception:  # the engine fails its own rows; the loop goes on
+                    logger.exception("continuous engine step failed")
+                finally:
+                    self._busy_since = None
+
+    def _admit(self, engine: ContinuousEngine, waiting: _Waiting) -> None:
+        """Start one job in the engine, or drop it if it was cancelled or its deadline has passed."""
+        if not waiting.future.set_running_or_notify_cancel():
+            return
+        now = time.time()
+        if waiting.request.expired(now):
+            waiting.future.set_exception(DeadlineExceeded(_late(waiting.request, now)))
+            return
+        _bookkeep([waiting.on_enter])
+        batch_id = next(self._batch_ids)
+        started = time.perf_counter()
+        rows = engine.active + 1
+
+        def done(output: EngineOutput | Exception) -> None:
+            seconds = time.perf_counter() - started
+            if isinstance(output, Exception):
+                waiting.future.set_exception(output if isinstance(output, TTSQError) else EngineError(repr(output)))
+            else:
+                if self.metrics is not None:
+                    self.metrics.observe_batch(size=rows, seconds=seconds, audio_s=_audio_seconds(output),
+                                               truncated=int(output.truncated))
+                waiting.future.set_result(BatchItem(output, batch_id, rows, seconds, seconds))
+            _bookkeep([waiting.on_exit])
+
+        self._busy_since = time.monotonic()
+        try:
+            engine.admit(waiting.request, done)
+        except Exception as exc:  # admit reports failures through done; this is a bug, failing one job
+            logger.exception("continuous engine admit failed")
+            if not waiting.future.done():
+                done(EngineError(f"cannot start this job: {exc!r}"))
+        finally:
+            self._busy_since = None
 
     def _run_group(self, group: list[tuple[SynthesisRequest, Future[BatchItem]]]) -> None:
         batch_id = next(self._batch_ids)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 REGISTRY: dict[str, str] = {
     "espeak": "ttsq.engines.espeak:EspeakEngine",
     "qwen": "ttsq.engines.qwen:QwenEngine",
+    "qwen-fast": "ttsq.engines.qwen_fast:QwenFastEngine",
 }
 
 
@@ -35,7 +36,7 @@ def create_engine(settings: Settings) -> Engine:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        hint = f"install it with: pip install 'ttsq[{settings.engine}]'" if settings.engine in REGISTRY \
+        hint = f"install it with: pip install 'ttsq[{settings.engine.split('-')[0]}]'" if settings.engine in REGISTRY \
             else f"is {module_name} on PYTHONPATH?"
         raise EngineUnavailable(f"engine {settings.engine!r} cannot be imported ({exc}); {hint}") from exc
     factory = getattr(module, factory_name, None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -99,3 +99,32 @@ class Engine(Protocol):
 
 class EngineFactory(Protocol):
     def __call__(self, settings: Settings) -> Engine: ...
+
+
+class ContinuousEngine(Engine, Protocol):
+    """An engine that decodes a fixed number of slots frame by frame, which requests join and leave
+    between frames (continuous batching). The batcher detects it (``is_continuous``) and feeds it
+    requests as slots free up, instead of forming batches. Called from the batcher thread only."""
+
+    def free_slots(self) -> int:
+        """How many requests ``admit`` can take now."""
+        ...
+
+    @property
+    def active(self) -> int:
+        """How many requests are decoding."""
+        ...
+
+    def admit(self, request: SynthesisRequest, done: Callable[[EngineOutput | Exception], object]) -> None:
+        """Start one request; it joins at the next ``step``. ``done`` is called exactly once, with its
+        output or its failure (from this thread, or from the engine's decode thread)."""
+        ...
+
+    def step(self) -> None:
+        """Decode one frame for every active request; finished ones leave and get their ``done``."""
+        ...
+
+
+def is_continuous(engine: object) -> bool:
+    """Whether an engine takes requests one by one between frames (``ContinuousEngine``)."""
+    return all(callable(getattr(engine, name, None)) for name in ("free_slots", "admit", "step"))

@@ -62,6 +62,9 @@ _HUB_SNAPSHOT = re.compile(r"snapshots/([0-9a-f]{40})(?:/|$)")
 class QwenEngine:
     """A Qwen3-TTS checkpoint behind the batcher. Only the batcher thread calls it."""
 
+    #: The engine name in content keys: engines that sample differently must not share cached audio.
+    name = "qwen"
+
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.path = _checkpoint_folder(settings.qwen_model)
@@ -79,7 +82,7 @@ class QwenEngine:
         if self.mode == "custom_voice" and not speakers:
             raise ConfigError("TTSQ_QWEN_MODEL", f"{self.path} is a CustomVoice checkpoint without speakers")
         self.identity = EngineIdentity(
-            engine="qwen", model=_model_name(self.path),
+            engine=self.name, model=_model_name(self.path),
             # The frame-cap policy shapes every truncated clip, so it is part of the revision (and the key).
             revision=f"{checkpoint_revision(self.path)}.cap{FRAME_CAP_VERSION}-{settings.qwen_max_frames}",
             sample_rate=SAMPLE_RATE, modes=(self.mode,),
@@ -120,11 +123,7 @@ class QwenEngine:
         dtype_name = self.settings.qwen_dtype
         if dtype_name == "auto":
             dtype_name = "bfloat16" if on_cuda else "float32"
-        attention = self.settings.qwen_attention
-        if attention == "auto":  # flash-attn kernels exist for half precision on CUDA only
-            half = dtype_name in ("bfloat16", "float16")
-            attention = ("flash_attention_2" if on_cuda and half and importlib.util.find_spec("flash_attn")
-                         else "sdpa")
+        attention = self._attention(on_cuda, dtype_name)
         try:
             self._tts = Qwen3TTSModel.from_pretrained(str(self.path), device_map=device,
                                                       dtype=getattr(torch, dtype_name),
@@ -136,8 +135,17 @@ class QwenEngine:
             raise EngineUnavailable(f"{self.path}: codec outputs {codec.get_output_sample_rate()} Hz, "
                                     f"expected {SAMPLE_RATE}")
         self._samples_per_frame = int(codec.get_decode_upsample_rate())
+        self._device, self._dtype_name, self._attention_name = device, dtype_name, attention
         logger.info("qwen %s (%s) loaded on %s as %s with %s attention", self.path.name, self.mode, device,
                     dtype_name, attention)
+
+    def _attention(self, on_cuda: bool, dtype_name: str) -> str:
+        attention = self.settings.qwen_attention
+        if attention == "auto":  # flash-attn kernels exist for half precision on CUDA only
+            half = dtype_name in ("bfloat16", "float16")
+            attention = ("flash_attention_2" if on_cuda and half and importlib.util.find_spec("flash_attn")
+                         else "sdpa")
+        return attention
 
     def warmup(self) -> None:
         """One tiny generation of this checkpoint's mode, so the first job pays no first-call costs."""

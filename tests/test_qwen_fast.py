@@ -1,0 +1,208 @@
+"""qwen-fast's decode loop against stock qwen-tts, token for token, on the tiny random checkpoints.
+
+Greedy settings (``do_sample=False`` for the talker and the sub-talker) make both deterministic, so the
+codes must be equal: every codebook of every frame, for all three modes, batches of 1 to 16 rows of
+mixed lengths and caps, rows joining mid-flight, and rows that stop at their end token. float32 on a
+CPU, the dtype both engines use there. The stock reference is qwen-tts's own batched ``generate``
+(its codes recorded on their way to the codec), run to the largest cap and cut to each row's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ttsq.engines.qwen_decode import DecodeLoop, Prompt, Sampling, SubSampling  # noqa: E402
+
+GREEDY = {"do_sample": False, "subtalker_dosample": False}
+TEXTS = ["Hello world.", "The quick brown fox jumps over the lazy dog.", "Hi", "fox",
+         "Hello world. The quick brown fox. Hello again, world.", "world world", "The", "quick brown",
+         "Hello, hello.", "A fox.", "Brown.", "The world is quick.", "Hello there, quick fox.", "Dog",
+         "Over the world.", "Jumps."]
+
+
+def load(path: Path) -> Any:
+    with contextlib.redirect_stdout(io.StringIO()):  # qwen-tts's flash-attn banner
+        from qwen_tts import Qwen3TTSModel
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    return Qwen3TTSModel.from_pretrained(str(path), device_map="cpu", dtype=torch.float32,
+                                         attn_implementation="sdpa")
+
+
+@pytest.fixture(scope="module")
+def models(qwen_checkpoints: dict[str, Path]) -> Iterator[dict[str, Any]]:
+    yield {kind: load(path) for kind, path in qwen_checkpoints.items()}
+
+
+def tone(seconds: float = 1.0, hz: float = 220.0) -> tuple[np.ndarray, int]:
+    t = np.arange(int(24_000 * seconds), dtype=np.float32) / 24_000
+    return (0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32), 24_000
+
+
+class Case:
+    """One mode's rows: how stock generates them all as one batch, and how to capture one row's prompt."""
+
+    def __init__(self, kind: str, tts: Any, size: int) -> None:
+        self.tts = tts
+        self.texts = [TEXTS[i % len(TEXTS)] for i in range(size)]
+        self.languages = ["auto" if i % 3 else "english" for i in range(size)]
+        self.kind = kind
+        if kind == "voice_design":
+            self.extra = [{"instruct": "" if i % 2 else "A calm voice."} for i in range(size)]
+        elif kind == "custom_voice":
+            speakers = ["vivian", "ryan", "sohee"]
+            self.extra = [{"speaker": speakers[i % 3], "instruct": "" if i % 2 else "Softly."} for i in range(size)]
+        else:  # clone rows alternate in-context (reference codes + transcript) and x-vector-only prompts
+            icl = tts.create_voice_clone_prompt(ref_audio=[tone(1.0)], ref_text=["Hello world."])[0]
+            xvec = tts.create_voice_clone_prompt(ref_audio=[tone(0.8, 330.0)], x_vector_only_mode=True)[0]
+            self.extra = [{"voice": icl if i % 2 == 0 else xvec} for i in range(size)]
+
+    def _generate(self, rows: list[int], **kwargs: Any) -> None:
+        texts = [self.texts[i] for i in rows]
+        languages = [self.languages[i] for i in rows]
+        extra = [self.extra[i] for i in rows]
+        if self.kind == "voice_design":
+            self.tts.generate_voice_design(text=texts, language=languages,
+                                           instruct=[e["instruct"] for e in extra], **kwargs)
+        elif self.kind == "custom_voice":
+            self.tts.generate_custom_voice(text=texts, language=languages, speaker=[e["speaker"] for e in extra],
+                                           instruct=[e["instruct"] for e in extra], **kwargs)
+        else:
+            self.tts.generate_voice_clone(text=texts, language=languages,
+                                          voice_clone_prompt=[e["voice"] for e in extra], **kwargs)
+
+    def stock(self, caps: list[int]) -> list[Any]:
+        """Stock qwen-tts's codes for every row, one batched generate, each row cut to its cap."""
+        recorded: list[Any] = []
+        model = self.tts.model
+        original = model.generate
+
+        def record(**kwargs: Any) -> Any:
+            result = original(**kwargs)
+            recorded.append(result[0])
+            return result
+
+        model.generate = record
+        try:
+            with torch.inference_mode():
+                self._generate(list(range(len(self.texts))), max_new_tokens=max(caps) + 1, **GREEDY)
+        finally:
+            del model.generate
+        return [codes[:cap] for codes, cap in zip(recorded[0], caps, strict=True)]
+
+    def prompt(self, row: int) -> Prompt:
+        with torch.inference_mode():
+            return Prompt.capture(self.tts, lambda: self._generate([row]))
+
+
+def greedy_loop(tts: Any, slots: int) -> DecodeLoop:
+    return DecodeLoop(tts.model, slots=slots, positions=512, max_frames=128, sub=SubSampling(do_sample=False))
+
+
+def caps_for(size: int) -> list[int]:
+    return [6 + (i * 7) % 23 for i in range(size)]
+
+
+def decode_all(loop: DecodeLoop, case: Case, caps: list[int], *,
+               on_step: Callable[[int], None] | None = None) -> dict[int, Any]:
+    """Run every row through the loop, admitting each as soon as a slot is free; tag -> finished row."""
+    waiting = list(range(len(caps)))
+    done: dict[int, Any] = {}
+    steps = 0
+    while waiting or loop.active:
+        while waiting and loop.free_slots():
+            row = waiting.pop(0)
+            if on_step is not None and loop.active:
+                on_step(steps)
+            loop.admit(case.prompt(row), cap=caps[row], sampling=Sampling(do_sample=False), tag=row)
+        for finished in loop.step():
+            done[finished.tag] = finished
+        steps += 1
+    return done
+
+
+def assert_same(done: dict[int, Any], expected: list[Any], caps: list[int]) -> None:
+    assert sorted(done) == list(range(len(expected)))
+    for row, codes in enumerate(expected):
+        ours = done[row].codes
+        assert ours.shape == codes.shape, (row, ours.shape, codes.shape)
+        assert torch.equal(ours, codes), f"row {row}: first difference at {(ours != codes).nonzero()[:1].tolist()}"
+        assert done[row].truncated == (codes.shape[0] >= caps[row])
+
+
+@pytest.mark.parametrize(("kind", "size"), [("voice_design", 1), ("voice_design", 2), ("voice_design", 5),
+                                            ("voice_design", 16), ("custom_voice", 1), ("custom_voice", 16),
+                                            ("base", 1), ("base", 16)])
+def test_greedy_codes_equal_stock_for_a_batch_of_mixed_lengths(models: dict[str, Any], kind: str, size: int) -> None:
+    case = Case(kind, models[kind], size)
+    caps = caps_for(size)
+    expected = case.stock(caps)
+    loop = greedy_loop(models[kind], slots=size)
+    assert_same(decode_all(loop, case, caps), expected, caps)
+
+
+@pytest.mark.parametrize("kind", ["voice_design", "base"])
+def test_greedy_codes_equal_stock_for_rows_joining_mid_flight(models: dict[str, Any], kind: str) -> None:
+    size = 11
+    case = Case(kind, models[kind], size)
+    caps = caps_for(size)
+    expected = case.stock(caps)
+    joined: list[int] = []
+    loop = greedy_loop(models[kind], slots=4)  # 11 rows through 4 slots: 7 join others already decoding
+    assert_same(decode_all(loop, case, caps, on_step=joined.append), expected, caps)
+    assert len(joined) >= 7 and any(step > 0 for step in joined)
+
+
+def test_greedy_codes_equal_stock_when_rows_stop_at_their_end_token(qwen_checkpoints: dict[str, Path]) -> None:
+    # Random weights almost never choose the end token. Give it the weights of the code greedy
+    # decoding picks most, a little larger: rows then end wherever that code would have won.
+    tts = load(qwen_checkpoints["voice_design"])
+    size = 8
+    case = Case("voice_design", tts, size)
+    caps = [40] * size
+    picked = torch.cat([codes[:, 0] for codes in case.stock(caps)]).bincount().argmax()
+    head = tts.model.talker.codec_head.weight
+    eos = tts.model.config.talker_config.codec_eos_token_id
+    with torch.no_grad():
+        head[eos] = head[picked] * 1.02
+    caps = [40, 10, 40, 25, 40, 40, 12, 40]
+    expected = case.stock(caps)
+    ended = [row for row, codes in enumerate(expected) if codes.shape[0] < caps[row]]
+    assert ended, "no row stopped at its end token: the test would prove nothing"
+    done = decode_all(greedy_loop(tts, slots=3), case, caps)
+    assert_same(done, expected, caps)
+    assert all(not done[row].truncated for row in ended)
+
+
+def test_seeded_sampling_does_not_depend_on_the_batch(models: dict[str, Any]) -> None:
+    tts = models["voice_design"]
+    case = Case("voice_design", tts, 6)
+    sub = SubSampling(do_sample=True, temperature=0.9, top_k=50, top_p=0.9)
+
+    def run(rows: list[int], seeds: list[int], slots: int) -> dict[int, Any]:
+        loop = DecodeLoop(tts.model, slots=slots, positions=512, max_frames=64, sub=sub)
+        done: dict[int, Any] = {}
+        waiting = list(zip(rows, seeds, strict=True))
+        while waiting or loop.active:
+            while waiting and loop.free_slots():
+                row, seed = waiting.pop(0)
+                loop.admit(case.prompt(row), cap=20, tag=(row, seed),
+                           sampling=Sampling(temperature=0.8, top_k=40, top_p=0.95, seed=seed))
+            for finished in loop.step():
+                done[finished.tag] = finished.codes
+        return done
+
+    alone = run([3], [7], slots=1)[(3, 7)]
+    crowded = run([0, 1, 3, 4, 5], [1, 2, 7, 4, 5], slots=2)  # row 3 joins mid-flight, in another slot
+    assert torch.equal(crowded[(3, 7)], alone)
+    assert not torch.equal(run([3], [8], slots=1)[(3, 8)], alone)

@@ -1,0 +1,265 @@
+"""``qwen-fast``: the same Qwen3-TTS checkpoints, modes and request contract as ``qwen``, decoded by
+ttsq's own loop (``qwen_decode.DecodeLoop``) with continuous batching.
+
+Everything around generation is the ``qwen`` engine's: the checkpoint folder, its identity (mode,
+languages, speakers, revision), the per-row frame caps and the ``truncated`` flag, the clone-prompt
+cache, out-of-memory handling and the codec decode. Only the generation loop differs:
+
+- Requests join and leave a fixed set of slots (``TTSQ_MAX_BATCH``) between frames. The batcher feeds
+  them one by one as slots free up (``admit``); a short job leaves as soon as it is done instead of
+  waiting for the longest job of its batch.
+- With greedy settings the codes are stock qwen-tts's, token for token. With sampling, each row draws
+  from its own seed (``seed`` in the request, else a random one): a seeded request gives the same audio
+  whatever else runs beside it, on the same device and dtype. The draws differ from stock's (stock
+  seeds one global generator per batch), so the engine has its own name in content keys.
+- On CUDA, each frame is one CUDA graph replay per (rows, cache length) bucket, captured at warm-up;
+  finished rows are decoded to audio on a second stream, overlapping the next frames.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ttsq.engines.base import EngineOutput, frame_cap
+from ttsq.engines.qwen import SAMPLE_RATE, QwenEngine, _is_out_of_memory, _release_device_memory
+from ttsq.errors import EngineError, EngineOutOfMemory, TTSQError
+
+if TYPE_CHECKING:
+    from ttsq.config import Settings
+    from ttsq.engines.qwen_decode import DecodeLoop, Finished, Prompt
+    from ttsq.request import SynthesisRequest
+
+logger = logging.getLogger(__name__)
+
+#: Cache positions a slot keeps for its prompt (chat template, instruct, text, clone reference codes),
+#: on top of the frame cap.
+PROMPT_POSITIONS = 1024
+
+Done = Callable[[EngineOutput | Exception], object]
+
+
+class QwenFastEngine(QwenEngine):
+    """A Qwen3-TTS checkpoint decoded by ttsq's static-cache loop; a ``ContinuousEngine``."""
+
+    name = "qwen-fast"
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.slots = settings.max_batch
+        self.loop: DecodeLoop | None = None
+        # slot -> request, its done callback, its clone reference codes, its frame cap
+        self._requests: dict[int, tuple[SynthesisRequest, Done, Any, int]] = {}
+        self._decoder: ThreadPoolExecutor | None = None
+        self._decode_stream: Any = None
+        self._lock = threading.Lock()
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def _attention(self, on_cuda: bool, dtype_name: str) -> str:
+        # The loop passes its own slot masks to the attention layers, which only the sdpa (and eager)
+        # interfaces take; sdpa itself picks the flash, memory-efficient or cuDNN kernel on CUDA.
+        return "eager" if self.settings.qwen_attention == "eager" else "sdpa"
+
+    def load(self) -> None:
+        super().load()
+        from ttsq.engines.qwen_decode import DecodeLoop, SubSampling
+
+        defaults = self._tts._merge_generate_kwargs()
+        sub = SubSampling(do_sample=bool(defaults["subtalker_dosample"]),
+                          temperature=float(defaults["subtalker_temperature"]),
+                          top_k=int(defaults["subtalker_top_k"]), top_p=float(defaults["subtalker_top_p"]))
+        on_cuda = self._device.startswith("cuda")
+        self.loop = DecodeLoop(self._tts.model, slots=self.slots,
+                               positions=self.settings.qwen_max_frames + PROMPT_POSITIONS,
+                               max_frames=self.settings.qwen_max_frames, sub=sub, graphs=on_cuda)
+        if on_cuda:
+            # Finished rows are decoded on their own stream and thread while the loop goes on.
+            self._decode_stream = self._torch.cuda.Stream()
+            self._decoder = ThreadPoolExecutor(1, thread_name_prefix="ttsq-codec")
+
+    def warmup(self) -> None:
+        """The stock warm-up (codec included), then a short row through the loop; on CUDA, capture
+        every (rows, length) bucket."""
+        super().warmup()
+        loop = self.loop
+        assert loop is not None
+        from ttsq.engines.qwen_decode import Sampling
+
+        voice = None
+        if self.mode == "voice_clone":
+            t = np.arange(SAMPLE_RATE, dtype=np.float32) / SAMPLE_RATE
+            tone = (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+            with self._torch.inference_mode():
+                voice = self._tts.create_voice_clone_prompt(ref_audio=[(tone, SAMPLE_RATE)],
+                                                            ref_text=["Warm up."])[0]
+        speaker = self.identity.speakers[0] if self.mode == "custom_voice" else ""
+        with self._torch.inference_mode():
+            prompt = self._prompt("Warm up.", "auto", "", speaker, voice)
+        loop.admit(prompt, cap=4, sampling=Sampling(seed=0))
+        while loop.active:
+            loop.step()
+        for rows, length in loop.buckets():
+            loop.capture(rows, length)
+
+    def close(self) -> None:
+        if self._decoder is not None:
+            self._decoder.shutdown(wait=True)
+            self._decoder = None
+        for slot in list(self._requests):
+            self._fail(slot, EngineError("the engine closed before this job finished"))
+        self.loop = None
+        super().close()
+
+    # -- continuous batching ----------------------------------------------------------------------
+
+    @property
+    def active(self) -> int:
+        return 0 if self.loop is None else self.loop.active
+
+    def free_slots(self) -> int:
+        return 0 if self.loop is None else self.loop.free_slots()
+
+    def admit(self, request: SynthesisRequest, done: Done) -> None:
+        """Prefill one request into a free slot; its output goes to ``done``."""
+        loop = self.loop
+        if loop is None:
+            raise EngineError("qwen-fast engine used before load()")
+        from ttsq.engines.qwen_decode import Sampling
+
+        out_of_memory = ""
+        try:
+            self.identity.check(request)
+            voice = self._clone_prompt(request.reference) if self.mode == "voice_clone" else None
+            cap = min(request.max_new_tokens or frame_cap(request.text, self.settings.qwen_max_frames),
+                      self.settings.qwen_max_frames)
+            with self._torch.inference_mode():
+                prompt = self._prompt(request.text, request.language, request.instruct, request.speaker, voice)
+                if not loop.fits(prompt, cap):
+                    raise EngineError(f"the prompt ({prompt.embeds.shape[1]} positions) is longer than the "
+                                      f"{PROMPT_POSITIONS} a slot keeps for it")
+                merged = self._tts._merge_generate_kwargs(
+                    temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
+                    repetition_penalty=request.repetition_penalty)
+                sampling = Sampling(
+                    do_sample=bool(merged["do_sample"]), temperature=float(merged["temperature"]),
+                    top_k=int(merged["top_k"]), top_p=float(merged["top_p"]),
+                    repetition_penalty=float(merged["repetition_penalty"]),
+                    seed=request.seed if request.seed is not None else secrets.randbits(32))
+                slot = loop.admit(prompt, cap=cap, sampling=sampling)
+            self._requests[slot] = (request, done, prompt.ref_code, cap)
+            return
+        except TTSQError as exc:
+            failure: Exception = exc
+        except Exception as exc:
+            if not _is_out_of_memory(self._torch, exc):
+                failure = EngineError(f"cannot start this job: {type(exc).__name__}: {exc}")
+            else:
+                out_of_memory = f"out of device memory while starting a job: {exc}"
+                failure = EngineError(out_of_memory)
+        if out_of_memory:
+            _release_device_memory(self._torch)
+            failure = EngineOutOfMemory(out_of_memory)
+        done(failure)
+
+    def step(self) -> None:
+        """One frame for every slot; finished rows are decoded and handed to their ``done``."""
+        loop = self.loop
+        if loop is None or not loop.active:
+            return
+        try:
+            finished = loop.step()
+        except Exception as exc:  # the loop's state is unknown now: every row in it fails
+            logger.exception("qwen-fast frame failed; failing its %d jobs", loop.active)
+            for slot in list(self._requests):
+                loop.cancel(slot)
+                self._fail(slot, EngineError(f"decode failed: {type(exc).__name__}: {exc}"))
+            return
+        if not finished:
+            return
+        rows = [(row, *self._requests.pop(row.slot)) for row in finished]
+        if self._decoder is not None:
+            event = self._torch.cuda.Event()
+            event.record()
+            self._decoder.submit(self._decode_on_stream, rows, event)
+        else:
+            self._decode(rows)
+
+    def synthesize_batch(self, requests: Sequence[SynthesisRequest]) -> list[EngineOutput | Exception]:
+        """A whole batch through the slots: rows join as others leave, until every one is done."""
+        if self.loop is None:
+            raise EngineError("qwen-fast engine used before load()")
+        futures: list[Future[EngineOutput | Exception]] = [Future() for _ in requests]
+        waiting = list(zip(requests, futures, strict=True))
+        while waiting or self.active:
+            while waiting and self.free_slots() > 0:
+                request, future = waiting.pop(0)
+                self.admit(request, future.set_result)
+            self.step()
+        outputs = [future.result() for future in futures]
+        oom = next((out for out in outputs if isinstance(out, EngineOutOfMemory)), None)
+        if oom is not None and len(requests) > 1:
+            raise oom  # the batcher splits the batch, as for the stock engine
+        return outputs
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _prompt(self, text: str, language: str, instruct: str, speaker: str, voice: Any) -> Prompt:
+        """The talker inputs stock qwen-tts builds for one row (its own code, captured)."""
+        from ttsq.engines.qwen_decode import Prompt
+
+        tts = self._tts
+        if self.mode == "voice_design":
+            return Prompt.capture(tts, lambda: tts.generate_voice_design(
+                text=[text], instruct=[instruct], language=[language]))
+        if self.mode == "custom_voice":
+            return Prompt.capture(tts, lambda: tts.generate_custom_voice(
+                text=[text], speaker=[speaker], language=[language], instruct=[instruct]))
+        prompt = Prompt.capture(tts, lambda: tts.generate_voice_clone(
+            text=[text], language=[language], voice_clone_prompt=[voice]))
+        prompt.ref_code = voice.ref_code if voice.ref_code is not None and voice.icl_mode else None
+        return prompt
+
+    def _decode_on_stream(self, rows: list[tuple[Finished, SynthesisRequest, Done, Any, int]], event: Any) -> None:
+        torch = self._torch
+        with torch.cuda.stream(self._decode_stream):
+            self._decode_stream.wait_event(event)
+            self._decode(rows)
+
+    def _decode(self, rows: list[tuple[Finished, SynthesisRequest, Done, Any, int]]) -> None:
+        """Codes to audio as stock qwen-tts decodes them (clone rows with their reference codes in
+        front, cut off again), then the ``qwen`` engine's frame-cap cut and truncated flag."""
+        torch = self._torch
+        try:
+            with torch.inference_mode():
+                inputs = [row.codes if ref is None else torch.cat([ref.to(row.codes.device), row.codes], dim=0)
+                          for row, _, _, ref, _ in rows]
+                nonempty = [i for i, codes in enumerate(inputs) if codes.shape[0] > 0]
+                wavs: list[Any] = [np.zeros(0, dtype=np.float32)] * len(rows)
+                rate = self.identity.sample_rate
+                if nonempty:
+                    decoded, rate = self._tts.model.speech_tokenizer.decode(
+                        [{"audio_codes": inputs[i]} for i in nonempty])
+                    for i, wav in zip(nonempty, decoded, strict=True):
+                        wavs[i] = wav
+        except Exception as exc:
+            for _, _, done, _, _ in rows:
+                done(EngineError(f"codec decode failed: {type(exc).__name__}: {exc}"))
+            return
+        for (row, request, done, ref, cap), wav in zip(rows, wavs, strict=True):
+            samples = np.asarray(wav, dtype=np.float32)
+            if ref is not None and samples.size:
+                total = int(ref.shape[0]) + int(row.codes.shape[0])
+                samples = samples[int(int(ref.shape[0]) / max(total, 1) * samples.shape[0]):]
+            done(self._output(request, samples, int(rate), cap))
+
+    def _fail(self, slot: int, error: Exception) -> None:
+        entry = self._requests.pop(slot, None)
+        if entry is not None:
+            entry[1](error)
