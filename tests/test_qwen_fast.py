@@ -206,3 +206,58 @@ def test_seeded_sampling_does_not_depend_on_the_batch(models: dict[str, Any]) ->
     crowded = run([0, 1, 3, 4, 5], [1, 2, 7, 4, 5], slots=2)  # row 3 joins mid-flight, in another slot
     assert torch.equal(crowded[(3, 7)], alone)
     assert not torch.equal(run([3], [8], slots=1)[(3, 8)], alone)
+
+
+# -- the engine -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fast(qwen_checkpoints: dict[str, Path]) -> Any:
+    """A qwen-fast engine with two slots, not loaded yet (the batcher loads it on its thread)."""
+    from ttsq.config import Settings
+    from ttsq.engines.qwen_fast import QwenFastEngine
+
+    return QwenFastEngine(Settings(engine="qwen-fast", qwen_model=str(qwen_checkpoints["voice_design"]),
+                                   qwen_max_frames=256, max_batch=2))
+
+
+def test_identity_is_the_qwen_engines_under_its_own_name(fast: Any, qwen_checkpoints: dict[str, Path]) -> None:
+    from ttsq.config import Settings
+    from ttsq.engines.qwen import QwenEngine
+
+    stock = QwenEngine(Settings(engine="qwen", qwen_model=str(qwen_checkpoints["voice_design"]),
+                                qwen_max_frames=256)).identity
+    assert fast.identity.engine == "qwen-fast" and stock.engine == "qwen"
+    assert (fast.identity.model, fast.identity.revision, fast.identity.modes, fast.identity.languages) == \
+        (stock.model, stock.revision, stock.modes, stock.languages)
+
+
+def test_short_jobs_leave_while_a_long_one_decodes(fast: Any) -> None:
+    """Through the batcher: two slots, one long job and five short ones submitted behind it. Each short
+    job joins as a slot frees and is done long before the long one (no job waits for its batch)."""
+    from ttsq.batching import Batcher
+    from ttsq.errors import InvalidRequest
+    from ttsq.request import SynthesisRequest
+
+    batcher = Batcher(fast, max_batch=2, max_wait_s=5.0)  # the wait never applies: slots take jobs at once
+    batcher.start()
+    order: list[str] = []
+    try:
+        long = batcher.submit(SynthesisRequest.from_dict({"text": "A long one.", "max_new_tokens": 250, "seed": 1}))
+        long.add_done_callback(lambda _: order.append("long"))
+        shorts = [batcher.submit(SynthesisRequest.from_dict({"text": f"Short {i}.", "max_new_tokens": 4 + i,
+                                                             "seed": i}))
+                  for i in range(5)]
+        for i, future in enumerate(shorts):
+            future.add_done_callback(lambda _, i=i: order.append(f"short{i}"))
+        bad = batcher.submit(SynthesisRequest.from_dict({"text": "Wrong mode.", "mode": "custom_voice",
+                                                         "speaker": "vivian"}))
+        items = [future.result(120) for future in shorts]
+        with pytest.raises(InvalidRequest):
+            bad.result(120)
+        assert long.result(120).output.truncated
+    finally:
+        batcher.stop()
+    assert order.index("long") == len(order) - 1
+    assert [item.output.samples.size for item in items] == [(4 + i) * 1920 for i in range(5)]
+    assert all(item.output.truncated for item in items)

@@ -223,9 +223,12 @@ class DecodeLoop:
         return (prompt.embeds.shape[1] + cap + 1 <= self.positions and prompt.trailing.shape[1] < self.positions
                 and cap <= self.max_frames)
 
-    @torch.inference_mode()
     def admit(self, prompt: Prompt, *, cap: int, sampling: Sampling, tag: Any = None) -> int:
         """Prefill one row into the lowest free slot; it decodes from the next ``step`` on."""
+        with torch.inference_mode():
+            return self._admit(prompt, cap, sampling, tag)
+
+    def _admit(self, prompt: Prompt, cap: int, sampling: Sampling, tag: Any) -> int:
         if not self.fits(prompt, cap):
             raise ValueError(f"a prompt of {prompt.embeds.shape[1]} positions with {cap} frames does not fit "
                              f"a slot of {self.positions} positions")
@@ -268,11 +271,14 @@ class DecodeLoop:
 
     # -- decoding ---------------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def step(self) -> list[Finished]:
         """One frame for every row; returns the rows that finished with it."""
         if not self._rows:
             return []
+        with torch.inference_mode():
+            return self._step_rows()
+
+    def _step_rows(self) -> list[Finished]:
         rows = max(self._rows) + 1
         length = max(self._rows[slot].prompt_length + self._rows[slot].frames for slot in self._rows) + 1
         if self._use_graphs:
