@@ -1,0 +1,221 @@
+"""qwen-fast (ttsq's decode loop) against stock batched qwen-tts (the ``qwen`` engine), side by side in one run.
+
+Two measurements, both engines loaded from the same checkpoint in one process and run interleaved:
+
+- **Fixed batches.** For each batch size B, the same B requests with a fixed frame count (random
+  weights never sample the end token, so every row makes exactly ``--frames`` frames) through each
+  engine's ``synthesize_batch``. Prints audio seconds per wall second, time per frame, and their ratio;
+  on CUDA also the peak device memory, and the fraction of the memory-bandwidth roofline the fast
+  loop reaches (weights read once per frame plus every row's KV cache, against ``--bandwidth``).
+- **Mixed lengths, open loop.** ``--jobs`` requests with frame caps drawn from a wide range arrive at
+  a fixed rate (seeded Poisson arrivals, the same schedule for both engines, independent of how fast
+  either serves) into the real ``Batcher``: stock batches them (each batch runs to its longest row),
+  qwen-fast admits each into a free slot at the next frame. Prints jobs/s and p50/p95 latency.
+
+    python benchmarks/qwen_fast.py                                          # CPU, tiny checkpoint, ~3 min
+    python benchmarks/qwen_fast.py --size full --device cuda --batches 1,2,4,8,16,32,64 --frames 64 \\
+        --jobs 256 --rate 40 --slots 64                                     # one H200, a few minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away into the forest."
+FRAMES_PER_SECOND = 12.5
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="an existing VoiceDesign checkpoint folder")
+    parser.add_argument("--size", choices=("tiny", "full"), default="tiny", help="random checkpoint to build")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--batches", default="1,4,16", help="comma-separated batch sizes")
+    parser.add_argument("--frames", type=int, default=48, help="codec frames per request in the fixed batches")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repetitions; the median is reported")
+    parser.add_argument("--jobs", type=int, default=48, help="requests in the mixed-length run (0: skip it)")
+    parser.add_argument("--rate", type=float, default=4.0, help="mixed-length arrivals per second")
+    parser.add_argument("--slots", type=int, default=16, help="batch size (stock) and slots (fast) in the mixed run")
+    parser.add_argument("--min-frames", type=int, default=8)
+    parser.add_argument("--max-frames", type=int, default=120)
+    parser.add_argument("--bandwidth", type=float, default=4.8e12, help="device bytes/s for the roofline (H200)")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--json", dest="json_path", help="also write the figures here")
+    args = parser.parse_args()
+
+    import torch
+
+    from ttsq.config import Settings
+    from ttsq.engines.qwen import QwenEngine
+    from ttsq.engines.qwen_checkpoint import build
+    from ttsq.engines.qwen_fast import QwenFastEngine
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    batches = [int(b) for b in args.batches.split(",")]
+    slots = max(max(batches), args.slots)
+    with tempfile.TemporaryDirectory() as scratch:
+        model = Path(args.model) if args.model else build(Path(scratch) / args.size, "voice_design", args.size)
+        settings = Settings(engine="qwen", qwen_model=str(model), qwen_device=args.device, max_batch=slots,
+                            qwen_max_frames=max(256, args.frames, args.max_frames))
+        stock = QwenEngine(settings)
+        fast = QwenFastEngine(settings.replace(engine="qwen-fast"))
+        loads = {}
+        for name, engine in (("stock", stock), ("fast", fast)):
+            started = time.perf_counter()
+            engine.load()
+            engine.warmup()
+            loads[name] = round(time.perf_counter() - started, 1)
+        cuda = stock._device.startswith("cuda")
+        device = torch.cuda.get_device_name(0) if cuda else f"cpu ({torch.get_num_threads()} threads)"
+        print(f"qwen-fast vs stock qwen-tts: {model.name} on {device}, {stock._dtype_name}; "
+              f"load+warm-up s: {loads}")
+
+        def sync() -> None:
+            if cuda:
+                torch.cuda.synchronize()
+
+        rows = fixed_batches(args, batches, stock, fast, sync, cuda, torch)
+        stock.close()
+        fast.close()
+        mixed = mixed_lengths(args, settings) if args.jobs else {}
+        if args.json_path:
+            Path(args.json_path).write_text(json.dumps({"device": device, "rows": rows, "mixed": mixed}, indent=2))
+
+
+def fixed_batches(args: Any, batches: list[int], stock: Any, fast: Any, sync: Any, cuda: bool,
+                  torch: Any) -> list[dict[str, Any]]:
+    from ttsq.request import SynthesisRequest
+
+    def timed(engine: Any, size: int) -> tuple[float, int]:
+        requests = [SynthesisRequest.from_dict({"text": TEXT, "max_new_tokens": args.frames, "seed": i})
+                    for i in range(size)]
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        sync()
+        started = time.perf_counter()
+        outputs = engine.synthesize_batch(requests)
+        sync()
+        seconds = time.perf_counter() - started
+        bad = [out for out in outputs if isinstance(out, Exception)]
+        if bad:
+            raise SystemExit(f"batch of {size} failed: {bad[0]}")
+        peak = torch.cuda.max_memory_allocated() if cuda else 0
+        return seconds, peak
+
+    print(f"\nfixed batches, {args.frames} frames per request ({args.frames / FRAMES_PER_SECOND:.2f} s of audio)")
+    header = f"{'batch':>5} {'stock a-s/s':>12} {'fast a-s/s':>11} {'speedup':>8} {'stock ms/fr':>12} {'fast ms/fr':>11}"
+    if cuda:
+        header += f" {'fast GiB':>9} {'roofline':>9}"
+    print(header)
+    rows = []
+    for size in batches:
+        times: dict[str, list[float]] = {"stock": [], "fast": []}
+        peak = 0
+        for _ in range(args.repeats):
+            for name, engine in (("stock", stock), ("fast", fast)):
+                seconds, used = timed(engine, size)
+                times[name].append(seconds)
+                if name == "fast":
+                    peak = max(peak, used)
+        audio_s = size * args.frames / FRAMES_PER_SECOND
+        s_stock, s_fast = statistics.median(times["stock"]), statistics.median(times["fast"])
+        row = {"batch": size, "audio_s": round(audio_s, 2),
+               "stock_audio_s_per_s": round(audio_s / s_stock, 2), "fast_audio_s_per_s": round(audio_s / s_fast, 2),
+               "speedup": round(s_stock / s_fast, 2), "stock_ms_per_frame": round(1000 * s_stock / args.frames, 2),
+               "fast_ms_per_frame": round(1000 * s_fast / args.frames, 2),
+               "fast_realtime_per_stream": round(audio_s / s_fast / size, 2)}
+        line = (f"{size:>5} {row['stock_audio_s_per_s']:>12} {row['fast_audio_s_per_s']:>11} {row['speedup']:>7}x "
+                f"{row['stock_ms_per_frame']:>12} {row['fast_ms_per_frame']:>11}")
+        if cuda:
+            moved = bytes_per_frame(fast, size, args.frames)
+            row["fast_peak_gib"] = round(peak / 2**30, 2)
+            row["roofline_fraction"] = round(moved / args.bandwidth / (s_fast / args.frames), 3)
+            line += f" {row['fast_peak_gib']:>9} {row['roofline_fraction']:>9}"
+        rows.append(row)
+        print(line, flush=True)
+    single = next((r for r in rows if r["batch"] == 1), None)
+    if single:
+        print(f"single stream: fast {single['fast_realtime_per_stream']}x real time "
+              f"(stock {single['stock_audio_s_per_s']}x)")
+    return rows
+
+
+def bytes_per_frame(fast: Any, rows: int, frames: int) -> float:
+    """Bytes a frame must read at least: the talker's layers and head once, the code predictor's layers,
+    projection and one head 15 times, and every row's talker KV cache at the middle of its frames."""
+    talker = fast._tts.model.talker
+    size = {p.data_ptr(): p.numel() * p.element_size() for p in talker.model.layers.parameters()}
+    layers = sum(size.values())
+    head = talker.codec_head.weight.numel() * talker.codec_head.weight.element_size()
+    predictor = talker.code_predictor
+    per_step = (sum(p.numel() * p.element_size() for p in predictor.model.layers.parameters())
+                + sum(p.numel() * p.element_size() for p in predictor.small_to_mtp_projection.parameters())
+                + predictor.lm_head[0].weight.numel() * predictor.lm_head[0].weight.element_size())
+    config = talker.config
+    kv_per_token = (2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
+                    * talker.codec_head.weight.element_size())
+    context = 40 + frames / 2  # a short prompt plus the mean decoded length
+    return float(layers + head + 15 * per_step + rows * kv_per_token * context)
+
+
+def mixed_lengths(args: Any, settings: Any) -> dict[str, Any]:
+    from ttsq.batching import Batcher
+    from ttsq.engines import create_engine
+    from ttsq.request import SynthesisRequest
+
+    schedule = random.Random(7)
+    arrivals, at = [], 0.0
+    for i in range(args.jobs):
+        at += schedule.expovariate(args.rate)
+        arrivals.append((at, schedule.randint(args.min_frames, args.max_frames), i))
+    audio = sum(frames for _, frames, _ in arrivals) / FRAMES_PER_SECOND
+    print(f"\nmixed lengths, open loop: {args.jobs} jobs of {args.min_frames}-{args.max_frames} frames "
+          f"({audio:.0f} s of audio), {args.rate}/s arrivals, batch/slots {args.slots}")
+    print(f"{'engine':>6} {'jobs/s':>7} {'p50 s':>7} {'p95 s':>7} {'audio-s/s':>10}")
+    figures = {}
+    for name, engine_name in (("stock", "qwen"), ("fast", "qwen-fast")):
+        engine = create_engine(settings.replace(engine=engine_name, max_batch=args.slots))
+        batcher = Batcher(engine, max_batch=args.slots, max_wait_s=0.05)
+        batcher.start()  # loads and warms a fresh engine on the batcher's thread
+        latencies: list[float] = []
+        lock = threading.Lock()
+        started = time.perf_counter()
+        futures = []
+        for at, frames, i in arrivals:
+            delay = started + at - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            submitted = time.perf_counter()
+            future = batcher.submit(SynthesisRequest.from_dict({"text": f"{TEXT} {i}", "max_new_tokens": frames,
+                                                                "seed": i}))
+
+            def finished(_: Any, submitted: float = submitted) -> None:
+                with lock:
+                    latencies.append(time.perf_counter() - submitted)
+
+            future.add_done_callback(finished)
+            futures.append(future)
+        for future in futures:
+            future.result(timeout=3600)
+        elapsed = time.perf_counter() - started
+        batcher.stop()
+        quantiles = statistics.quantiles(latencies, n=20)
+        figures[name] = {"jobs_per_s": round(args.jobs / elapsed, 2), "p50_s": round(statistics.median(latencies), 2),
+                         "p95_s": round(quantiles[18], 2), "audio_s_per_s": round(audio / elapsed, 2)}
+        f = figures[name]
+        print(f"{name:>6} {f['jobs_per_s']:>7} {f['p50_s']:>7} {f['p95_s']:>7} {f['audio_s_per_s']:>10}", flush=True)
+    return figures
+
+
+if __name__ == "__main__":
+    sys.exit(main())
