@@ -23,7 +23,6 @@ import argparse
 import json
 import random
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -112,14 +111,27 @@ def fixed_batches(args: Any, batches: list[int], stock: Any, fast: Any, sync: An
         peak = torch.cuda.max_memory_allocated() if cuda else 0
         return seconds, peak
 
-    print(f"\nfixed batches, {args.frames} frames per request ({args.frames / FRAMES_PER_SECOND:.2f} s of audio)")
-    header = f"{'batch':>5} {'stock a-s/s':>12} {'fast a-s/s':>11} {'speedup':>8} {'stock ms/fr':>12} {'fast ms/fr':>11}"
+    def codec(size: int) -> float:
+        """The codec decode both engines run on a finished batch (the same call on the same shapes)."""
+        codes = torch.randint(0, 2048, (args.frames, 16), device=fast.loop.device)
+        sync()
+        started = time.perf_counter()
+        with torch.inference_mode():
+            fast._tts.model.speech_tokenizer.decode([{"audio_codes": codes} for _ in range(size)])
+        sync()
+        return time.perf_counter() - started
+
+    print(f"\nfixed batches, {args.frames} frames per request ({args.frames / FRAMES_PER_SECOND:.2f} s of audio); "
+          "'codec s' is the codec decode of the batch, the same work in both engines; 'loop x' the speedup "
+          "without it")
+    header = (f"{'batch':>5} {'stock a-s/s':>12} {'fast a-s/s':>11} {'speedup':>8} {'stock ms/fr':>12} "
+              f"{'fast ms/fr':>11} {'codec s':>8} {'loop x':>7}")
     if cuda:
         header += f" {'fast GiB':>9} {'roofline':>9}"
     print(header)
     rows = []
     for size in batches:
-        times: dict[str, list[float]] = {"stock": [], "fast": []}
+        times: dict[str, list[float]] = {"stock": [], "fast": [], "codec": []}
         peak = 0
         for _ in range(args.repeats):
             for name, engine in (("stock", stock), ("fast", fast)):
@@ -127,15 +139,19 @@ def fixed_batches(args: Any, batches: list[int], stock: Any, fast: Any, sync: An
                 times[name].append(seconds)
                 if name == "fast":
                     peak = max(peak, used)
+            times["codec"].append(codec(size))
         audio_s = size * args.frames / FRAMES_PER_SECOND
         s_stock, s_fast = statistics.median(times["stock"]), statistics.median(times["fast"])
+        s_codec = min(statistics.median(times["codec"]), 0.99 * s_fast)
         row = {"batch": size, "audio_s": round(audio_s, 2),
                "stock_audio_s_per_s": round(audio_s / s_stock, 2), "fast_audio_s_per_s": round(audio_s / s_fast, 2),
                "speedup": round(s_stock / s_fast, 2), "stock_ms_per_frame": round(1000 * s_stock / args.frames, 2),
                "fast_ms_per_frame": round(1000 * s_fast / args.frames, 2),
-               "fast_realtime_per_stream": round(audio_s / s_fast / size, 2)}
+               "fast_realtime_per_stream": round(audio_s / s_fast / size, 2), "codec_s": round(s_codec, 3),
+               "loop_speedup": round((s_stock - s_codec) / (s_fast - s_codec), 2)}
         line = (f"{size:>5} {row['stock_audio_s_per_s']:>12} {row['fast_audio_s_per_s']:>11} {row['speedup']:>7}x "
-                f"{row['stock_ms_per_frame']:>12} {row['fast_ms_per_frame']:>11}")
+                f"{row['stock_ms_per_frame']:>12} {row['fast_ms_per_frame']:>11} {row['codec_s']:>8} "
+                f"{row['loop_speedup']:>6}x")
         if cuda:
             moved = bytes_per_frame(fast, size, args.frames)
             row["fast_peak_gib"] = round(peak / 2**30, 2)
@@ -199,7 +215,8 @@ def mixed_lengths(args: Any, settings: Any) -> dict[str, Any]:
             future = batcher.submit(SynthesisRequest.from_dict({"text": f"{TEXT} {i}", "max_new_tokens": frames,
                                                                 "seed": i}))
 
-            def finished(_: Any, submitted: float = submitted) -> None:
+            def finished(_: Any, submitted: float = submitted, lock: threading.Lock = lock,
+                         latencies: list[float] = latencies) -> None:
                 with lock:
                     latencies.append(time.perf_counter() - submitted)
 
@@ -218,4 +235,4 @@ def mixed_lengths(args: Any, settings: Any) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -26,3 +26,19 @@ def test_batching_benchmark_smoke(tmp_path: Path) -> None:
         assert row["ttsq_audio_s_per_s"] > 0 and row["one_by_one_audio_s_per_s"] > 0
         assert f"{row['batch']:>5} " in out.stdout
     assert "speedup" in out.stdout
+
+
+def test_fast_benchmark_smoke(tmp_path: Path) -> None:
+    """benchmarks/qwen_fast.py (also the GPU script) on a tiny checkpoint: both engines, both runs."""
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "qwen_fast.py"), "--batches", "1,2",
+                          "--frames", "4", "--repeats", "1", "--jobs", "4", "--rate", "20", "--min-frames", "3",
+                          "--max-frames", "6", "--slots", "2", "--json", str(tmp_path / "f.json")],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    figures = json.loads((tmp_path / "f.json").read_text())
+    assert [row["batch"] for row in figures["rows"]] == [1, 2]
+    for row in figures["rows"]:
+        assert row["audio_s"] == round(row["batch"] * 4 / 12.5, 2)
+        assert row["stock_audio_s_per_s"] > 0 and row["fast_audio_s_per_s"] > 0 and row["codec_s"] > 0
+    assert set(figures["mixed"]) == {"stock", "fast"}
+    assert all(run["jobs_per_s"] > 0 and run["p95_s"] >= run["p50_s"] for run in figures["mixed"].values())

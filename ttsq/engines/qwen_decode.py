@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from transformers.cache_utils import DynamicCache
 
 #: How many codebooks a frame has (the talker's one and the code predictor's 15).
@@ -127,8 +128,8 @@ class _Row:
 
 
 class _SlotCache:
-    """Stands in for a Hugging Face cache inside the model's attention layers: ``update`` writes the
-    step's keys and values into the static buffers and hands back the prefix to attend over."""
+    """Static key and value buffers per layer: ``update`` writes the step's keys and values and hands
+    back the prefix to attend over."""
 
     def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
         self.keys = keys
@@ -139,8 +140,7 @@ class _SlotCache:
         self.write_positions: torch.Tensor | None = None  # (rows,) position each row writes
         self.write_at: int | None = None  # one position for every row (the code predictor)
 
-    def update(self, key: torch.Tensor, value: torch.Tensor, layer: int,
-               cache_kwargs: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self.keys[layer], self.values[layer]
         if self.write_at is not None:
             end = self.write_at + key.shape[2]
@@ -205,6 +205,8 @@ class DecodeLoop:
         self._suppress = torch.zeros(self.vocab, device=device, dtype=torch.bool)
         self._suppress[self.vocab - 1024:] = True  # codec control ids, as qwen-tts suppresses them
         self._suppress[self.eos] = False
+        self._talker_rope = _talker_rope(self.talker.model.rotary_emb, config.rope_scaling, positions, dtype, device)
+        self._predictor_rope = _predictor_rope(self.predictor.model.rotary_emb, dtype, device)
         self._rows: dict[int, _Row] = {}
         self._graphs: dict[tuple[int, int], Any] = {}
         self._use_graphs = graphs and self.device.type == "cuda"
@@ -366,16 +368,12 @@ class DecodeLoop:
         cache = self._talker_cache
         cache.rows, cache.length, cache.write_at = rows, length, None
         cache.write_rows, cache.write_positions = slots, position
-        model = self.talker.model
-        position_ids = position.view(1, rows, 1).expand(3, rows, 1)
-        embeddings = model.rotary_emb(inputs, position_ids)
+        cos, sin = (table[position].view(rows, 1, 1, -1) for table in self._talker_rope)
         mask = (self._key_index[:length].view(1, 1, 1, length) <= position.view(rows, 1, 1, 1))
         hidden = inputs
-        for layer in model.layers:
-            hidden = layer(hidden, attention_mask=mask, position_ids=position_ids[0], past_key_values=cache,
-                           use_cache=True, cache_position=None, position_embeddings=embeddings)[0]
-        normed: torch.Tensor = model.norm(hidden)
-        return normed
+        for index, layer in enumerate(self.talker.model.layers):
+            hidden = _layer(layer, index, hidden, cos, sin, cache, mask)
+        return _rms(hidden, self.talker.model.norm)
 
     def _predict(self, inputs: torch.Tensor, slots: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
         """The code predictor's 15 codes for each row: one 2-position prefill, then 14 single steps,
@@ -391,17 +389,17 @@ class DecodeLoop:
         for group in range(CODE_GROUPS - 1):
             width = hidden.shape[1]
             cache.write_at, cache.length = start, start + width
-            position_ids = torch.arange(start, start + width, device=self.device).unsqueeze(0)
-            embeddings = model.rotary_emb(hidden, position_ids)
-            for layer in model.layers:
-                hidden = layer(hidden, attention_mask=None, position_ids=position_ids, past_key_values=cache,
-                               use_cache=True, cache_position=None, position_embeddings=embeddings)[0]
-            logits = predictor.lm_head[group](model.norm(hidden))[:, -1]
+            cos, sin = (table[:, :, start:start + width] for table in self._predictor_rope)
+            for index, layer in enumerate(model.layers):
+                hidden = _layer(layer, index, hidden, cos, sin, cache, None)
+            head = predictor.lm_head[group]
+            logits = F.linear(_rms(hidden, model.norm), head.weight)[:, -1]
             code = self._sub_choose(logits, slots, step, group + 1)
             codes.append(code)
             start += width
             if group < CODE_GROUPS - 2:
-                hidden = predictor.small_to_mtp_projection(model.get_input_embeddings()[group](code[:, None]))
+                embedded = F.embedding(code[:, None], model.codec_embedding[group].weight)
+                hidden = predictor.small_to_mtp_projection(embedded)
         return torch.stack(codes, dim=1)
 
     # -- sampling ---------------------------------------------------------------------------------
@@ -439,6 +437,93 @@ class DecodeLoop:
         if self._use_graphs:
             return min(self.vocab, MAX_TOP_K)
         return max((row.top_k for row in self._rows.values() if row.do_sample), default=0)
+
+
+def _rms(hidden: torch.Tensor, norm: Any) -> torch.Tensor:
+    """qwen-tts's RMSNorm, operation for operation (so the numbers are the same), without the module call."""
+    dtype = hidden.dtype
+    hidden = hidden.to(torch.float32)
+    variance = hidden.pow(2).mean(-1, keepdim=True)
+    hidden = hidden * torch.rsqrt(variance + norm.variance_epsilon)
+    result: torch.Tensor = norm.weight * hidden.to(dtype)
+    return result
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _layer(layer: Any, index: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: _SlotCache,
+           mask: torch.Tensor | None) -> torch.Tensor:
+    """One qwen-tts decoder layer (talker or code predictor), the same operations in the same order as
+    its modules and Hugging Face's sdpa path, without a module call per linear: on a CPU the calls cost
+    more than the arithmetic of the tiny model."""
+    attention = layer.self_attn
+    x = _rms(hidden, layer.input_layernorm)
+    shape = (*hidden.shape[:-1], -1, attention.head_dim)
+    query = _rms(F.linear(x, attention.q_proj.weight, attention.q_proj.bias).view(shape),
+                 attention.q_norm).transpose(1, 2)
+    key = _rms(F.linear(x, attention.k_proj.weight, attention.k_proj.bias).view(shape),
+               attention.k_norm).transpose(1, 2)
+    value = F.linear(x, attention.v_proj.weight, attention.v_proj.bias).view(shape).transpose(1, 2)
+    query = (query * cos) + (_rotate_half(query) * sin)
+    key = (key * cos) + (_rotate_half(key) * sin)
+    keys, values = cache.update(key, value, index)
+    if mask is None:  # as Hugging Face calls sdpa without a mask: grouped heads, causal over a prefill
+        out = F.scaled_dot_product_attention(query, keys, values, dropout_p=0.0, scale=attention.scaling,
+                                             is_causal=query.shape[2] > 1, enable_gqa=True)
+    else:  # with a mask it repeats the key and value heads first
+        groups = attention.num_key_value_groups
+        out = F.scaled_dot_product_attention(query, _repeat(keys, groups), _repeat(values, groups), attn_mask=mask,
+                                             dropout_p=0.0, scale=attention.scaling, is_causal=False)
+    out = out.transpose(1, 2).contiguous().reshape(*hidden.shape[:-1], -1).contiguous()
+    hidden = hidden + F.linear(out, attention.o_proj.weight, attention.o_proj.bias)
+    mlp = layer.mlp
+    x = _rms(hidden, layer.post_attention_layernorm)
+    gated = mlp.act_fn(F.linear(x, mlp.gate_proj.weight)) * F.linear(x, mlp.up_proj.weight)
+    result: torch.Tensor = hidden + F.linear(gated, mlp.down_proj.weight)
+    return result
+
+
+def _repeat(states: torch.Tensor, groups: int) -> torch.Tensor:
+    if groups == 1:
+        return states
+    batch, heads, length, dim = states.shape
+    return states[:, :, None].expand(batch, heads, groups, length, dim).reshape(batch, heads * groups, length, dim)
+
+
+def _talker_rope(rotary: Any, scaling: dict[str, Any], positions: int, dtype: torch.dtype,
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The talker's rotary cos and sin for every cache position, computed once by its own rotary module
+    (all three multimodal position ids equal, as for text), then interleaved as qwen-tts does per step."""
+    probe = torch.zeros(1, dtype=dtype, device=device)
+    position_ids = torch.arange(positions, device=device).view(1, 1, -1).expand(3, 1, -1)
+    tables = []
+    for table in rotary(probe, position_ids):  # (3, 1, positions, dim)
+        tables.append(_mrope(table, scaling["mrope_section"], bool(scaling.get("interleaved")))[0])
+    return tables[0], tables[1]
+
+
+def _mrope(table: torch.Tensor, section: list[int], interleaved: bool) -> torch.Tensor:
+    """``apply_multimodal_rotary_pos_emb``'s selection of channels from the three position grids."""
+    if interleaved:
+        dim = table.shape[-1]
+        half = table[..., :dim // 2]
+        picked = half[0].clone()
+        count = len(section)
+        for i, n in enumerate(section[1:], 1):
+            picked[..., i:n * count:count] = half[i, ..., i:n * count:count]
+        return torch.cat([picked] * 2, dim=-1)
+    doubled = section * 2
+    return torch.cat([m[i % 3] for i, m in enumerate(table.split(doubled, dim=-1))], dim=-1)
+
+
+def _predictor_rope(rotary: Any, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The code predictor's cos and sin for its 16 positions, shaped to broadcast over rows and heads."""
+    probe = torch.zeros(1, dtype=dtype, device=device)
+    cos, sin = rotary(probe, torch.arange(CODE_GROUPS, device=device).unsqueeze(0))  # (1, 16, dim)
+    return cos.unsqueeze(1), sin.unsqueeze(1)
 
 
 def _sample(scores: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,

@@ -79,10 +79,11 @@ class QwenFastEngine(QwenEngine):
         self.loop = DecodeLoop(self._tts.model, slots=self.slots,
                                positions=self.settings.qwen_max_frames + PROMPT_POSITIONS,
                                max_frames=self.settings.qwen_max_frames, sub=sub, graphs=on_cuda)
+        # Finished rows are decoded to audio on their own thread (and, on CUDA, their own stream) while
+        # the loop goes on with the others: the codec is a large share of the work per frame.
+        self._decoder = ThreadPoolExecutor(1, thread_name_prefix="ttsq-codec")
         if on_cuda:
-            # Finished rows are decoded on their own stream and thread while the loop goes on.
             self._decode_stream = self._torch.cuda.Stream()
-            self._decoder = ThreadPoolExecutor(1, thread_name_prefix="ttsq-codec")
 
     def warmup(self) -> None:
         """The stock warm-up (codec included), then a short row through the loop; on CUDA, capture
@@ -184,12 +185,14 @@ class QwenFastEngine(QwenEngine):
         if not finished:
             return
         rows = [(row, *self._requests.pop(row.slot)) for row in finished]
-        if self._decoder is not None:
+        if self._decoder is None:
+            self._decode(rows)
+        elif self._decode_stream is not None:
             event = self._torch.cuda.Event()
-            event.record()
+            event.record()  # the codes are ready once the frame that finished them is
             self._decoder.submit(self._decode_on_stream, rows, event)
         else:
-            self._decode(rows)
+            self._decoder.submit(self._decode, rows)
 
     def synthesize_batch(self, requests: Sequence[SynthesisRequest]) -> list[EngineOutput | Exception]:
         """A whole batch through the slots: rows join as others leave, until every one is done."""
