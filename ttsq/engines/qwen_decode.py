@@ -209,6 +209,7 @@ class DecodeLoop:
         self._predictor_rope = _predictor_rope(self.predictor.model.rotary_emb, dtype, device)
         self._rows: dict[int, _Row] = {}
         self._graphs: dict[tuple[int, int], Any] = {}
+        self._pool: Any = None
         self._use_graphs = graphs and self.device.type == "cuda"
 
     # -- admission --------------------------------------------------------------------------------
@@ -284,7 +285,8 @@ class DecodeLoop:
         rows = max(self._rows) + 1
         length = max(self._rows[slot].prompt_length + self._rows[slot].frames for slot in self._rows) + 1
         if self._use_graphs:
-            rows, length = _bucket(rows, self.slots), _bucket(length, self.positions)
+            rows = next(size for size in _powers(self.slots, 1) if size >= rows)
+            length = next(size for size in _powers(self.positions, 128) if size >= length)
             graph = self._graphs.get((rows, length))
             if graph is None:
                 self._frame(rows, length)
@@ -308,22 +310,26 @@ class DecodeLoop:
         """Record one frame for (rows, length) as a CUDA graph; a CPU has none and runs uncaptured."""
         if not self._use_graphs or (rows, length) in self._graphs:
             return
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
         saved = self._state()
-        with torch.inference_mode(), torch.cuda.stream(stream):
-            for _ in range(2):  # warm the kernels and the allocator outside the graph
-                self._frame(rows, length)
-        torch.cuda.current_stream().wait_stream(stream)
+        if self._pool is None:  # the first capture: warm kernels, workspaces and the allocator outside a graph
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.inference_mode(), torch.cuda.stream(stream):
+                for _ in range(2):
+                    self._frame(rows, length)
+            torch.cuda.current_stream().wait_stream(stream)
+            self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), torch.cuda.graph(graph):
+        # Every bucket's graph shares one memory pool: they are only ever replayed one at a time.
+        with torch.inference_mode(), torch.cuda.graph(graph, pool=self._pool):
             self._frame(rows, length)
         self._restore(saved)
         self._graphs[(rows, length)] = graph
 
     def buckets(self) -> list[tuple[int, int]]:
-        """The (rows, length) shapes a CUDA loop captures: powers of two up to the slots and positions."""
-        return [(rows, length) for rows in _powers(self.slots) for length in _powers(self.positions)]
+        """The (rows, length) shapes a CUDA loop captures: rows in powers of two up to the slots,
+        cache lengths in powers of two from 128 up to the positions."""
+        return [(rows, length) for rows in _powers(self.slots, 1) for length in _powers(self.positions, 128)]
 
     def _state(self) -> list[torch.Tensor]:
         return [tensor.clone() for tensor in (self._position, self._step, self._token, self._hidden, self._seen,
@@ -559,10 +565,7 @@ def _uniform(seed: torch.Tensor, counter: torch.Tensor, column: torch.Tensor) ->
     return ((x >> 8).float() + 0.5) / float(1 << 24)
 
 
-def _powers(limit: int) -> list[int]:
-    values = [1 << i for i in range(limit.bit_length()) if (1 << i) < limit]
+def _powers(limit: int, smallest: int) -> list[int]:
+    """Powers of two from ``smallest`` below ``limit``, then ``limit`` itself."""
+    values = [1 << i for i in range(limit.bit_length()) if smallest <= (1 << i) < limit]
     return [*values, limit]
-
-
-def _bucket(value: int, limit: int) -> int:
-    return min(limit, 1 << max(0, value - 1).bit_length())

@@ -190,6 +190,8 @@ class QwenFastEngine(QwenEngine):
         elif self._decode_stream is not None:
             event = self._torch.cuda.Event()
             event.record()  # the codes are ready once the frame that finished them is
+            for row in finished:  # and their memory stays theirs until the codec stream is done with it
+                row.codes.record_stream(self._decode_stream)
             self._decoder.submit(self._decode_on_stream, rows, event)
         else:
             self._decoder.submit(self._decode, rows)
