@@ -12,7 +12,7 @@ Two measurements, both engines loaded from the same checkpoint in one process an
   either serves) into the real ``Batcher``: stock batches them (each batch runs to its longest row),
   qwen-fast admits each into a free slot at the next frame. Prints jobs/s and p50/p95 latency.
 
-    python benchmarks/qwen_fast.py                                          # CPU, tiny checkpoint, ~3 min
+    python benchmarks/qwen_fast.py                                          # CPU, tiny checkpoint, ~5 min
     python benchmarks/qwen_fast.py --size full --device cuda --batches 1,2,4,8,16,32,64 --frames 64 \\
         --jobs 256 --rate 40 --slots 64                                     # one H200, a few minutes
 """
@@ -41,8 +41,8 @@ def main() -> None:
     parser.add_argument("--batches", default="1,4,16", help="comma-separated batch sizes")
     parser.add_argument("--frames", type=int, default=48, help="codec frames per request in the fixed batches")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repetitions; the median is reported")
-    parser.add_argument("--jobs", type=int, default=48, help="requests in the mixed-length run (0: skip it)")
-    parser.add_argument("--rate", type=float, default=4.0, help="mixed-length arrivals per second")
+    parser.add_argument("--jobs", type=int, default=30, help="requests in the mixed-length run (0: skip it)")
+    parser.add_argument("--rate", type=float, default=0.5, help="mixed-length arrivals per second")
     parser.add_argument("--slots", type=int, default=16, help="batch size (stock) and slots (fast) in the mixed run")
     parser.add_argument("--min-frames", type=int, default=8)
     parser.add_argument("--max-frames", type=int, default=120)

@@ -261,3 +261,30 @@ def test_short_jobs_leave_while_a_long_one_decodes(fast: Any) -> None:
     assert order.index("long") == len(order) - 1
     assert [item.output.samples.size for item in items] == [(4 + i) * 1920 for i in range(5)]
     assert all(item.output.truncated for item in items)
+
+
+def test_an_isolated_job_decodes_alone(fast: Any) -> None:
+    """A redelivered job that may have crashed a worker runs with no neighbour, in continuous mode too:
+    it waits for the slots to empty, and nothing joins it until it is done."""
+    from ttsq.batching import Batcher
+    from ttsq.request import SynthesisRequest
+
+    batcher = Batcher(fast, max_batch=2, max_wait_s=0.01)
+    batcher.start()
+    order: list[str] = []
+
+    def job(name: str, frames: int, *, isolated: bool = False) -> Any:
+        future = batcher.submit(SynthesisRequest.from_dict({"text": name, "max_new_tokens": frames, "seed": 1}),
+                                isolated=isolated)
+        future.add_done_callback(lambda _: order.append(name))
+        return future
+
+    try:
+        jobs = [job("first", 30), job("second", 20), job("suspect", 5, isolated=True), job("third", 5)]
+        items = {name: future.result(120) for name, future in zip(["first", "second", "suspect", "third"], jobs,
+                                                                  strict=True)}
+    finally:
+        batcher.stop()
+    assert order.index("suspect") > max(order.index("first"), order.index("second"))
+    assert order.index("third") > order.index("suspect")
+    assert items["suspect"].batch_size == 1 and items["third"].batch_size == 1

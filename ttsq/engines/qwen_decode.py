@@ -124,6 +124,7 @@ class _Row:
     prompt_length: int
     do_sample: bool
     top_k: int
+    top_p: float
     frames: int = 0
 
 
@@ -261,7 +262,8 @@ class DecodeLoop:
         self._penalty[slot] = sampling.repetition_penalty
         self._seed[slot] = sampling.seed & _MASK32
         top_k = max(1, min(sampling.top_k, self.vocab))
-        self._rows[slot] = _Row(cap=cap, tag=tag, prompt_length=length, do_sample=sampling.do_sample, top_k=top_k)
+        self._rows[slot] = _Row(cap=cap, tag=tag, prompt_length=length, do_sample=sampling.do_sample, top_k=top_k,
+                                top_p=sampling.top_p)
         rows = self._slot_index[slot:slot + 1]
         token = self._choose(out.logits[:, -1], rows, generated=0)
         self._token[slot] = token[0]
@@ -425,8 +427,9 @@ class DecodeLoop:
         widest = self._widest()
         if widest == 0:  # every row is greedy (known on the host; a captured frame always samples)
             return greedy
+        nucleus = self._use_graphs or any(row.top_p < 1.0 for row in self._rows.values() if row.do_sample)
         drawn = _sample(scores, self._temperature[slots], self._top_k[slots], self._top_p[slots],
-                        self._seed[slots], generated_t * CODE_GROUPS, widest)
+                        self._seed[slots], generated_t * CODE_GROUPS, widest, nucleus=nucleus)
         return torch.where(self._do_sample[slots], drawn, greedy)
 
     def _sub_choose(self, logits: torch.Tensor, slots: torch.Tensor, step: torch.Tensor, group: int) -> torch.Tensor:
@@ -436,7 +439,7 @@ class DecodeLoop:
         rows = scores.shape[0]
         widest = max(1, min(self.sub.top_k, scores.shape[-1]))
         return _sample(scores, self._sub_temperature[:rows], self._sub_top_k[:rows], self._sub_top_p[:rows],
-                       self._seed[slots], step * CODE_GROUPS + group, widest)
+                       self._seed[slots], step * CODE_GROUPS + group, widest, nucleus=self.sub.top_p < 1.0)
 
     def _widest(self) -> int:
         """How many candidates the talker's sampling sorts: every sampling row's top-k fits."""
@@ -533,7 +536,7 @@ def _predictor_rope(rotary: Any, dtype: torch.dtype, device: torch.device) -> tu
 
 
 def _sample(scores: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-            seed: torch.Tensor, counter: torch.Tensor, widest: int) -> torch.Tensor:
+            seed: torch.Tensor, counter: torch.Tensor, widest: int, nucleus: bool = True) -> torch.Tensor:
     """Temperature, top-k and top-p as Hugging Face's warpers apply them, each row with its own values,
     then one draw per row. Only the ``widest`` best candidates are sorted (every row's top-k is at most
     that): sorting the whole vocabulary was most of a CPU frame."""
@@ -541,11 +544,12 @@ def _sample(scores: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor
     values, candidates = scores.topk(widest, dim=-1)  # descending
     kth = values.gather(1, (top_k - 1).clamp(min=0, max=widest - 1).unsqueeze(1))
     values = values.masked_fill(values < kth, -math.inf)
-    ascending = values.flip(-1)
-    cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
-    remove = cumulative <= (1 - top_p).unsqueeze(1)
-    remove[:, -1] = False  # keep at least one
-    values = values.masked_fill(remove.flip(-1), -math.inf)
+    if nucleus:  # skipped when every row's top_p is 1 (it would remove nothing)
+        ascending = values.flip(-1)
+        cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
+        remove = cumulative <= (1 - top_p).unsqueeze(1)
+        remove[:, -1] = False  # keep at least one
+        values = values.masked_fill(remove.flip(-1), -math.inf)
     # An exponential race: argmax of p / E with E ~ Exp(1) is a draw from p. The noise is keyed by the
     # vocabulary id, so the draw does not depend on how many candidates were kept.
     noise = -torch.log(_uniform(seed, counter, candidates))
