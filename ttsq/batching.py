@@ -315,13 +315,16 @@ class Batcher:
 
         def done(output: EngineOutput | Exception) -> None:
             seconds = time.perf_counter() - started
+            # Its share of the device: the jobs decoding when it joined split the time evenly (each job
+            # counted its whole time, the device seconds would add up to more than the wall clock).
+            share = seconds / rows
             if isinstance(output, Exception):
                 waiting.future.set_exception(output if isinstance(output, TTSQError) else EngineError(repr(output)))
             else:
                 if self.metrics is not None:
-                    self.metrics.observe_batch(size=rows, seconds=seconds, audio_s=_audio_seconds(output),
+                    self.metrics.observe_batch(size=rows, seconds=share, audio_s=_audio_seconds(output),
                                                truncated=int(output.truncated))
-                waiting.future.set_result(BatchItem(output, batch_id, rows, seconds, seconds))
+                waiting.future.set_result(BatchItem(output, batch_id, rows, seconds, share))
             _bookkeep([waiting.on_exit])
 
         self._busy_since = time.monotonic()

@@ -439,7 +439,8 @@ class DecodeLoop:
         rows = scores.shape[0]
         widest = max(1, min(self.sub.top_k, scores.shape[-1]))
         return _sample(scores, self._sub_temperature[:rows], self._sub_top_k[:rows], self._sub_top_p[:rows],
-                       self._seed[slots], step * CODE_GROUPS + group, widest, nucleus=self.sub.top_p < 1.0)
+                       self._seed[slots], step * CODE_GROUPS + group, widest, nucleus=self.sub.top_p < 1.0,
+                       ragged=False)
 
     def _widest(self) -> int:
         """How many candidates the talker's sampling sorts: every sampling row's top-k fits."""
@@ -536,14 +537,16 @@ def _predictor_rope(rotary: Any, dtype: torch.dtype, device: torch.device) -> tu
 
 
 def _sample(scores: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-            seed: torch.Tensor, counter: torch.Tensor, widest: int, nucleus: bool = True) -> torch.Tensor:
+            seed: torch.Tensor, counter: torch.Tensor, widest: int, nucleus: bool = True,
+            ragged: bool = True) -> torch.Tensor:
     """Temperature, top-k and top-p as Hugging Face's warpers apply them, each row with its own values,
     then one draw per row. Only the ``widest`` best candidates are sorted (every row's top-k is at most
     that): sorting the whole vocabulary was most of a CPU frame."""
     scores = scores / temperature.unsqueeze(1)
     values, candidates = scores.topk(widest, dim=-1)  # descending
-    kth = values.gather(1, (top_k - 1).clamp(min=0, max=widest - 1).unsqueeze(1))
-    values = values.masked_fill(values < kth, -math.inf)
+    if ragged:  # some row keeps fewer than ``widest``
+        kth = values.gather(1, (top_k - 1).clamp(min=0, max=widest - 1).unsqueeze(1))
+        values = values.masked_fill(values < kth, -math.inf)
     if nucleus:  # skipped when every row's top_p is 1 (it would remove nothing)
         ascending = values.flip(-1)
         cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -58,7 +57,6 @@ class QwenFastEngine(QwenEngine):
         self._requests: dict[int, tuple[SynthesisRequest, Done, Any, int]] = {}
         self._decoder: ThreadPoolExecutor | None = None
         self._decode_stream: Any = None
-        self._lock = threading.Lock()
 
     # -- lifecycle --------------------------------------------------------------------------------
 
