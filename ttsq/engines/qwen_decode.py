@@ -199,6 +199,7 @@ class DecodeLoop:
         self._penalty = torch.ones(slots, device=device, dtype=torch.float32)
         self._seed = torch.zeros(slots, **ids)
         self._slot_index = torch.arange(slots, **ids)
+        self._marks = torch.ones(slots, device=device, dtype=torch.bool)
         self._key_index = torch.arange(positions, **ids)
         self._sub_temperature = torch.full((slots,), sub.temperature, device=device)
         self._sub_top_k = torch.full((slots,), max(1, sub.top_k), **ids)
@@ -257,11 +258,11 @@ class DecodeLoop:
         self._seen[slot] = False
         self._do_sample[slot] = sampling.do_sample
         self._temperature[slot] = sampling.temperature
-        self._top_k[slot] = min(sampling.top_k, self.vocab)
+        top_k = max(1, min(sampling.top_k, self.vocab))
+        self._top_k[slot] = top_k
         self._top_p[slot] = sampling.top_p
         self._penalty[slot] = sampling.repetition_penalty
         self._seed[slot] = sampling.seed & _MASK32
-        top_k = max(1, min(sampling.top_k, self.vocab))
         self._rows[slot] = _Row(cap=cap, tag=tag, prompt_length=length, do_sample=sampling.do_sample, top_k=top_k,
                                 top_p=sampling.top_p)
         rows = self._slot_index[slot:slot + 1]
@@ -366,7 +367,8 @@ class DecodeLoop:
         generated = step + 1
         following = self._choose(logits[:, -1], slots, generated=generated)
         self._token[:rows] = following
-        self._seen[slots, following] = True
+        # A device tensor, not a Python True: nothing in a captured frame may copy from the host.
+        self._seen.index_put_((slots, following), self._marks[:rows])
         self._step[:rows] = generated.clamp(max=self.max_frames)
         self._position[:rows] = (self._position[:rows] + 1).clamp(max=self.positions - 1)
 
