@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from transformers.activations import SiLUActivation as _SILU
 from transformers.cache_utils import DynamicCache
 
 #: How many codebooks a frame has (the talker's one and the code predictor's 15).
@@ -452,25 +453,34 @@ class DecodeLoop:
 
 
 def _rms(hidden: torch.Tensor, norm: Any) -> torch.Tensor:
-    """qwen-tts's RMSNorm, operation for operation (so the numbers are the same), without the module call."""
+    """qwen-tts's RMSNorm, operation for operation (so the numbers are the same), without the module call
+    (and without the two casts when the model is float32 already: they would return their input)."""
     dtype = hidden.dtype
-    hidden = hidden.to(torch.float32)
+    wide = dtype != torch.float32
+    if wide:
+        hidden = hidden.to(torch.float32)
     variance = hidden.pow(2).mean(-1, keepdim=True)
     hidden = hidden * torch.rsqrt(variance + norm.variance_epsilon)
-    result: torch.Tensor = norm.weight * hidden.to(dtype)
+    result: torch.Tensor = norm.weight * (hidden.to(dtype) if wide else hidden)
     return result
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """``x * cos + rotate_half(x) * sin`` with the sign of rotate_half folded into the sine table:
+    (-a) * b and a * (-b) are the same float, and a roll is one operation where rotate_half is four."""
+    return (x * cos) + (x.roll(x.shape[-1] // 2, dims=-1) * signed_sin)
+
+
+def _signed(sin: torch.Tensor) -> torch.Tensor:
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
 def _layer(layer: Any, index: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: _SlotCache,
            mask: torch.Tensor | None) -> torch.Tensor:
     """One qwen-tts decoder layer (talker or code predictor), the same operations in the same order as
     its modules and Hugging Face's sdpa path, without a module call per linear: on a CPU the calls cost
-    more than the arithmetic of the tiny model."""
+    more than the arithmetic of the tiny model. ``sin`` has rotate_half's sign folded in (``_signed``)."""
     attention = layer.self_attn
     x = _rms(hidden, layer.input_layernorm)
     shape = (*hidden.shape[:-1], -1, attention.head_dim)
@@ -479,8 +489,8 @@ def _layer(layer: Any, index: int, hidden: torch.Tensor, cos: torch.Tensor, sin:
     key = _rms(F.linear(x, attention.k_proj.weight, attention.k_proj.bias).view(shape),
                attention.k_norm).transpose(1, 2)
     value = F.linear(x, attention.v_proj.weight, attention.v_proj.bias).view(shape).transpose(1, 2)
-    query = (query * cos) + (_rotate_half(query) * sin)
-    key = (key * cos) + (_rotate_half(key) * sin)
+    query = _rotate(query, cos, sin)
+    key = _rotate(key, cos, sin)
     keys, values = cache.update(key, value, index)
     if mask is None:  # as Hugging Face calls sdpa without a mask: grouped heads, causal over a prefill
         out = F.scaled_dot_product_attention(query, keys, values, dropout_p=0.0, scale=attention.scaling,
@@ -493,7 +503,8 @@ def _layer(layer: Any, index: int, hidden: torch.Tensor, cos: torch.Tensor, sin:
     hidden = hidden + F.linear(out, attention.o_proj.weight, attention.o_proj.bias)
     mlp = layer.mlp
     x = _rms(hidden, layer.post_attention_layernorm)
-    gated = mlp.act_fn(F.linear(x, mlp.gate_proj.weight)) * F.linear(x, mlp.up_proj.weight)
+    gate = F.linear(x, mlp.gate_proj.weight)
+    gated = (F.silu(gate) if isinstance(mlp.act_fn, _SILU) else mlp.act_fn(gate)) * F.linear(x, mlp.up_proj.weight)
     result: torch.Tensor = hidden + F.linear(gated, mlp.down_proj.weight)
     return result
 
@@ -514,7 +525,7 @@ def _talker_rope(rotary: Any, scaling: dict[str, Any], positions: int, dtype: to
     tables = []
     for table in rotary(probe, position_ids):  # (3, 1, positions, dim)
         tables.append(_mrope(table, scaling["mrope_section"], bool(scaling.get("interleaved")))[0])
-    return tables[0], tables[1]
+    return tables[0], _signed(tables[1])
 
 
 def _mrope(table: torch.Tensor, section: list[int], interleaved: bool) -> torch.Tensor:
@@ -535,7 +546,7 @@ def _predictor_rope(rotary: Any, dtype: torch.dtype, device: torch.device) -> tu
     """The code predictor's cos and sin for its 16 positions, shaped to broadcast over rows and heads."""
     probe = torch.zeros(1, dtype=dtype, device=device)
     cos, sin = rotary(probe, torch.arange(CODE_GROUPS, device=device).unsqueeze(0))  # (1, 16, dim)
-    return cos.unsqueeze(1), sin.unsqueeze(1)
+    return cos.unsqueeze(1), _signed(sin).unsqueeze(1)
 
 
 def _sample(scores: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
