@@ -105,8 +105,9 @@ class Case:
             return Prompt.capture(self.tts, lambda: self._generate([row]))
 
 
-def greedy_loop(tts: Any, slots: int) -> DecodeLoop:
-    return DecodeLoop(tts.model, slots=slots, positions=512, max_frames=128, sub=SubSampling(do_sample=False))
+def greedy_loop(tts: Any, slots: int, *, static: bool = False) -> DecodeLoop:
+    return DecodeLoop(tts.model, slots=slots, positions=512, max_frames=128, sub=SubSampling(do_sample=False),
+                      static=static)
 
 
 def caps_for(size: int) -> list[int]:
@@ -151,14 +152,17 @@ def test_greedy_codes_equal_stock_for_a_batch_of_mixed_lengths(models: dict[str,
     assert_same(decode_all(loop, case, caps), expected, caps)
 
 
-@pytest.mark.parametrize("kind", ["voice_design", "base"])
-def test_greedy_codes_equal_stock_for_rows_joining_mid_flight(models: dict[str, Any], kind: str) -> None:
+@pytest.mark.parametrize(("kind", "static"), [("voice_design", False), ("base", False), ("custom_voice", True)])
+def test_greedy_codes_equal_stock_for_rows_joining_mid_flight(models: dict[str, Any], kind: str,
+                                                              static: bool) -> None:
+    """``static`` runs the shapes a CUDA graph records (rows and cache length rounded up to their
+    buckets, free slots stepping along), uncaptured."""
     size = 11
     case = Case(kind, models[kind], size)
     caps = caps_for(size)
     expected = case.stock(caps)
     joined: list[int] = []
-    loop = greedy_loop(models[kind], slots=4)  # 11 rows through 4 slots: 7 join others already decoding
+    loop = greedy_loop(models[kind], slots=6 if static else 4, static=static)  # rows join others decoding
     assert_same(decode_all(loop, case, caps, on_step=joined.append), expected, caps)
     assert len(joined) >= 7 and any(step > 0 for step in joined)
 

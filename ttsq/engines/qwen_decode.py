@@ -159,7 +159,7 @@ class DecodeLoop:
     """A fixed set of slots decoding one Qwen3-TTS checkpoint frame by frame. One thread owns it."""
 
     def __init__(self, model: Any, *, slots: int, positions: int, max_frames: int, sub: SubSampling,
-                 graphs: bool = False) -> None:
+                 graphs: bool = False, static: bool | None = None) -> None:
         self.model = model
         self.talker = model.talker
         self.predictor = model.talker.code_predictor
@@ -214,6 +214,9 @@ class DecodeLoop:
         self._graphs: dict[tuple[int, int], Any] = {}
         self._pool: Any = None
         self._use_graphs = graphs and self.device.type == "cuda"
+        # Bucketed shapes (rows and cache length rounded up, fixed sampling widths) are what a graph
+        # records; ``static=True`` runs them uncaptured, so a CPU can prove them exact too.
+        self._static = self._use_graphs if static is None else static
 
     # -- admission --------------------------------------------------------------------------------
 
@@ -288,16 +291,14 @@ class DecodeLoop:
     def _step_rows(self) -> list[Finished]:
         rows = max(self._rows) + 1
         length = max(self._rows[slot].prompt_length + self._rows[slot].frames for slot in self._rows) + 1
-        if self._use_graphs:
+        if self._static:
             rows = next(size for size in _powers(self.slots, 1) if size >= rows)
             length = next(size for size in _powers(self.positions, 128) if size >= length)
-            graph = self._graphs.get((rows, length))
-            if graph is None:
-                self._frame(rows, length)
-            else:
-                graph.replay()
-        else:
+        graph = self._graphs.get((rows, length))
+        if graph is None:
             self._frame(rows, length)
+        else:
+            graph.replay()
         tokens = self._token[:rows].tolist()  # the one host sync per frame
         finished = []
         for slot in sorted(self._rows):
@@ -430,7 +431,7 @@ class DecodeLoop:
         widest = self._widest()
         if widest == 0:  # every row is greedy (known on the host; a captured frame always samples)
             return greedy
-        nucleus = self._use_graphs or any(row.top_p < 1.0 for row in self._rows.values() if row.do_sample)
+        nucleus = self._static or any(row.top_p < 1.0 for row in self._rows.values() if row.do_sample)
         drawn = _sample(scores, self._temperature[slots], self._top_k[slots], self._top_p[slots],
                         self._seed[slots], generated_t * CODE_GROUPS, widest, nucleus=nucleus)
         return torch.where(self._do_sample[slots], drawn, greedy)
@@ -447,7 +448,7 @@ class DecodeLoop:
 
     def _widest(self) -> int:
         """How many candidates the talker's sampling sorts: every sampling row's top-k fits."""
-        if self._use_graphs:
+        if self._static:
             return min(self.vocab, MAX_TOP_K)
         return max((row.top_k for row in self._rows.values() if row.do_sample), default=0)
 
