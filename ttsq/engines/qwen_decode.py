@@ -557,7 +557,8 @@ def _sample(scores: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor
     then one draw per row. Only the ``widest`` best candidates are sorted (every row's top-k is at most
     that): sorting the whole vocabulary was most of a CPU frame."""
     scores = scores / temperature.unsqueeze(1)
-    values, candidates = scores.topk(widest, dim=-1)  # descending
+    # Sorted (descending) only when a per-row cut or the nucleus needs the order.
+    values, candidates = scores.topk(widest, dim=-1, sorted=ragged or nucleus)
     if ragged:  # some row keeps fewer than ``widest``
         kth = values.gather(1, (top_k - 1).clamp(min=0, max=widest - 1).unsqueeze(1))
         values = values.masked_fill(values < kth, -math.inf)
