@@ -373,3 +373,24 @@ def test_cli_usage_errors_are_one_line_and_queue_nothing(settings: Settings, tmp
         lines = out.stderr.decode().strip().splitlines()
         assert out.returncode == 2 and len(lines) == 1 and message in lines[0], (args, out.stderr)
     assert queue_length(settings) == 0
+
+
+def test_stop_listening_degrades_gracefully_if_celery_internals_change(settings: Settings) -> None:
+    # stop_listening reaches into private attributes of Celery's result backend (a workaround for
+    # celery#3812). If a Celery release reshapes them, it must do nothing rather than fail the
+    # document task after its chord was sent.
+    from celery import Celery
+
+    from ttsq.document import stop_listening
+
+    app = Celery(broker=settings.broker_url, backend=settings.result_backend)
+    backend = app.backend
+    try:
+        for pending in ({"some-id": object()}, ["some-id"], None, 42):
+            backend._pending_results = pending
+            stop_listening(backend, ["some-id", "other-id"])
+            stop_listening(backend, ["some-id"], unless_waited=True)
+        backend.result_consumer = object()  # no cancel_for
+        stop_listening(backend, ["some-id"])
+    finally:
+        app.close()

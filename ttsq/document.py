@@ -46,7 +46,7 @@ import io
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, TypedDict, cast
 
@@ -441,18 +441,26 @@ def stop_listening(backend: Any, task_ids: Sequence[str], *, unless_waited: bool
     the life of the process (celery/celery#3812, #4824). ``unless_waited`` keeps an id someone in
     this process does wait for (the embedded mode's client waits on its document in-process).
     """
-    consumer = getattr(backend, "result_consumer", None)
-    pending = getattr(backend, "_pending_results", ())  # Celery 5.7: (concrete, weak) waiters by task id
+    # Private Celery internals: a release that reshapes them must cost a subscription, never the job
+    # (this runs after the chord is sent: raising here would fail a document that is running).
+    try:
+        consumer = getattr(backend, "result_consumer", None)
+        pending = getattr(backend, "_pending_results", None)  # Celery 5.7: (concrete, weak) waiters by task id
+        known = isinstance(pending, tuple) and all(isinstance(m, MutableMapping) for m in pending)
+        mappings = list(cast("tuple[MutableMapping[str, Any], ...]", pending)) if known else []
+    except Exception as exc:
+        logger.debug("cannot read Celery's pending results: %s", type(exc).__name__)
+        return
     for task_id in task_ids:
-        if unless_waited and any(task_id in mapping for mapping in pending):
-            continue
-        for mapping in pending:
-            mapping.pop(task_id, None)
-        if consumer is not None:
-            try:
+        try:
+            if unless_waited and (not known or any(task_id in mapping for mapping in mappings)):
+                continue  # someone here may wait for it: keep listening
+            for mapping in mappings:
+                mapping.pop(task_id, None)
+            if consumer is not None:
                 consumer.cancel_for(task_id)
-            except Exception as exc:  # a lost subscription is harmless; failing the job is not
-                logger.debug("could not unsubscribe from a result: %s", type(exc).__name__)
+        except Exception as exc:  # a lost subscription is harmless; failing the job is not
+            logger.debug("could not unsubscribe from a result: %s", type(exc).__name__)
 
 
 def read_document(client: Any, key: str) -> dict[str, Any] | None:
