@@ -294,7 +294,10 @@ class Documents:
         unique = list({chunk_key: request for chunk_key, request in zip(keys, requests, strict=True)}.values())
         total = len(unique)
         queue = queue_for(self.settings.queue, document.fields["mode"])
-        self._store_progress(task_id, Progress(chunks_done=0, chunks_total=total, audio_s=0.0))
+        try:  # from what is counted already: a redelivered document task must not reset its progress to 0
+            self._count(task_id, total)
+        except Exception as exc:  # progress is for watching: the document goes on without it
+            logger.warning("document %s: could not store progress: %s", task_id, type(exc).__name__)
         ids = [str(uuid.uuid4()) for _ in unique]
         header = [
             self.app.signature(TASK_NAME, kwargs=request.to_dict(), queue=queue, task_id=ids[index],
@@ -333,16 +336,7 @@ class Documents:
                 and isinstance(header.get("index"), int) and isinstance(header.get("total"), int)):
             return  # not ours to trust; the chunk itself is done
         doc_id, total = header["id"], header["total"]
-        hash_key = PROGRESS_PREFIX + doc_id
-        pipe = self._redis.pipeline()
-        # One field per chunk index: a redelivered chunk overwrites itself instead of counting twice.
-        pipe.hset(hash_key, str(header["index"]), result["duration_s"])
-        pipe.expire(hash_key, self.settings.result_ttl_s)
-        pipe.hvals(hash_key)
-        values = pipe.execute()[-1]
-        progress = Progress(chunks_done=len(values), chunks_total=total,
-                            audio_s=round(sum(float(v) for v in values), 3))
-        self._store_progress(doc_id, progress)
+        progress = self._count(doc_id, total, index=header["index"], duration_s=result["duration_s"])
         summary = f"{progress['chunks_done']}/{total} chunks, {progress['audio_s']:.1f} s of audio"
         try:
             with self.app.events.default_dispatcher(hostname=node) as dispatcher:
@@ -351,6 +345,26 @@ class Documents:
                 dispatcher.send("task-progress", uuid=doc_id, **progress, result=summary)
         except Exception as exc:  # events are for watching; the state above is the record
             logger.debug("could not send a progress event: %s", type(exc).__name__)
+
+    def _count(self, doc_id: str, total: int, *, index: int | None = None, duration_s: float = 0.0) -> Progress:
+        """Record chunk ``index`` as done (if given) and store the document's progress from the count.
+
+        Chunks of one batch finish together on several task threads (and workers): counting and
+        storing under one lock per document keeps the stored progress from going backwards (a
+        thread that counted 3 storing after one that counted 4)."""
+        hash_key = PROGRESS_PREFIX + doc_id
+        with self._redis.lock(hash_key + ":lock", timeout=10, blocking_timeout=10):
+            pipe = self._redis.pipeline()
+            if index is not None:
+                # One field per chunk index: a redelivered chunk overwrites itself instead of counting twice.
+                pipe.hset(hash_key, str(index), duration_s)
+                pipe.expire(hash_key, self.settings.result_ttl_s)
+            pipe.hvals(hash_key)
+            values = pipe.execute()[-1]
+            progress = Progress(chunks_done=len(values), chunks_total=total,
+                                audio_s=round(sum(float(v) for v in values), 3))
+            self._store_progress(doc_id, progress)
+        return progress
 
     def _store_progress(self, doc_id: str, progress: Progress) -> None:
         from celery import states
