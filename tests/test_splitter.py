@@ -22,7 +22,7 @@ def _script(alphabet: str, *, spaced: bool, word: int = 12) -> st.SearchStrategy
     words = st.text(alphabet=alphabet, min_size=1, max_size=word)
     marks = st.sampled_from([". ", "! ", "? ", ", ", "; ", ": ", "... ", "。", "！", "？", "，", "、", "．",
                              "\"", "'", "«", "»", "“", "”", "「", "」", "(", ")", "[", "]", "（", "）",
-                             "Dr. ", "e.g. ", "i.e. ", "J. ", "3.14", "２．５", "—", " - "])
+                             "Dr. ", "e.g. ", "i.e. ", "J. ", "3.14", "２．５", "—", " - ", " » ", "„", "と"])
     spaces = st.sampled_from([" ", "  ", "\t", "\n", "\n\n", " \n \n ", "\r\n\r\n", "\u00a0", "\u2029", "\u3000"])
     separator = spaces if spaced else st.one_of(st.just(""), spaces)
     token = st.one_of(st.tuples(words, separator).map("".join), marks, spaces)
@@ -104,7 +104,19 @@ def test_normalized_input_keeps_paragraphs_and_folds_other_whitespace() -> None:
     ("Привет. Как дела? Хорошо!", ["Привет.", "Как дела?", "Хорошо!"]),
     ("你好。我是学生！你呢？", ["你好。", "我是学生！", "你呢？"]),
     ("价格是３．５元。下一句。", ["价格是３．５元。", "下一句。"]),
-    ("「こんにちは。」と彼は言った。元気ですか？", ["「こんにちは。」", "と彼は言った。", "元気ですか？"]),
+    ("「こんにちは。」と彼は言った。元気ですか？", ["「こんにちは。」と彼は言った。", "元気ですか？"]),  # quotative と
+    ("「はい。」そうです。", ["「はい。」", "そうです。"]),
+    ("Er sagte: „Hallo.“ Dann ging er. Sie rief: „Warte!“ Niemand kam.",
+     ["Er sagte: „Hallo.“", "Dann ging er.", "Sie rief: „Warte!“", "Niemand kam."]),
+    ("Er kam. »Hallo.« Dann ging er.", ["Er kam.", "»Hallo.«", "Dann ging er."]),
+    ("Il a dit : « Bonjour. » Puis il est parti. « Quoi ? » demanda-t-elle. Oui.",
+     ["Il a dit : « Bonjour. »", "Puis il est parti.", "« Quoi ? » demanda-t-elle.", "Oui."]),
+    ("¿Qué hora es? ¡Son las tres! Vale.", ["¿Qué hora es?", "¡Son las tres!", "Vale."]),
+    ("나는 학생이다.그는 선생님이다.우리는 친구다. 좋다.",
+     ["나는 학생이다.", "그는 선생님이다.", "우리는 친구다.", "좋다."]),
+    ("你好!我是学生?是的.", ["你好!", "我是学生?", "是的."]),
+    ("Visit https://example.com/a.b?c=d. Mail john.doe@example.org. It weighs 1,000.5 kg.",
+     ["Visit https://example.com/a.b?c=d.", "Mail john.doe@example.org.", "It weighs 1,000.5 kg."]),
     ("안녕하세요. 반갑습니다! 저는 학생입니다.", ["안녕하세요.", "반갑습니다!", "저는 학생입니다."]),
     ("English first. 然后是中文。Then English again.", ["English first.", "然后是中文。", "Then English again."]),
 ])

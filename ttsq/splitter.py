@@ -14,8 +14,11 @@ characters, never inside a combining sequence.
 
 Sentence ends: ``.!?…`` (Latin, Cyrillic, Hangul text) when followed by a space and not by a
 lowercase letter, after optional closing quotes or brackets, except after a known abbreviation
-(``Dr.``, ``e.g.``) or a single-letter initial; ``3.14`` has no space after its dot. The CJK marks
-``。！？`` (and full-width ``．``) end a sentence with or without a space after them.
+(``Dr.``, ``e.g.``) or a single-letter initial; ``3.14`` has no space after its dot. Closing quotes
+include German ``“`` and French `` »`` set off by a space. Between two Han, kana or Hangul characters
+these marks need no space (``다.그는``). The CJK marks ``。！？`` (and full-width ``．``) end a sentence
+with or without a space after them, except inside a quote that goes on with a quotative particle
+(``「…。」と言った``).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 #: Bump when the same text and settings would be cut differently: it is part of the document key.
-SPLITTER_VERSION = 1
+SPLITTER_VERSION = 2
 
 #: How a chunk ends, which decides the join to the next one: a crossfade inside a sentence, a short
 #: pause between sentences, a longer one between paragraphs; ``end`` is the last chunk.
@@ -38,7 +41,13 @@ _SPACE_RUN = re.compile(r"\s+")
 
 _LATIN_ENDS = ".!?…‼⁇⁈⁉"
 _CJK_ENDS = "。！？｡．"
-_CLOSERS = "\"'”’»›)]}」』）】〕〉》〗〙〛"
+# Right after a sentence mark these close a quote or bracket, whatever they open elsewhere: German
+# „…“ and ‚…‘, and »…« in German style.
+_CLOSERS = "\"'”’»›“‘«‹)]}」』）】〕〉》〗〙〛"
+# French sets its closing guillemets off with a space: « Bonjour. »
+_SPACED_CLOSERS = "»›"
+# Japanese quotative particles: 「…。」と言った goes on after the closing bracket.
+_QUOTATIVE = "とっ"
 # Clause marks that make a fair cut inside a long sentence. CJK ones need no space after them.
 _CLAUSE_MARKS = ",;:—–"
 _CJK_CLAUSE_MARKS = "，、；：﹐﹑"
@@ -124,14 +133,22 @@ def _sentences(paragraph: str) -> list[tuple[int, int]]:
     while i < n:
         ch = paragraph[i]
         if ch in _CJK_ENDS and not (ch == "．" and _digit_around(paragraph, i)):
-            j = _skip(paragraph, i + 1, _CJK_ENDS + _LATIN_ENDS + _CLOSERS)
-            j = _skip(paragraph, j, " ")
+            j = _skip(paragraph, i + 1, _CJK_ENDS + _LATIN_ENDS)
+            closed = _skip(paragraph, j, _CLOSERS)
+            if closed > j and closed < n and paragraph[closed] in _QUOTATIVE:
+                i = closed  # a quoted sentence inside a longer one
+                continue
+            j = _skip(paragraph, closed, " ")
             spans.append((start, j))
             start = i = j
             continue
         if ch in _LATIN_ENDS:
             j = _skip(paragraph, i + 1, _LATIN_ENDS)
-            j = _skip(paragraph, j, _CLOSERS)
+            j = _spaced_closers(paragraph, _skip(paragraph, j, _CLOSERS))
+            if i > 0 and j < n and _is_cjk(paragraph[i - 1]) and _is_cjk(paragraph[j]):
+                spans.append((start, j))  # "다.그는", "你好!我": CJK and Hangul need no space after a mark
+                start = i = j
+                continue
             if j < n and paragraph[j] == " " and _ends_sentence(paragraph, i, j):
                 j = _skip(paragraph, j, " ")
                 spans.append((start, j))
@@ -153,7 +170,7 @@ def _ends_sentence(paragraph: str, mark: int, after: int) -> bool:
     nxt = following[0]
     if nxt.islower():  # "approx. five", "e.g. this": a sentence does not go on in lowercase
         return False
-    if paragraph[mark:after].rstrip(_CLOSERS) != ".":
+    if paragraph[mark:after].rstrip(_CLOSERS + " ") != ".":
         return True  # "!", "?", "...", "?!": no abbreviation ends that way
     word_start = mark
     while word_start > 0 and not paragraph[word_start - 1].isspace() and paragraph[word_start - 1] not in "([\"'«“‘":
@@ -162,6 +179,23 @@ def _ends_sentence(paragraph: str, mark: int, after: int) -> bool:
     if len(word) == 1 and word.isalpha() and word.isupper() and word != "I":
         return False  # an initial: "J. R. R. Tolkien"
     return word.lower() not in _ABBREVIATIONS
+
+
+def _spaced_closers(text: str, i: int) -> int:
+    """Past a French closing guillemet set off by a space (`` »`` then a space or the end), else ``i``."""
+    k = _skip(text, i, " ")
+    if k == i or k == len(text) or text[k] not in _SPACED_CLOSERS:
+        return i
+    end = _skip(text, k, _SPACED_CLOSERS)
+    return end if end == len(text) or text[end] == " " else i
+
+
+def _is_cjk(ch: str) -> bool:
+    """A Han, kana or Hangul character: scripts that need no space after a sentence mark."""
+    code = ord(ch)
+    return (0x3040 <= code <= 0x30FF or 0x3400 <= code <= 0x4DBF or 0x4E00 <= code <= 0x9FFF
+            or 0xAC00 <= code <= 0xD7A3 or 0x1100 <= code <= 0x11FF or 0x3130 <= code <= 0x318F
+            or 0xF900 <= code <= 0xFAFF)
 
 
 def _digit_around(text: str, i: int) -> bool:
