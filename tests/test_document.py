@@ -429,3 +429,33 @@ def test_progress_never_goes_backwards_when_chunks_finish_together(settings: Set
             if m.get("task_id") == job.id and m.get("status") == "PROGRESS"]
     assert len(done) >= 64 and done[-1] == 64, done
     assert done == sorted(done), done
+
+
+def test_the_stitch_job_sends_no_signed_urls_in_its_events(settings: Settings, start_worker: StartWorker) -> None:
+    # The stitch job's arguments are the chunk results, each with a signed URL: its task-sent event
+    # (what Flower and `celery events` show) must carry a placeholder, not their repr.
+    import threading
+
+    from celery import Celery
+
+    start_worker(settings)
+    app = Celery(broker=settings.broker_url, backend=settings.result_backend)
+    events: list[dict[str, object]] = []
+    with app.connection() as connection:
+        receiver = app.events.Receiver(connection, handlers={"*": events.append})
+        thread = threading.Thread(target=lambda: receiver.capture(limit=None, timeout=None, wakeup=False),
+                                  daemon=True)
+        thread.start()
+        wait_until(lambda: bool(events), 30, "a worker heartbeat: the receiver is listening")
+        with Client(settings) as client:
+            result = client.submit_document("One sentence here. Another sentence there.").wait(timeout=60)
+        wait_until(lambda: any(e.get("type") == "task-sent" and e.get("name") == "ttsq.stitch" for e in events), 30,
+                   "the stitch's task-sent")
+        sent = [event for event in events if event.get("type") == "task-sent"]
+        receiver.should_stop = True
+        thread.join(10)
+    app.close()
+    assert result["url"].startswith("http")
+    stitch = [event for event in sent if event.get("name") == "ttsq.stitch"]
+    assert stitch, sent
+    assert all("http" not in str(event.get("args")) and "Signature" not in str(event) for event in stitch), stitch

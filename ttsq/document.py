@@ -319,6 +319,9 @@ class Documents:
                        for chunk_key, chunk in zip(keys, document.chunks, strict=True)],
         }
         body = self.app.signature(STITCH_TASK_NAME, kwargs={"plan": plan}, queue=queue,
+                                  # Its argument is the chunk results, signed URLs and all: keep them out
+                                  # of its task-sent event (Flower, `celery events`).
+                                  argsrepr=f"<{total} chunk results>",
                                   kwargsrepr=f"stitch {total} chunks into {key[:12]}")
         logger.info("document %s: %d chunks (%d characters) for %s", task_id, total, len(document.text), key[:12])
         try:
@@ -399,7 +402,10 @@ class Documents:
             if entry is None:
                 # The chord fired without this chunk stored (a duplicate counted for it): not yet.
                 raise task.retry(countdown=2, max_retries=30,
-                                 exc=JobFailed(f"chunk {chunk['key'][:12]} of document {key[:12]} is not stored"))
+                                 exc=JobFailed(f"chunk {chunk['key'][:12]} of document {key[:12]} is not stored"),
+                                 # Celery drops these on retry; the arguments hold signed URLs.
+                                 argsrepr=f"<{len(plan['chunks'])} chunk results>",
+                                 kwargsrepr=f"stitch into {key[:12]}")
             if entry["object_key"] not in decoded:  # a repeated chunk is read once
                 decoded[entry["object_key"]] = _decode(runtime.storage.get(entry["object_key"]))
             samples, chunk_rate = decoded[entry["object_key"]]
