@@ -459,3 +459,13 @@ def test_the_stitch_job_sends_no_signed_urls_in_its_events(settings: Settings, s
     stitch = [event for event in sent if event.get("name") == "ttsq.stitch"]
     assert stitch, sent
     assert all("http" not in str(event.get("args")) and "Signature" not in str(event) for event in stitch), stitch
+
+
+def test_options_given_to_submit_document_are_the_ones_sent(settings: Settings, start_worker: StartWorker) -> None:
+    # The producer validates and keys the document with the options it is given: the worker must
+    # cut and key it with the same ones, not the producer's TTSQ_DOC_* defaults.
+    start_worker(settings)
+    with Client(settings) as client:
+        job = client.submit_document("One. Two. Three. Four.", options={"target_chars": 1, "max_chars": 20})
+        result = job.wait(timeout=60)
+    assert len(result["chunks"]) == 4 and result["key"] == job.key  # type: ignore[typeddict-item]

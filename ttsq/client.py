@@ -203,7 +203,7 @@ class Client:
                 return Job(id=owner, key=key, client=self, joined=True, chunks=len(document.chunks))
         kwargs = {"text": document.text, **{name: value for name, value in document.fields.items()
                                              if value is not None and value != ""},
-                  "options": asdict(options)}
+                  "options": asdict(document.options)}  # what it was validated and keyed with
         sent = False
         try:
             self.app.send_task(DOCUMENT_TASK_NAME, kwargs=kwargs, task_id=task_id,
