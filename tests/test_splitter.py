@@ -111,6 +111,8 @@ def test_normalized_input_keeps_paragraphs_and_folds_other_whitespace() -> None:
     ("Er kam. »Hallo.« Dann ging er.", ["Er kam.", "»Hallo.«", "Dann ging er."]),
     ("Il a dit : « Bonjour. » Puis il est parti. « Quoi ? » demanda-t-elle. Oui.",
      ["Il a dit : « Bonjour. »", "Puis il est parti.", "« Quoi ? » demanda-t-elle.", "Oui."]),
+    ("Das ist Nr. 5 der Liste. Il Sig. Rossi è arrivato. Он живёт на ул. Ленина. Bom.",
+     ["Das ist Nr. 5 der Liste.", "Il Sig. Rossi è arrivato.", "Он живёт на ул. Ленина.", "Bom."]),
     ("¿Qué hora es? ¡Son las tres! Vale.", ["¿Qué hora es?", "¡Son las tres!", "Vale."]),
     ("나는 학생이다.그는 선생님이다.우리는 친구다. 좋다.",
      ["나는 학생이다.", "그는 선생님이다.", "우리는 친구다.", "좋다."]),

@@ -51,8 +51,10 @@ _QUOTATIVE = "とっ"
 # Clause marks that make a fair cut inside a long sentence. CJK ones need no space after them.
 _CLAUSE_MARKS = ",;:—–"
 _CJK_CLAUSE_MARKS = "，、；：﹐﹑"
-# Words that end with a dot but rarely end a sentence (English, German, Spanish, French, Italian).
+# Words that end with a dot but rarely end a sentence (English, German, Spanish, French, Italian,
+# Portuguese, Russian).
 _ABBREVIATIONS = frozenset({
+    "nr", "hr", "fr", "str", "tel", "sig", "sigg", "dott", "ing", "avv", "exmo", "exma", "ул", "им", "проф", "тов",
     "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "al", "e.g", "i.e", "no", "nos", "vol", "fig", "figs",
     "approx", "dept", "est", "inc", "ltd", "co", "corp", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep",
     "sept", "oct", "nov", "dec", "mt", "ft", "cf", "ca", "p", "pp", "ed", "eds", "rev", "gen", "gov", "sen", "rep",
