@@ -160,7 +160,14 @@ def submit(ctx: click.Context, text: str | None, text_file: Path | None, each_li
         # Validate before starting anything: bad input costs no Redis and no engine load.
         from ttsq.request import Limits, SynthesisRequest
 
-        SynthesisRequest.from_dict({"text": text, **fields}, Limits.from_settings(settings))
+        limits = Limits.from_settings(settings)
+        if text_file is None:
+            SynthesisRequest.from_dict({"text": text, **fields}, limits)
+        elif not each_line:  # a document may be longer than one job; lines are checked one by one
+            from ttsq.document import Document, Options
+
+            Document.parse({"text": text, **fields}, limits=limits, max_document_chars=settings.max_document_chars,
+                           default_options=Options.from_settings(settings))
         with Embedded(settings.replace(engine="espeak")) as stack:
             client = Client(stack.settings, app=stack.app)
             if each_line:

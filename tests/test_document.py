@@ -469,3 +469,27 @@ def test_options_given_to_submit_document_are_the_ones_sent(settings: Settings, 
         job = client.submit_document("One. Two. Three. Four.", options={"target_chars": 1, "max_chars": 20})
         result = job.wait(timeout=60)
     assert len(result["chunks"]) == 4 and result["key"] == job.key  # type: ignore[typeddict-item]
+
+
+def test_embedded_documents_and_line_files_are_not_held_to_one_job_limit(tmp_path: Path) -> None:
+    # --embedded validates before it starts anything; a document (or a file of lines) may be
+    # longer than one job's TTSQ_MAX_TEXT_CHARS, and a bad line fails alone.
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TTSQ_")} | {"TTSQ_MAX_TEXT_CHARS": "60"}
+    doc = tmp_path / "doc.txt"
+    doc.write_text(" ".join(f"Embedded sentence number {n} of the document." for n in range(4)), encoding="utf-8")
+    lines = tmp_path / "lines.txt"
+    lines.write_text("A good first line.\n" + "x" * 80 + "\nA good third line.\n", encoding="utf-8")
+
+    def submit(*args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run([sys.executable, "-m", "ttsq.cli.main", "submit", *args, "--embedded", "--json"],
+                              env=env, capture_output=True, timeout=180, cwd=tmp_path)
+
+    out = submit("-f", str(doc))
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["document"]["chunks"] == 4
+    out = submit("-f", str(lines), "--each-line")
+    assert out.returncode == 1, out.stderr  # the long line failed, alone
+    assert [json.loads(line)["state"] for line in out.stdout.decode().splitlines()] == ["done", "failed", "done"]
