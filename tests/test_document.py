@@ -493,3 +493,13 @@ def test_embedded_documents_and_line_files_are_not_held_to_one_job_limit(tmp_pat
     out = submit("-f", str(lines), "--each-line")
     assert out.returncode == 1, out.stderr  # the long line failed, alone
     assert [json.loads(line)["state"] for line in out.stdout.decode().splitlines()] == ["done", "failed", "done"]
+
+
+def test_document_options_in_a_message_are_held_to_the_settings_ranges() -> None:
+    # A raw message's pauses are silence the stitch holds in memory for every chunk: the same
+    # 0..10000 ms a TTSQ_DOC_* setting may have, named by field, before anything is synthesized.
+    for name in ("sentence_pause_ms", "paragraph_pause_ms", "crossfade_ms"):
+        assert getattr(Options.from_dict({name: 10_000}), name) == 10_000
+        with pytest.raises(InvalidRequest) as info:
+            Options.from_dict({name: 10_001})
+        assert info.value.field == f"options.{name}"

@@ -113,6 +113,8 @@ class Options:
                 raise InvalidRequest(f"options.{str(name)[:40]}", f"unknown option; expected one of {sorted(known)}")
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100_000:
                 raise InvalidRequest(f"options.{name}", "expected an integer 0..100000")
+            if name.endswith("_ms") and value > 10_000:  # as TTSQ_DOC_*: silence the stitch holds per chunk
+                raise InvalidRequest(f"options.{name}", "expected 0..10000 milliseconds")
             values[name] = value
         options = cls(**values)
         if options.max_chars < 20:
