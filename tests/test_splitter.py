@@ -117,6 +117,7 @@ def test_normalized_input_keeps_paragraphs_and_folds_other_whitespace() -> None:
     ("나는 학생이다.그는 선생님이다.우리는 친구다. 좋다.",
      ["나는 학생이다.", "그는 선생님이다.", "우리는 친구다.", "좋다."]),
     ("你好!我是学生?是的.", ["你好!", "我是学生?", "是的."]),
+    ("我想……也许吧。我想...也许吧。", ["我想……也许吧。", "我想...也许吧。"]),
     ("Visit https://example.com/a.b?c=d. Mail john.doe@example.org. It weighs 1,000.5 kg.",
      ["Visit https://example.com/a.b?c=d.", "Mail john.doe@example.org.", "It weighs 1,000.5 kg."]),
     ("안녕하세요. 반갑습니다! 저는 학생입니다.", ["안녕하세요.", "반갑습니다!", "저는 학생입니다."]),

@@ -145,9 +145,11 @@ def _sentences(paragraph: str) -> list[tuple[int, int]]:
             start = i = j
             continue
         if ch in _LATIN_ENDS:
-            j = _skip(paragraph, i + 1, _LATIN_ENDS)
-            j = _spaced_closers(paragraph, _skip(paragraph, j, _CLOSERS))
-            if i > 0 and j < n and _is_cjk(paragraph[i - 1]) and _is_cjk(paragraph[j]):
+            marks = _skip(paragraph, i + 1, _LATIN_ENDS)
+            j = _spaced_closers(paragraph, _skip(paragraph, marks, _CLOSERS))
+            run = paragraph[i:marks]
+            if (i > 0 and j < n and _is_cjk(paragraph[i - 1]) and _is_cjk(paragraph[j])
+                    and "…" not in run and ".." not in run):  # 我想……也许: an ellipsis inside a sentence
                 spans.append((start, j))  # "다.그는", "你好!我": CJK and Hangul need no space after a mark
                 start = i = j
                 continue
