@@ -469,6 +469,10 @@ def _submit_lines(client: Client, text: str, fields: dict[str, Any], *, wait: bo
         except InvalidRequest as exc:
             record.update(state="failed", error=str(exc))
             continue
+        if job.result is not None:  # the producer answered it from the cache: nothing was queued
+            record.update(id=job.id, key=job.key, state="cached", url=job.result["url"],
+                          duration_s=job.result["duration_s"])
+            continue
         record.update(id=job.id, key=job.key, state="queued")
         jobs.append((record, job))
     deadline = time.monotonic() + timeout

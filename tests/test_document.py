@@ -296,6 +296,10 @@ def test_cli_each_line_submits_one_job_per_line_with_a_summary(settings: Setting
     assert rows[0].split() == ["lines", "done", "cached", "failed"]
     assert rows[1].split() == ["4", "0", "3", "1"] and rows[2].startswith("line 4: invalid text")
     assert "lines" in table.stderr.decode()  # the progress bar
+    queued = run_cli("submit", "-f", str(lines), "--each-line", "--no-wait", "--json", settings=strict)
+    # Answered by the producer from the cache: nothing is queued for those lines.
+    assert [json.loads(line)["state"] for line in queued.stdout.decode().splitlines()] == [
+        "cached", "cached", "failed", "cached"], queued.stderr
 
 
 def test_flower_shows_a_document_in_progress_then_done(settings: Settings, start_worker: StartWorker,
