@@ -32,8 +32,10 @@ every chunk already stored is answered from the cache by the worker: only missin
 synthesized.
 
 **What the seed does and does not guarantee (VoiceDesign).** Each chunk is sampled with the same
-voice description and the same seed, so the same document always sounds the same, and a chunk
-shared with another document sounds alike in both. It does not make the voice identical from chunk
+voice description and the same seed, so a re-submitted document has the same chunk keys and is
+answered with the audio first made, and a chunk shared with another document is the same audio in
+both. A chunk synthesized again (its cache entry expired) may differ: a sampled row depends on its
+batch neighbours (README, "Reproducibility"). It does not make the voice identical from chunk
 to chunk: VoiceDesign invents a voice from the description for each generation, conditioned on
 that chunk's text, so timbre may drift between chunks. For one voice across a long document use
 CustomVoice (a fixed speaker) or voice_clone (a reference recording).
