@@ -459,7 +459,9 @@ def _submit_lines(client: Client, text: str, fields: dict[str, Any], *, wait: bo
     """One job per non-blank line; a bad line fails alone. Exit status 1 if any line failed."""
     records: list[dict[str, Any]] = []
     jobs: list[tuple[dict[str, Any], Job]] = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    # The file's own lines (\n or \r\n): str.splitlines would also split at U+2028, form feeds and
+    # the like, and the failures would name the wrong line numbers.
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         record: dict[str, Any] = {"line": number}

@@ -300,6 +300,12 @@ def test_cli_each_line_submits_one_job_per_line_with_a_summary(settings: Setting
     # Answered by the producer from the cache: nothing is queued for those lines.
     assert [json.loads(line)["state"] for line in queued.stdout.decode().splitlines()] == [
         "cached", "cached", "failed", "cached"], queued.stderr
+    # Line numbers are the file's: a Unicode line separator inside a line does not start another.
+    odd = tmp_path / "odd.txt"
+    odd.write_text("One line\u2028with a separator.\r\n" + "y" * 80 + "\r\n", encoding="utf-8")
+    numbered = run_cli("submit", "-f", str(odd), "--each-line", "--no-wait", "--json", settings=strict)
+    assert [(r["line"], r["state"]) for r in map(json.loads, numbered.stdout.decode().splitlines())] == [
+        (1, "queued"), (2, "failed")], numbered.stderr
 
 
 def test_flower_shows_a_document_in_progress_then_done(settings: Settings, start_worker: StartWorker,
