@@ -404,8 +404,9 @@ class Documents:
         for chunk in plan["chunks"]:
             entry = runtime.cache.get(chunk["key"])
             if entry is None:
-                # The chord fired without this chunk stored (a duplicate counted for it): not yet.
-                raise task.retry(countdown=2, max_retries=30,
+                # The chord fired without this chunk stored (a duplicate counted for it): not yet. Its
+                # own job is still queued or running, so wait as long as one job may take.
+                raise task.retry(countdown=2, max_retries=max(30, self.settings.job_timeout_s // 2 + 1),
                                  exc=JobFailed(f"chunk {chunk['key'][:12]} of document {key[:12]} is not stored"),
                                  # Celery drops these on retry; the arguments hold signed URLs.
                                  argsrepr=f"<{len(plan['chunks'])} chunk results>",
