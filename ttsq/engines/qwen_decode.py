@@ -397,6 +397,7 @@ class DecodeLoop:
         cache.rows, cache.write_rows, cache.write_positions = rows, None, None
         codes = []
         hidden = predictor.small_to_mtp_projection(inputs)
+        race = self._sub_race(slots, step)
         start = 0
         for group in range(CODE_GROUPS - 1):
             width = hidden.shape[1]
@@ -406,7 +407,7 @@ class DecodeLoop:
                 hidden = _layer(layer, index, hidden, cos, sin, cache, None)
             head = predictor.lm_head[group]
             logits = F.linear(_rms(hidden, model.norm), head.weight)[:, -1]
-            code = self._sub_choose(logits, slots, step, group + 1)
+            code = self._sub_choose(logits, slots, step, group + 1, race)
             codes.append(code)
             start += width
             if group < CODE_GROUPS - 2:
@@ -436,10 +437,31 @@ class DecodeLoop:
                         self._seed[slots], generated_t * CODE_GROUPS, widest, nucleus=nucleus)
         return torch.where(self._do_sample[slots], drawn, greedy)
 
-    def _sub_choose(self, logits: torch.Tensor, slots: torch.Tensor, step: torch.Tensor, group: int) -> torch.Tensor:
+    def _sub_race(self, slots: torch.Tensor, step: torch.Tensor) -> torch.Tensor | None:
+        """The log of the exponential noise for a frame's 15 sub-talker draws, (rows, 15, top-k), in one
+        hash: keyed by (seed, frame, codebook, rank among the top-k), so a row still draws the same
+        numbers whatever else is in its batch. Hashing per draw was most of the draw's time on a CPU."""
+        sub = self.sub
+        if not sub.do_sample or sub.top_p < 1.0:
+            return None  # greedy, or the nucleus path (``_sample``), which keys its noise by code
+        widest = max(1, min(sub.top_k, self.predictor.config.vocab_size))
+        groups = torch.arange(1, CODE_GROUPS, device=self.device)
+        counter = (step.unsqueeze(1) * CODE_GROUPS + groups).reshape(-1)  # (rows * 15,)
+        seed = self._seed[slots].repeat_interleave(CODE_GROUPS - 1)
+        rank = torch.arange(widest, device=self.device).expand(counter.shape[0], widest)
+        return torch.log(-torch.log(_uniform(seed, counter, rank))).view(-1, CODE_GROUPS - 1, widest)
+
+    def _sub_choose(self, logits: torch.Tensor, slots: torch.Tensor, step: torch.Tensor, group: int,
+                    race: torch.Tensor | None = None) -> torch.Tensor:
         scores = logits.float()
         if not self.sub.do_sample:
             return scores.argmax(dim=-1)
+        if race is not None:
+            # Top-k then an exponential race over the candidates in rank order: argmax of p / E is
+            # argmax of logit / T - log E (softmax's shift and scale change no order).
+            values, candidates = scores.topk(race.shape[-1], dim=-1, sorted=True)
+            chosen = (values / self.sub.temperature - race[:, group - 1]).argmax(dim=-1, keepdim=True)
+            return candidates.gather(1, chosen).squeeze(1)
         rows = scores.shape[0]
         widest = max(1, min(self.sub.top_k, scores.shape[-1]))
         return _sample(scores, self._sub_temperature[:rows], self._sub_top_k[:rows], self._sub_top_p[:rows],
