@@ -459,7 +459,7 @@ class DecodeLoop:
         if race is not None:
             # Top-k then an exponential race over the candidates in rank order: argmax of p / E is
             # argmax of logit / T - log E (softmax's shift and scale change no order).
-            values, candidates = scores.topk(race.shape[-1], dim=-1, sorted=True)
+            values, candidates = _top(scores, race.shape[-1])
             chosen = (values / self.sub.temperature - race[:, group - 1]).argmax(dim=-1, keepdim=True)
             return candidates.gather(1, chosen).squeeze(1)
         rows = scores.shape[0]
@@ -580,7 +580,10 @@ def _sample(scores: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor
     that): sorting the whole vocabulary was most of a CPU frame."""
     scores = scores / temperature.unsqueeze(1)
     # Sorted (descending) only when a per-row cut or the nucleus needs the order.
-    values, candidates = scores.topk(widest, dim=-1, sorted=ragged or nucleus)
+    if ragged or nucleus:
+        values, candidates = _top(scores, widest)
+    else:
+        values, candidates = scores.topk(widest, dim=-1, sorted=False)
     if ragged:  # some row keeps fewer than ``widest``
         kth = values.gather(1, (top_k - 1).clamp(min=0, max=widest - 1).unsqueeze(1))
         values = values.masked_fill(values < kth, -math.inf)
@@ -595,6 +598,22 @@ def _sample(scores: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor
     noise = -torch.log(_uniform(seed, counter, candidates))
     chosen = (values.softmax(dim=-1) / noise).argmax(dim=-1, keepdim=True)
     return candidates.gather(1, chosen).squeeze(1)
+
+
+def _top(scores: torch.Tensor, k: int, group: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """``scores.topk(k, sorted=True)`` (the same values; equal values may come in another order) in a
+    fraction of its time on a CPU: a top-k element lies in one of the ``k`` groups of ``group``
+    neighbours with the largest maxima (otherwise ``k`` larger maxima would beat it), so only those
+    ``k * group`` scores are ranked. A CPU's top-k over the whole vocabulary was a third of a frame."""
+    rows, vocab = scores.shape
+    if vocab % group or vocab // group < k:
+        values, indices = scores.topk(k, dim=-1, sorted=True)
+        return values, indices
+    maxima = scores.reshape(rows, vocab // group, group).amax(dim=-1)
+    groups = maxima.topk(k, dim=-1, sorted=False).indices
+    columns = (groups.unsqueeze(-1) * group + torch.arange(group, device=scores.device)).view(rows, k * group)
+    values, where = scores.gather(1, columns).topk(k, dim=-1, sorted=True)
+    return values, columns.gather(1, where)
 
 
 def _uniform(seed: torch.Tensor, counter: torch.Tensor, column: torch.Tensor) -> torch.Tensor:
