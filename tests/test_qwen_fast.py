@@ -188,10 +188,11 @@ def test_greedy_codes_equal_stock_when_rows_stop_at_their_end_token(qwen_checkpo
     assert all(not done[row].truncated for row in ended)
 
 
-def test_seeded_sampling_does_not_depend_on_the_batch(models: dict[str, Any]) -> None:
+@pytest.mark.parametrize("sub_top_p", [0.9, 1.0])  # the sub-talker's nucleus path, and its per-frame race
+def test_seeded_sampling_does_not_depend_on_the_batch(models: dict[str, Any], sub_top_p: float) -> None:
     tts = models["voice_design"]
     case = Case("voice_design", tts, 6)
-    sub = SubSampling(do_sample=True, temperature=0.9, top_k=50, top_p=0.9)
+    sub = SubSampling(do_sample=True, temperature=0.9, top_k=50, top_p=sub_top_p)
 
     def run(rows: list[int], seeds: list[int], slots: int) -> dict[int, Any]:
         loop = DecodeLoop(tts.model, slots=slots, positions=512, max_frames=64, sub=sub)
@@ -210,6 +211,23 @@ def test_seeded_sampling_does_not_depend_on_the_batch(models: dict[str, Any]) ->
     crowded = run([0, 1, 3, 4, 5], [1, 2, 7, 4, 5], slots=2)  # row 3 joins mid-flight, in another slot
     assert torch.equal(crowded[(3, 7)], alone)
     assert not torch.equal(run([3], [8], slots=1)[(3, 8)], alone)
+
+
+def test_grouped_top_k_keeps_exactly_the_top_k_values() -> None:
+    """``_top`` ranks only the groups whose maxima can hold a top-k score: same values as ``topk``,
+    indices that point at them, also with ties and with the whole top-k inside one group."""
+    from ttsq.engines.qwen_decode import _top
+
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randn(6, 2048, generator=generator)
+    scores[1] = torch.randint(0, 5, (2048,), generator=generator).float()  # massive ties
+    scores[2, 64:72] += 100.0  # one group holds the 8 best
+    scores[3] = torch.linspace(0, 1, 2048)  # the best all in the last groups
+    for k in (1, 8, 50, 256):
+        values, indices = _top(scores, k)
+        assert torch.equal(values, scores.topk(k, dim=-1, sorted=True).values)
+        assert torch.equal(scores.gather(1, indices), values)
+        assert all(len(set(row.tolist())) == k for row in indices)
 
 
 # -- the engine -----------------------------------------------------------------------------------
