@@ -310,3 +310,74 @@ def test_an_isolated_job_decodes_alone(fast: Any) -> None:
     assert order.index("suspect") > max(order.index("first"), order.index("second"))
     assert order.index("third") > order.index("suspect")
     assert items["suspect"].batch_size == 1 and items["third"].batch_size == 1
+
+
+def test_static_sampling_draws_what_the_exact_shapes_draw(models: dict[str, Any]) -> None:
+    """The bucketed shapes a CUDA graph records (1000 sorted candidates, the nucleus always on, rows and
+    cache rounded up) sample the same codes as the exact shapes, row for row, rows joining mid-flight."""
+    tts = models["custom_voice"]
+    case = Case("custom_voice", tts, 5)
+    sub = SubSampling(do_sample=True, temperature=0.9, top_k=50, top_p=1.0)
+    settings = [Sampling(temperature=0.8, top_k=40, top_p=0.95, seed=3), Sampling(top_k=0, top_p=0.9, seed=4),
+                Sampling(temperature=1.2, top_k=7, top_p=1.0, seed=5), Sampling(do_sample=False),
+                Sampling(temperature=0.7, top_k=1000, top_p=0.8, seed=6)]
+
+    def run(static: bool) -> dict[int, Any]:
+        loop = DecodeLoop(tts.model, slots=3, positions=512, max_frames=64, sub=sub, static=static)
+        done: dict[int, Any] = {}
+        waiting = list(range(5))
+        while waiting or loop.active:
+            while waiting and loop.free_slots():
+                row = waiting.pop(0)
+                loop.admit(case.prompt(row), cap=8 + 3 * row, tag=row, sampling=settings[row])
+            for finished in loop.step():
+                done[finished.tag] = finished.codes
+        return done
+
+    exact, static = run(False), run(True)
+    assert sorted(exact) == list(range(5))
+    for row in range(5):
+        assert torch.equal(exact[row], static[row]), row
+
+
+def test_top_k_zero_means_no_top_k(models: dict[str, Any]) -> None:
+    """``top_k: 0`` (as a checkpoint's generation_config.json may say) keeps every code, as in Hugging
+    Face's generate; it is not a top-1 (greedy) cut."""
+    from ttsq.engines.qwen_decode import _top_k
+
+    tts = models["voice_design"]
+    loop = DecodeLoop(tts.model, slots=1, positions=512, max_frames=64, sub=SubSampling(top_k=0))
+    slot = loop.admit(Case("voice_design", tts, 1).prompt(0), cap=4, sampling=Sampling(top_k=0))
+    assert loop._rows[slot].top_k == loop.vocab
+    assert int(loop._sub_top_k[0]) == loop.vocab
+    assert _top_k(0, 2048) == 2048 and _top_k(5000, 2048) == 2048 and _top_k(50, 2048) == 50
+
+
+@pytest.mark.parametrize(("temperature", "top_k", "top_p"), [(1.0, 0, 1.0), (0.7, 10, 1.0), (1.3, 0, 0.8),
+                                                            (0.9, 50, 0.9), (0.5, 5, 0.3), (2.0, 64, 0.99)])
+def test_sampling_keeps_and_weighs_what_hugging_faces_warpers_keep(temperature: float, top_k: int,
+                                                                   top_p: float) -> None:
+    """``_sample``'s draws on random logits, over many seeds: only codes Hugging Face's Temperature, TopK
+    and TopP warpers keep are drawn, every kept code of any weight is drawn, and at the frequencies of
+    their probabilities. Deterministic (fixed logits and seeds)."""
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    from ttsq.engines.qwen_decode import _sample, _top_k
+
+    vocab, draws = 64, 20_000
+    logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(7)) * 3
+    warped = TemperatureLogitsWarper(temperature)(None, logits.clone())
+    if top_k > 0:
+        warped = TopKLogitsWarper(top_k)(None, warped)
+    warped = TopPLogitsWarper(top_p)(None, warped)
+    expected = warped.softmax(-1)[0]
+    kept = set(torch.isfinite(warped[0]).nonzero().flatten().tolist())
+
+    width = _top_k(top_k, vocab)
+    chosen = _sample(logits.expand(draws, vocab), torch.full((draws,), temperature), torch.full((draws,), width),
+                     torch.full((draws,), top_p), torch.arange(draws), torch.zeros(draws, dtype=torch.long),
+                     width, nucleus=top_p < 1.0)
+    frequency = chosen.bincount(minlength=vocab).float() / draws
+    assert set(chosen.unique().tolist()) <= kept
+    assert {code for code in kept if expected[code] > 0.002} <= set(chosen.unique().tolist())
+    assert (frequency - expected).abs().max() < 0.015, (frequency - expected).abs().max()

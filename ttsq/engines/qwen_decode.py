@@ -39,8 +39,6 @@ from transformers.cache_utils import DynamicCache
 
 #: How many codebooks a frame has (the talker's one and the code predictor's 15).
 CODE_GROUPS = 16
-#: The largest top-k a request may ask for (``SynthesisRequest``'s bound); a captured frame sorts this many.
-MAX_TOP_K = 1000
 _MASK32 = 0xFFFFFFFF
 
 
@@ -203,7 +201,7 @@ class DecodeLoop:
         self._marks = torch.ones(slots, device=device, dtype=torch.bool)
         self._key_index = torch.arange(positions, **ids)
         self._sub_temperature = torch.full((slots,), sub.temperature, device=device)
-        self._sub_top_k = torch.full((slots,), max(1, sub.top_k), **ids)
+        self._sub_top_k = torch.full((slots,), _top_k(sub.top_k, self.vocab), **ids)
         self._sub_top_p = torch.full((slots,), sub.top_p, device=device)
         self._suppress = torch.zeros(self.vocab, device=device, dtype=torch.bool)
         self._suppress[self.vocab - 1024:] = True  # codec control ids, as qwen-tts suppresses them
@@ -262,17 +260,21 @@ class DecodeLoop:
         self._seen[slot] = False
         self._do_sample[slot] = sampling.do_sample
         self._temperature[slot] = sampling.temperature
-        top_k = max(1, min(sampling.top_k, self.vocab))
+        top_k = _top_k(sampling.top_k, self.vocab)
         self._top_k[slot] = top_k
         self._top_p[slot] = sampling.top_p
         self._penalty[slot] = sampling.repetition_penalty
         self._seed[slot] = sampling.seed & _MASK32
         self._rows[slot] = _Row(cap=cap, tag=tag, prompt_length=length, do_sample=sampling.do_sample, top_k=top_k,
                                 top_p=sampling.top_p)
-        rows = self._slot_index[slot:slot + 1]
-        token = self._choose(out.logits[:, -1], rows, generated=0)
-        self._token[slot] = token[0]
-        self._seen[slot, token[0]] = True
+        try:  # the row is in (``_choose`` reads its settings); if its first code fails, it must not stay
+            rows = self._slot_index[slot:slot + 1]
+            token = self._choose(out.logits[:, -1], rows, generated=0)
+            self._token[slot] = token[0]
+            self._seen[slot, token[0]] = True
+        except BaseException:
+            del self._rows[slot]
+            raise
         return slot
 
     def cancel(self, slot: int) -> None:
@@ -463,16 +465,22 @@ class DecodeLoop:
             chosen = (values / self.sub.temperature - race[:, group - 1]).argmax(dim=-1, keepdim=True)
             return candidates.gather(1, chosen).squeeze(1)
         rows = scores.shape[0]
-        widest = max(1, min(self.sub.top_k, scores.shape[-1]))
+        widest = _top_k(self.sub.top_k, scores.shape[-1])
         return _sample(scores, self._sub_temperature[:rows], self._sub_top_k[:rows], self._sub_top_p[:rows],
                        self._seed[slots], step * CODE_GROUPS + group, widest, nucleus=self.sub.top_p < 1.0,
                        ragged=False)
 
     def _widest(self) -> int:
         """How many candidates the talker's sampling sorts: every sampling row's top-k fits."""
-        if self._static:
-            return min(self.vocab, MAX_TOP_K)
+        if self._static:  # every code: a checkpoint's default top_k may be 0 (no top-k), more than a request's 1000
+            return self.vocab
         return max((row.top_k for row in self._rows.values() if row.do_sample), default=0)
+
+
+def _top_k(top_k: int, vocab: int) -> int:
+    """How many candidates a top-k keeps: 0 (or less) means no top-k, as in Hugging Face's
+    ``generate`` (``generation_config.json`` may say ``top_k: 0``); never more than the vocabulary."""
+    return vocab if top_k <= 0 else min(top_k, vocab)
 
 
 def _rms(hidden: torch.Tensor, norm: Any) -> torch.Tensor:
