@@ -74,14 +74,23 @@ class QwenFastEngine(QwenEngine):
                           temperature=float(defaults["subtalker_temperature"]),
                           top_k=int(defaults["subtalker_top_k"]), top_p=float(defaults["subtalker_top_p"]))
         on_cuda = self._device.startswith("cuda")
+        # Streams, events and graphs belong to the thread's current device, which is cuda:0 unless set:
+        # on cuda:N the loop's thread (this one, the batcher's) and the codec thread must both say so.
+        index = self._torch.device(self._device).index if on_cuda else None
+        if index is not None:
+            self._torch.cuda.set_device(index)
         self.loop = DecodeLoop(self._tts.model, slots=self.slots,
                                positions=self.settings.qwen_max_frames + PROMPT_POSITIONS,
                                max_frames=self.settings.qwen_max_frames, sub=sub, graphs=on_cuda)
         # Finished rows are decoded to audio on their own thread (and, on CUDA, their own stream) while
         # the loop goes on with the others: the codec is a large share of the work per frame.
-        self._decoder = ThreadPoolExecutor(1, thread_name_prefix="ttsq-codec")
+        if index is not None:
+            self._decoder = ThreadPoolExecutor(1, thread_name_prefix="ttsq-codec",
+                                               initializer=self._torch.cuda.set_device, initargs=(index,))
+        else:
+            self._decoder = ThreadPoolExecutor(1, thread_name_prefix="ttsq-codec")
         if on_cuda:
-            self._decode_stream = self._torch.cuda.Stream()
+            self._decode_stream = self._torch.cuda.Stream(device=self._device)
 
     def warmup(self) -> None:
         """The stock warm-up (codec included), then a short row through the loop; on CUDA, capture
@@ -187,7 +196,7 @@ class QwenFastEngine(QwenEngine):
             self._decode(rows)
         elif self._decode_stream is not None:
             event = self._torch.cuda.Event()
-            event.record()  # the codes are ready once the frame that finished them is
+            event.record(self._torch.cuda.current_stream(self._device))  # the codes are ready once their frame is
             for row in finished:  # and their memory stays theirs until the codec stream is done with it
                 row.codes.record_stream(self._decode_stream)
             self._decoder.submit(self._decode_on_stream, rows, event)
