@@ -24,6 +24,7 @@ a slow engine from a stuck one.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import queue
@@ -31,11 +32,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ttsq.engines.base import is_continuous
-from ttsq.errors import DeadlineExceeded, EngineError, EngineOutOfMemory, TTSQError
+from ttsq.errors import DeadlineExceeded, EngineError, EngineOutOfMemory, SharedFailure, TTSQError
 
 if TYPE_CHECKING:
     from ttsq.engines.base import ContinuousEngine, Engine, EngineOutput
@@ -101,6 +102,11 @@ class Batcher:
         self._thread = threading.Thread(target=self._main, name="ttsq-batcher", daemon=True)
         self._isolated_ids = itertools.count(1)
         self._busy_since: float | None = None  # monotonic start of the engine call now running
+        # Continuous engines: device seconds charged so far to each job in the engine (by batch id),
+        # and jobs to run again alone; ``done`` may fire on the engine's codec thread.
+        self._charges: dict[int, list[float]] = {}
+        self._retries: collections.deque[_Waiting] = collections.deque()
+        self._charge_lock = threading.Lock()
 
     def start(self, timeout: float = 600.0) -> None:
         """Load and warm the engine on the batcher thread; return when it is ready, or raise."""
@@ -178,9 +184,10 @@ class Batcher:
 
     def _fail_leftovers(self) -> None:
         waiting = [w.future for group in self._pending.values() for w in group]
+        waiting += [w.future for w in self._take_retries()]
         self._pending.clear()
         for future in waiting:
-            if future.set_running_or_notify_cancel():
+            if _claim(future):
                 future.set_exception(EngineError("the batcher stopped before this job ran"))
         while True:
             try:
@@ -270,39 +277,71 @@ class Batcher:
         """Feed a ``ContinuousEngine``: every job joins as soon as a slot is free (at the next frame),
         in arrival order, and leaves when it is done; no job waits for a batch to fill or to finish.
 
-        An isolated job runs alone: it waits for the slots to empty and nothing joins beside it.
+        An isolated job runs alone: it waits for the slots to empty, and nothing joins beside it until
+        its ``done`` has fired (its codec decode included). A job that failed with ``SharedFailure``
+        (a frame failed for every row in it) runs again, once, isolated: only the culprit fails.
+
+        Device time: each ``step`` is timed and split evenly between the jobs in the engine (admitted,
+        not yet answered), each ``admit`` is charged to its own job, so the jobs' shares add up to the
+        engine's busy time.
         """
         engine: ContinuousEngine = self.engine  # type: ignore[assignment]
         waiting: list[_Waiting] = []
-        alone = False  # an isolated job is decoding
-        while True:
-            idle = not engine.active and not waiting
-            if idle and self._stop_seen and not self._pending:
-                return
-            self._drain(block_until=float("inf") if idle and not self._stop_seen else None)
-            if self._pending:  # arrival order across groups: the groups only matter to batch engines
-                waiting.extend(w for group in self._pending.values() for w in group)
-                self._pending.clear()
-                waiting.sort(key=lambda w: w.deadline)
-            alone = alone and engine.active > 0
-            while waiting and not alone and engine.free_slots() > 0:
-                isolated = waiting[0].group[0] == "isolated"
-                if isolated and engine.active:
-                    break  # it starts once the slots have emptied
-                self._admit(engine, waiting.pop(0))
-                alone = isolated
-            if engine.active:
-                self._busy_since = time.monotonic()
-                try:
-                    engine.step()
-                except Exception:  # the engine fails its own rows; the loop goes on
-                    logger.exception("continuous engine step failed")
-                finally:
-                    self._busy_since = None
+        alone: Future[BatchItem] | None = None  # the isolated job decoding, until it is answered
+        try:
+            while True:
+                waiting.extend(self._take_retries())
+                idle = not engine.active and not waiting
+                if idle and self._stop_seen and not self._pending:
+                    return
+                self._drain(block_until=float("inf") if idle and not self._stop_seen else None)
+                if self._pending or waiting:  # arrival order across groups: groups only matter to batch engines
+                    waiting.extend(w for group in self._pending.values() for w in group)
+                    self._pending.clear()
+                    waiting.sort(key=lambda w: w.deadline)
+                if alone is not None and alone.done():
+                    alone = None
+                while waiting and alone is None and engine.free_slots() > 0:
+                    isolated = waiting[0].group[0] == "isolated"
+                    if isolated and (engine.active or self._charges):
+                        break  # it starts once the slots have emptied and their jobs are answered
+                    job = waiting.pop(0)
+                    self._admit(engine, job)
+                    if isolated and not job.future.done():
+                        alone = job.future
+                if engine.active:
+                    self._step(engine)
+                elif waiting:  # jobs wait for a codec decode to answer the isolated job or its elders
+                    self._drain(block_until=time.monotonic() + 0.01)
+        finally:  # whatever ends the loop, no job it holds is lost: _fail_leftovers answers these
+            for job in [*waiting, *self._take_retries()]:
+                self._pending.setdefault(job.group, []).append(job)
+
+    def _step(self, engine: ContinuousEngine) -> None:
+        """One frame, its time split between the jobs in the engine."""
+        with self._charge_lock:
+            charges = list(self._charges.values())
+        self._busy_since = time.monotonic()
+        started = time.perf_counter()
+        try:
+            engine.step()
+        except Exception:  # the engine fails its own rows; the loop goes on
+            logger.exception("continuous engine step failed")
+        finally:
+            self._busy_since = None
+            share = (time.perf_counter() - started) / max(1, len(charges))
+            for charge in charges:
+                charge[0] += share
+
+    def _take_retries(self) -> list[_Waiting]:
+        retries = []
+        while self._retries:
+            retries.append(self._retries.popleft())
+        return retries
 
     def _admit(self, engine: ContinuousEngine, waiting: _Waiting) -> None:
         """Start one job in the engine, or drop it if it was cancelled or its deadline has passed."""
-        if not waiting.future.set_running_or_notify_cancel():
+        if not _claim(waiting.future):
             return
         now = time.time()
         if waiting.request.expired(now):
@@ -312,19 +351,26 @@ class Batcher:
         batch_id = next(self._batch_ids)
         started = time.perf_counter()
         rows = engine.active + 1
+        charge = [0.0]  # device seconds charged to this job (its admit, its share of every step)
+        with self._charge_lock:
+            self._charges[batch_id] = charge
 
         def done(output: EngineOutput | Exception) -> None:
+            with self._charge_lock:
+                self._charges.pop(batch_id, None)
             seconds = time.perf_counter() - started
-            # Its share of the device: the jobs decoding when it joined split the time evenly (each job
-            # counted its whole time, the device seconds would add up to more than the wall clock).
-            share = seconds / rows
+            if isinstance(output, SharedFailure) and waiting.group[0] != "isolated":
+                # Perhaps a neighbour's fault: run it again, alone (the loop picks it up; thread-safe).
+                _bookkeep([waiting.on_exit])
+                self._retries.append(replace(waiting, group=("isolated", next(self._isolated_ids))))
+                return
             if isinstance(output, Exception):
                 waiting.future.set_exception(output if isinstance(output, TTSQError) else EngineError(repr(output)))
             else:
                 if self.metrics is not None:
-                    self.metrics.observe_batch(size=rows, seconds=share, audio_s=_audio_seconds(output),
+                    self.metrics.observe_batch(size=rows, seconds=charge[0], audio_s=_audio_seconds(output),
                                                truncated=int(output.truncated))
-                waiting.future.set_result(BatchItem(output, batch_id, rows, seconds, share))
+                waiting.future.set_result(BatchItem(output, batch_id, rows, seconds, charge[0]))
             _bookkeep([waiting.on_exit])
 
         self._busy_since = time.monotonic()
@@ -336,6 +382,7 @@ class Batcher:
                 done(EngineError(f"cannot start this job: {exc!r}"))
         finally:
             self._busy_since = None
+            charge[0] += time.perf_counter() - started
 
     def _run_group(self, group: list[tuple[SynthesisRequest, Future[BatchItem]]]) -> None:
         batch_id = next(self._batch_ids)
@@ -426,6 +473,14 @@ def _bookkeep(calls: list[Callable[[], object] | None]) -> None:
                 call()
             except Exception as exc:
                 logger.warning("could not record an attempt (%s); running the job anyway", exc)
+
+
+def _claim(future: Future[BatchItem]) -> bool:
+    """Whether the batcher may resolve this future now: it was waiting (and is now running), or it is
+    running already (a job queued again after a ``SharedFailure``). False if cancelled or resolved."""
+    if future.done():
+        return False
+    return future.running() or future.set_running_or_notify_cancel()
 
 
 def _late(request: SynthesisRequest, now: float) -> str:

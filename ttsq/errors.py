@@ -61,6 +61,11 @@ class EngineOutOfMemory(EngineError):
     """The device ran out of memory for this batch; a smaller batch may fit."""
 
 
+class SharedFailure(EngineError):
+    """A failure shared by several jobs that ran together (a continuous engine's frame), any one of
+    which may be its cause: the batcher runs each of them again, alone, so only the culprit fails."""
+
+
 class StorageError(TTSQError):
     """The object store refused a request or could not be reached."""
 

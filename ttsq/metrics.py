@@ -6,8 +6,8 @@ Every worker process owns one ``Metrics`` (its own registry, no module-level sta
 =====================================  =========  ==================================================
 name                                   type       meaning
 =====================================  =========  ==================================================
-``batch_size``                         histogram  jobs per engine call
-``synthesis_seconds``                  histogram  engine time per batch
+``batch_size``                         histogram  jobs per engine call (continuous: see below)
+``synthesis_seconds``                  histogram  engine time per batch (continuous: see below)
 ``queue_wait_seconds``                 histogram  producer send to worker start, per job
 ``real_time_factor``                   histogram  engine seconds per second of audio, per batch
 ``audio_seconds_total``                counter    seconds of audio synthesized
@@ -25,6 +25,13 @@ name                                   type       meaning
 ``gpu_memory_used_bytes{device}``      gauge      NVML
 ``gpu_memory_total_bytes{device}``     gauge      NVML
 =====================================  =========  ==================================================
+
+A continuous engine (``qwen-fast``) has no batches: jobs join and leave its slots between frames. There
+``observe_batch`` is called once per finished job: ``batch_size`` is the number of jobs decoding when
+that job joined (itself included), and ``synthesis_seconds``, ``device_seconds_total`` and
+``real_time_factor`` use the job's share of the device: its own prefill plus, for every frame, the
+frame's time divided by the jobs then in the engine. The shares of all jobs add up to the engine's
+busy time.
 
 Labels carry names chosen by the operator (queue, node, engine, model, device) and fixed outcome
 words, never request content.

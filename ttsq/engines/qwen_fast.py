@@ -28,7 +28,7 @@ import numpy as np
 
 from ttsq.engines.base import EngineOutput, frame_cap
 from ttsq.engines.qwen import SAMPLE_RATE, QwenEngine, _is_out_of_memory, _release_device_memory
-from ttsq.errors import EngineError, EngineOutOfMemory, TTSQError
+from ttsq.errors import EngineError, EngineOutOfMemory, SharedFailure, TTSQError
 
 if TYPE_CHECKING:
     from ttsq.config import Settings
@@ -183,15 +183,19 @@ class QwenFastEngine(QwenEngine):
             return
         try:
             finished = loop.step()
-        except Exception as exc:  # the loop's state is unknown now: every row in it fails
-            logger.exception("qwen-fast frame failed; failing its %d jobs", loop.active)
+        except Exception as exc:  # the loop's state is unknown now: every row in it leaves
+            logger.exception("qwen-fast frame failed; %d jobs leave it", loop.active)
+            # Any row may be the cause: a row that decoded beside others is tried again alone (the
+            # batcher does so on SharedFailure); a row that was alone is the culprit and fails.
+            error = SharedFailure if len(self._requests) > 1 else EngineError
             for slot in list(self._requests):
                 loop.cancel(slot)
-                self._fail(slot, EngineError(f"decode failed: {type(exc).__name__}: {exc}"))
+                self._fail(slot, error(f"decode failed: {type(exc).__name__}: {exc}"))
             return
-        if not finished:
+        # A row without a request (a bug elsewhere) must not keep the others from being answered.
+        rows = [(row, *entry) for row in finished if (entry := self._requests.pop(row.slot, None)) is not None]
+        if not rows:
             return
-        rows = [(row, *self._requests.pop(row.slot)) for row in finished]
         if self._decoder is None:
             self._decode(rows)
         elif self._decode_stream is not None:
@@ -246,30 +250,62 @@ class QwenFastEngine(QwenEngine):
 
     def _decode(self, rows: list[tuple[Finished, SynthesisRequest, Done, Any, int]]) -> None:
         """Codes to audio as stock qwen-tts decodes them (clone rows with their reference codes in
-        front, cut off again), then the ``qwen`` engine's frame-cap cut and truncated flag."""
-        torch = self._torch
+        front, cut off again), then the ``qwen`` engine's frame-cap cut and truncated flag.
+
+        Runs on the codec thread, where an exception would vanish with its future: every row gets its
+        ``done``, whatever fails. If the rows' joint decode fails, each is decoded again alone, so a
+        bad row fails only itself (as the batcher retries a failed batch item by item)."""
+        answered: set[int] = set()
         try:
-            with torch.inference_mode():
-                inputs = [row.codes if ref is None else torch.cat([ref.to(row.codes.device), row.codes], dim=0)
-                          for row, _, _, ref, _ in rows]
-                nonempty = [i for i, codes in enumerate(inputs) if codes.shape[0] > 0]
-                wavs: list[Any] = [np.zeros(0, dtype=np.float32)] * len(rows)
-                rate = self.identity.sample_rate
-                if nonempty:
-                    decoded, rate = self._tts.model.speech_tokenizer.decode(
-                        [{"audio_codes": inputs[i]} for i in nonempty])
-                    for i, wav in zip(nonempty, decoded, strict=True):
-                        wavs[i] = wav
-        except Exception as exc:
-            for _, _, done, _, _ in rows:
-                done(EngineError(f"codec decode failed: {type(exc).__name__}: {exc}"))
-            return
-        for (row, request, done, ref, cap), wav in zip(rows, wavs, strict=True):
+            try:
+                outputs = self._decode_rows(rows)
+            except Exception as exc:
+                if len(rows) == 1:
+                    raise
+                logger.warning("codec decode of %d rows failed (%s); decoding them one by one", len(rows),
+                               type(exc).__name__)
+                outputs = []
+                for row in rows:
+                    try:
+                        outputs.extend(self._decode_rows([row]))
+                    except Exception as alone:
+                        outputs.append(EngineError(f"codec decode failed: {type(alone).__name__}: {alone}"))
+            for index, ((_, _, done, _, _), output) in enumerate(zip(rows, outputs, strict=True)):
+                answered.add(index)
+                try:
+                    done(output)
+                except Exception:  # one job's bookkeeping must not keep the others from theirs
+                    logger.exception("a job's done callback failed")
+        except BaseException as exc:
+            logger.exception("codec decode failed")
+            for index, (_, _, done, _, _) in enumerate(rows):
+                if index not in answered:
+                    done(EngineError(f"codec decode failed: {type(exc).__name__}: {exc}"))
+            if not isinstance(exc, Exception):
+                raise
+
+    def _decode_rows(self, rows: list[tuple[Finished, SynthesisRequest, Done, Any, int]]
+                     ) -> list[EngineOutput | Exception]:
+        torch = self._torch
+        with torch.inference_mode():
+            inputs = [row.codes if ref is None else torch.cat([ref.to(row.codes.device), row.codes], dim=0)
+                      for row, _, _, ref, _ in rows]
+            nonempty = [i for i, codes in enumerate(inputs) if codes.shape[0] > 0]
+            wavs: list[Any] = [np.zeros(0, dtype=np.float32)] * len(rows)
+            rate = self.identity.sample_rate
+            if nonempty:
+                decoded, rate = self._tts.model.speech_tokenizer.decode(
+                    [{"audio_codes": inputs[i]} for i in nonempty])
+                for i, wav in zip(nonempty, decoded, strict=True):
+                    wavs[i] = wav
+        outputs: list[EngineOutput | Exception] = []
+        for (row, request, _, ref, cap), wav in zip(rows, wavs, strict=True):
             samples = np.asarray(wav, dtype=np.float32)
             if ref is not None and samples.size:
                 total = int(ref.shape[0]) + int(row.codes.shape[0])
                 samples = samples[int(int(ref.shape[0]) / max(total, 1) * samples.shape[0]):]
-            done(self._output(request, samples, int(rate), cap))
+            outputs.append(self._output(request, samples, int(rate), cap))
+        return outputs
 
     def _fail(self, slot: int, error: Exception) -> None:
         entry = self._requests.pop(slot, None)
