@@ -254,6 +254,27 @@ def test_identity_is_the_qwen_engines_under_its_own_name(fast: Any, qwen_checkpo
         (stock.model, stock.revision, stock.modes, stock.languages)
 
 
+def test_a_long_text_is_refused_at_the_edge_by_the_identity(qwen_checkpoints: dict[str, Path]) -> None:
+    """The identity the workers announce carries the prompt limit: a producer refuses, naming the field,
+    a text that would not fit a slot (the stock engine takes it)."""
+    from ttsq.config import Settings
+    from ttsq.engines.qwen import QwenEngine
+    from ttsq.engines.qwen_fast import QwenFastEngine
+    from ttsq.errors import InvalidRequest
+    from ttsq.keys import EngineIdentity
+    from ttsq.request import SynthesisRequest
+
+    model = str(qwen_checkpoints["voice_design"])
+    fast = QwenFastEngine(Settings(engine="qwen-fast", qwen_model=model)).identity
+    published = EngineIdentity.from_dict(fast.to_dict())  # as producers read it from Redis
+    text = "Word " * 400  # 2000 bytes: within the text limit, beyond a slot's prompt area
+    with pytest.raises(InvalidRequest) as refused:
+        published.check(SynthesisRequest.from_dict({"text": text}))
+    assert refused.value.field == "text"
+    published.check(SynthesisRequest.from_dict({"text": "Word " * 150}))
+    QwenEngine(Settings(engine="qwen", qwen_model=model)).identity.check(SynthesisRequest.from_dict({"text": text}))
+
+
 def test_short_jobs_leave_while_a_long_one_decodes(fast: Any) -> None:
     """Through the batcher: two slots, one long job and five short ones submitted behind it. Each short
     job joins as a slot frees and is done long before the long one (no job waits for its batch)."""

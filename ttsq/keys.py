@@ -35,6 +35,9 @@ class EngineIdentity:
     speakers: tuple[str, ...] = ()
     #: Longest item in codec frames (12.5 per second); 0 when the engine has no such limit.
     max_frames: int = 0
+    #: Most UTF-8 bytes of text plus instruct that fit the engine's prompt; 0 when it has no such limit.
+    #: Bytes, because the producer has no tokenizer, and a byte-level BPE never makes more tokens than bytes.
+    max_prompt_bytes: int = 0
 
     def check(self, request: SynthesisRequest) -> None:
         """Refuse, naming the field, a request this model cannot serve (mode, language, speaker).
@@ -64,6 +67,12 @@ class EngineIdentity:
                                              f"{reading_seconds(request.text):.0f} s of speech; this model's limit "
                                              f"is {limit_s:.0f} s per job (TTSQ_QWEN_MAX_FRAMES); split it")
 
+        if self.max_prompt_bytes:
+            size = len(request.text.encode()) + len(request.instruct.encode())
+            if size > self.max_prompt_bytes:
+                raise InvalidRequest("text", f"with its instruct is {size} bytes of UTF-8; the {self.engine} "
+                                             f"workers take at most {self.max_prompt_bytes}; split it")
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON, as workers publish it in Redis."""
         return asdict(self)
@@ -74,7 +83,7 @@ class EngineIdentity:
         return cls(engine=data["engine"], model=data["model"], revision=data["revision"],
                    sample_rate=int(data["sample_rate"]), modes=tuple(data.get("modes", ())),
                    languages=tuple(data.get("languages", ())), speakers=tuple(data.get("speakers", ())),
-                   max_frames=int(data.get("max_frames", 0)))
+                   max_frames=int(data.get("max_frames", 0)), max_prompt_bytes=int(data.get("max_prompt_bytes", 0)))
 
 
 #: File extension per output format.

@@ -18,6 +18,7 @@ cache, out-of-memory handling and the codec decode. Only the generation loop dif
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 from collections.abc import Callable, Sequence
@@ -40,6 +41,11 @@ logger = logging.getLogger(__name__)
 #: Cache positions a slot keeps for its prompt (chat template, instruct, text, clone reference codes),
 #: on top of the frame cap.
 PROMPT_POSITIONS = 1024
+#: Of those, what the chat template and codec prefix take (measured: 9 to 15 positions) with room to spare;
+#: the rest is the text and instruct, at most one position per UTF-8 byte (byte-level BPE). The identity
+#: announces it, so producers refuse a longer text at submit time. A clone's reference codes and
+#: transcript also sit in the prompt: a clone job whose prompt still does not fit fails in the worker.
+PROMPT_TEMPLATE_POSITIONS = 32
 
 Done = Callable[[EngineOutput | Exception], object]
 
@@ -51,6 +57,8 @@ class QwenFastEngine(QwenEngine):
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
+        self.identity = dataclasses.replace(self.identity,
+                                            max_prompt_bytes=PROMPT_POSITIONS - PROMPT_TEMPLATE_POSITIONS)
         self.slots = settings.max_batch
         self.loop: DecodeLoop | None = None
         # slot -> request, its done callback, its clone reference codes, its frame cap
