@@ -155,3 +155,20 @@ def test_stop_while_decoding_finishes_the_jobs_in_flight(batcher: Batcher) -> No
     assert batcher.stop(TIMEOUT)
     assert [future.result(0).output.samples.size for future in futures] == [30 * 1920] * 3
 
+
+
+def test_a_job_its_caller_abandons_frees_its_slot(batcher: Batcher) -> None:
+    """A worker that gave up waiting (its job timed out) abandons the job: it leaves the loop at the next
+    frame instead of decoding to its cap, and the job waiting behind it takes the slot."""
+    abandoned = batcher.submit(request("Nobody waits for this one.", 250))
+    other = batcher.submit(request("Still wanted.", 250))
+    while batcher.engine.active < 2:  # type: ignore[attr-defined]
+        assert not abandoned.done()
+        time.sleep(0.005)
+    behind = batcher.submit(request("Behind them.", 5))
+    batcher.abandon(abandoned)
+    with pytest.raises(EngineError, match="cancelled while decoding"):
+        abandoned.result(TIMEOUT)
+    assert behind.result(TIMEOUT).output.samples.size == 5 * 1920
+    assert not other.done()  # 5 frames after the slot was freed, not 250: it took the abandoned job's slot
+    assert other.result(TIMEOUT).output.truncated

@@ -107,6 +107,8 @@ class Batcher:
         self._charges: dict[int, list[float]] = {}
         self._retries: collections.deque[_Waiting] = collections.deque()
         self._charge_lock = threading.Lock()
+        self._abandoned: collections.deque[Future[BatchItem]] = collections.deque()
+        self._decoding: dict[Future[BatchItem], Callable[[Any], object]] = {}  # job -> its done, in the engine
 
     def start(self, timeout: float = 600.0) -> None:
         """Load and warm the engine on the batcher thread; return when it is ready, or raise."""
@@ -135,6 +137,13 @@ class Batcher:
                 self._queue.put(_Waiting(request, future, time.monotonic() + self.max_wait_s, group,
                                          on_enter, on_exit))
         return future
+
+    def abandon(self, future: Future[BatchItem]) -> None:
+        """The caller gave up on this job (it timed out). A job still waiting is cancelled; a job a
+        continuous engine is decoding leaves it at the next frame, freeing its slot; a batch engine's
+        job finishes with its batch. Thread-safe."""
+        if not future.cancel() and not future.done() and is_continuous(self.engine):
+            self._abandoned.append(future)
 
     def busy_s(self) -> float:
         """How long the engine call now running has taken (0 when the engine is idle)."""
@@ -309,6 +318,7 @@ class Batcher:
                     self._admit(engine, job)
                     if isolated and not job.future.done():
                         alone = job.future
+                self._drop_abandoned(engine)
                 if engine.active:
                     self._step(engine)
                 elif waiting:  # jobs wait for a codec decode to answer the isolated job or its elders
@@ -316,6 +326,12 @@ class Batcher:
         finally:  # whatever ends the loop, no job it holds is lost: _fail_leftovers answers these
             for job in [*waiting, *self._take_retries()]:
                 self._pending.setdefault(job.group, []).append(job)
+
+    def _drop_abandoned(self, engine: ContinuousEngine) -> None:
+        while self._abandoned:
+            done = self._decoding.get(self._abandoned.popleft())
+            if done is not None and engine.cancel(done):
+                logger.info("a job its caller gave up on left the engine")
 
     def _step(self, engine: ContinuousEngine) -> None:
         """One frame, its time split between the jobs in the engine."""
@@ -358,6 +374,7 @@ class Batcher:
         def done(output: EngineOutput | Exception) -> None:
             with self._charge_lock:
                 self._charges.pop(batch_id, None)
+                self._decoding.pop(waiting.future, None)
             seconds = time.perf_counter() - started
             if isinstance(output, SharedFailure) and waiting.group[0] != "isolated":
                 # Perhaps a neighbour's fault: run it again, alone (the loop picks it up; thread-safe).
@@ -373,6 +390,8 @@ class Batcher:
                 waiting.future.set_result(BatchItem(output, batch_id, rows, seconds, charge[0]))
             _bookkeep([waiting.on_exit])
 
+        with self._charge_lock:
+            self._decoding[waiting.future] = done
         self._busy_since = time.monotonic()
         try:
             engine.admit(waiting.request, done)

@@ -221,7 +221,7 @@ class WorkerRuntime:
         try:
             item = future.result(timeout=self.settings.job_timeout_s)
         except FutureTimeout:
-            future.cancel()
+            self.batcher.abandon(future)  # not waiting any more, nor holding a slot
             raise JobTimeout(f"no batch finished this job within {self.settings.job_timeout_s}s") from None
 
         started = time.perf_counter()

@@ -124,6 +124,11 @@ class ContinuousEngine(Engine, Protocol):
         """Decode one frame for every active request; finished ones leave and get their ``done``."""
         ...
 
+    def cancel(self, done: Callable[[EngineOutput | Exception], object]) -> bool:
+        """Stop the request that ``admit`` was given ``done`` for, if it is still decoding: its slot is
+        free at the next frame and ``done`` gets an error. False if it is no longer decoding."""
+        ...
+
 
 def is_continuous(engine: object) -> bool:
     """Whether an engine takes requests one by one between frames (``ContinuousEngine``)."""

@@ -215,6 +215,15 @@ class QwenFastEngine(QwenEngine):
         else:
             self._decoder.submit(self._decode, rows)
 
+    def cancel(self, done: Done) -> bool:
+        """Free the slot of the request ``done`` belongs to (its caller gave up on it)."""
+        slot = next((slot for slot, entry in self._requests.items() if entry[1] is done), None)
+        if slot is None or self.loop is None:
+            return False
+        self.loop.cancel(slot)
+        self._fail(slot, EngineError("cancelled while decoding: the job's caller gave up on it"))
+        return True
+
     def synthesize_batch(self, requests: Sequence[SynthesisRequest]) -> list[EngineOutput | Exception]:
         """A whole batch through the slots: rows join as others leave, until every one is done."""
         if self.loop is None:
