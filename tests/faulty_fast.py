@@ -9,7 +9,7 @@ comes from are replaced, each keyed by a request's temperature (a field no other
 - ``CODEC`` (0.33): the codec decode of any set of rows holding this one fails;
 - ``SLOW_CODEC`` (0.44): the codec decode of a set holding this row takes ``SLOW_S`` longer;
 - ``DIE`` (0.55): a frame raises ``Dying`` (not an ``Exception``), as an interrupt would, ending the
-  batcher's loop.
+  batcher's loop; ``DIE_ADMITTING`` (0.66): the row's admission does.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 from ttsq.engines.qwen_decode import DecodeLoop, Prompt, Sampling
 from ttsq.engines.qwen_fast import QwenFastEngine
 
-ADMIT, FRAME, CODEC, SLOW_CODEC, DIE = 0.11, 0.22, 0.33, 0.44, 0.55
+ADMIT, FRAME, CODEC, SLOW_CODEC, DIE, DIE_ADMITTING = 0.11, 0.22, 0.33, 0.44, 0.55, 0.66
 SLOW_S = 1.5
 
 
@@ -38,6 +38,8 @@ class FaultyLoop(DecodeLoop):
     def _choose(self, logits: torch.Tensor, slots: torch.Tensor, *, generated: torch.Tensor | int) -> torch.Tensor:
         if isinstance(generated, int) and abs(self._admitting - ADMIT) < 1e-6:
             raise RuntimeError("injected: the first code could not be chosen")
+        if isinstance(generated, int) and abs(self._admitting - DIE_ADMITTING) < 1e-6:
+            raise Dying()
         return super()._choose(logits, slots, generated=generated)
 
     def _frame(self, rows: int, length: int) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from faulty_fast import ADMIT, CODEC, DIE, FRAME, SLOW_CODEC, FaultyFastEngine  # noqa: E402
+from faulty_fast import ADMIT, CODEC, DIE, DIE_ADMITTING, FRAME, SLOW_CODEC, FaultyFastEngine  # noqa: E402
 
 from ttsq.batching import Batcher  # noqa: E402
 from ttsq.config import Settings  # noqa: E402
@@ -121,11 +121,14 @@ def test_device_time_shares_add_up_to_no_more_than_the_wall_clock(batcher: Batch
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the loop's death, on cue
-def test_jobs_waiting_for_a_slot_are_answered_when_the_loop_dies(batcher: Batcher) -> None:
+@pytest.mark.parametrize("where", [DIE, DIE_ADMITTING])
+def test_jobs_waiting_for_a_slot_are_answered_when_the_loop_dies(batcher: Batcher, where: float) -> None:
+    """The loop ends by an exception no handler expects (in a frame, or while a job is admitted): every
+    job, decoding, being admitted or waiting for a slot, is answered."""
     long = batcher.submit(request("Long.", 200))
     while batcher.engine.active == 0 and not long.done():  # type: ignore[attr-defined]
         time.sleep(0.005)
-    dying = batcher.submit(request("Dies.", 200, DIE))
+    dying = batcher.submit(request("Dies.", 200, where))
     queued = [batcher.submit(request(f"Queued {i}.", 5)) for i in range(3)]
     for future in [long, dying, *queued]:
         with pytest.raises(EngineError):

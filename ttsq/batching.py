@@ -395,10 +395,12 @@ class Batcher:
         self._busy_since = time.monotonic()
         try:
             engine.admit(waiting.request, done)
-        except Exception as exc:  # admit reports failures through done; this is a bug, failing one job
+        except BaseException as exc:  # admit reports failures through done; this is a bug, failing one job
             logger.exception("continuous engine admit failed")
-            if not waiting.future.done():
+            if not waiting.future.done():  # even if the loop ends with it: this job is no longer waiting
                 done(EngineError(f"cannot start this job: {exc!r}"))
+            if not isinstance(exc, Exception):
+                raise
         finally:
             self._busy_since = None
             charge[0] += time.perf_counter() - started
