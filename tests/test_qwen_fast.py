@@ -371,6 +371,8 @@ def test_top_k_zero_means_no_top_k(models: dict[str, Any]) -> None:
     slot = loop.admit(Case("voice_design", tts, 1).prompt(0), cap=4, sampling=Sampling(top_k=0))
     assert loop._rows[slot].top_k == loop.vocab
     assert int(loop._sub_top_k[0]) == loop.vocab
+    race = loop._sub_race(loop._slot_index[:1], loop._step[:1])  # the sub-talker's top-k race, every code
+    assert race is not None and race.shape[-1] == tts.model.talker.code_predictor.config.vocab_size
     assert _top_k(0, 2048) == 2048 and _top_k(5000, 2048) == 2048 and _top_k(50, 2048) == 50
 
 

@@ -446,7 +446,7 @@ class DecodeLoop:
         sub = self.sub
         if not sub.do_sample or sub.top_p < 1.0:
             return None  # greedy, or the nucleus path (``_sample``), which keys its noise by code
-        widest = max(1, min(sub.top_k, self.predictor.config.vocab_size))
+        widest = _top_k(sub.top_k, self.predictor.config.vocab_size)
         groups = torch.arange(1, CODE_GROUPS, device=self.device)
         counter = (step.unsqueeze(1) * CODE_GROUPS + groups).reshape(-1)  # (rows * 15,)
         seed = self._seed[slots].unsqueeze(1).expand(-1, CODE_GROUPS - 1).reshape(-1)  # no host sync on CUDA
