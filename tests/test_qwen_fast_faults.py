@@ -173,5 +173,6 @@ def test_a_job_its_caller_abandons_frees_its_slot(batcher: Batcher) -> None:
     with pytest.raises(EngineError, match="cancelled while decoding"):
         abandoned.result(TIMEOUT)
     assert behind.result(TIMEOUT).output.samples.size == 5 * 1920
-    assert not other.done()  # 5 frames after the slot was freed, not 250: it took the abandoned job's slot
-    assert other.result(TIMEOUT).output.truncated
+    # 5 frames after the slot was freed, not after a neighbour's end (its seed makes it 120 frames long)
+    assert not other.done()
+    assert other.result(TIMEOUT).output.samples.size > 5 * 1920
