@@ -347,6 +347,15 @@ def test_chunks_fit_the_frame_cap_of_the_model_that_reads_them() -> None:
     assert len(document.chunks) > 10 and all(len(chunk.text) <= 48 for chunk in document.chunks)
     for request in document.requests(seed=1, limits=Limits()):
         identity.check(request)  # none refused
+    # qwen-fast's prompt area is counted in UTF-8 bytes, beside the instruct: Hangul is 3 bytes a character.
+    fast = EngineIdentity(engine="qwen-fast", model="tiny", revision="r", sample_rate=24000, max_frames=2048,
+                          max_prompt_bytes=992)
+    korean = "가나다라마바사아자차카타파하" * 100 + "."
+    document = Document.parse({"text": korean, "instruct": "차분한 목소리"}, limits=Limits(),
+                              max_document_chars=10_000, identity=fast)
+    assert len(document.chunks) > 4
+    for request in document.requests(seed=1, limits=Limits()):
+        fast.check(request)  # none refused
     with pytest.raises(InvalidRequest) as info:
         Document.parse({"text": "Hello.", "options": {"max_chars": 5}}, limits=Limits(), max_document_chars=100)
     assert info.value.field == "options.max_chars"

@@ -125,14 +125,18 @@ class Options:
             raise InvalidRequest("options.target_chars", f"must be 1..max_chars ({options.max_chars})")
         return options
 
-    def chunk_max(self, limits: Limits, identity: EngineIdentity | None) -> int:
-        """The longest chunk: the option, within the job text limit and what the model's frame cap
-        accepts (``EngineIdentity.check`` refuses text whose fast reading exceeds the cap)."""
+    def chunk_max(self, limits: Limits, identity: EngineIdentity | None, instruct: str = "") -> int:
+        """The longest chunk: the option, within the job text limit, what the model's frame cap
+        accepts (``EngineIdentity.check`` refuses text whose fast reading exceeds the cap), and what
+        fits the engine's prompt area beside the instruct (qwen-fast counts UTF-8 bytes)."""
         most = min(self.max_chars, limits.max_text_chars)
         if identity is not None and identity.max_frames:
             cap_s = identity.max_frames / FRAMES_PER_SECOND
             # check() refuses reading_seconds / 2 > cap_s; the slowest character costs 0.3 s.
             most = min(most, int(cap_s * 2 / _SLOWEST_S_PER_CHAR * 0.9))
+        if identity is not None and identity.max_prompt_bytes:
+            # A character is at most 4 bytes of UTF-8: chunks of this many characters always fit.
+            most = min(most, (identity.max_prompt_bytes - len(instruct.encode())) // 4)
         return max(1, most)
 
 
@@ -169,8 +173,8 @@ class Document:
         # The fields are checked once, with a stand-in text; each chunk is checked again below.
         template = SynthesisRequest.from_dict({**other, "text": "-"}, limits)
         fields = {name: value for name, value in template.to_dict().items() if name not in ("text", "deadline")}
-        chunks = split(text, target_chars=min(options.target_chars, options.chunk_max(limits, identity)),
-                       max_chars=options.chunk_max(limits, identity))
+        most = options.chunk_max(limits, identity, str(fields.get("instruct") or ""))
+        chunks = split(text, target_chars=min(options.target_chars, most), max_chars=most)
         document = cls(text=text, fields=fields, options=options, chunks=chunks)
         for number, request in enumerate(document.requests(seed=0, limits=limits)):
             try:
