@@ -22,7 +22,7 @@ import pytest
 import redis
 
 from ttsq.config import Settings
-from ttsq.constants import FLEET_PREFIX
+from ttsq.constants import FLEET_PREFIX, WORKER_PREFIX
 from ttsq.embedded import RedisServer, free_port
 
 BUCKET = "ttsq-test"
@@ -92,7 +92,9 @@ class WorkerProcess:
 
     def start(self, timeout: float = 60.0) -> WorkerProcess:
         cache = redis.Redis.from_url(self.settings.cache_url)
-        cache.delete(FLEET_PREFIX + self.settings.queue)
+        # Ready means announced and beating: the fleet key alone may be a sibling worker's re-announcement.
+        ready = (FLEET_PREFIX + self.settings.queue, WORKER_PREFIX + self.hostname)
+        cache.delete(*ready)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "ttsq.cli.main", "worker", "-n", self.hostname],
@@ -100,7 +102,7 @@ class WorkerProcess:
         deadline = time.monotonic() + timeout
         try:
             # The worker announces its model after loading and warming the engine, just before consuming.
-            while not cache.exists(FLEET_PREFIX + self.settings.queue):
+            while cache.exists(*ready) < len(ready):
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     self.stop()
                     raise RuntimeError(f"worker did not start:\n{self.log()}")
