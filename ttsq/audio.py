@@ -55,6 +55,14 @@ def probe(data: bytes, audio_format: str) -> EncodedAudio:
     return EncodedAudio(data, CONTENT_TYPES[audio_format], int(info.samplerate), round(float(info.duration), 4))
 
 
+def decode(data: bytes) -> tuple[npt.NDArray[np.float32], int]:
+    """Any file libsndfile reads (WAV, FLAC, OGG, MP3) as float32 mono samples and their rate.
+    Raises libsndfile's own error on unreadable data: callers say what the data was."""
+    samples, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    mono: npt.NDArray[np.float32] = samples.mean(axis=1).astype(np.float32)
+    return mono, int(rate)
+
+
 def resample(samples: npt.NDArray[np.float32], source_rate: int, target_rate: int) -> npt.NDArray[np.float32]:
     """Linear-interpolation resampling: enough for the small ratios between speech rates."""
     if source_rate == target_rate:

@@ -44,7 +44,6 @@ CustomVoice (a fixed speaker) or voice_clone (a reference recording).
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
 import time
 import uuid
@@ -55,7 +54,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, cast
 import numpy as np
 import numpy.typing as npt
 
-from ttsq.audio import encode, probe, resample
+from ttsq.audio import decode, encode, probe, resample
 from ttsq.cache import connect
 from ttsq.constants import (
     DOCUMENT_HEADER,
@@ -416,7 +415,7 @@ class Documents:
                                  argsrepr=f"<{len(plan['chunks'])} chunk results>",
                                  kwargsrepr=f"stitch into {key[:12]}")
             if entry["object_key"] not in decoded:  # a repeated chunk is read once
-                decoded[entry["object_key"]] = _decode(runtime.storage.get(entry["object_key"]))
+                decoded[entry["object_key"]] = decode(runtime.storage.get(entry["object_key"]))
             samples, chunk_rate = decoded[entry["object_key"]]
             rate = rate or chunk_rate
             pieces.append(resample(samples, chunk_rate, rate))
@@ -507,15 +506,6 @@ def document_result(record: dict[str, Any], *, url: str, url_expires_s: int, cac
     base.update(key=record["key"], url=url, url_expires_s=url_expires_s, cached=cached, batch_size=0,
                 timings=no_timings(), worker=worker, document=record["document"], chunks=record["chunks"])
     return cast(DocumentResult, base)
-
-
-def _decode(data: bytes) -> tuple[npt.NDArray[np.float32], int]:
-    import soundfile as sf
-
-    samples, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=False)
-    if samples.ndim > 1:
-        samples = samples.mean(axis=1).astype(np.float32)
-    return samples, int(rate)
 
 
 def _join(pieces: Sequence[npt.NDArray[np.float32]], rate: int, chunks: Sequence[Mapping[str, Any]],

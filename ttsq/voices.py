@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 import soundfile
 
+from ttsq.audio import decode
 from ttsq.errors import InvalidRequest
 from ttsq.request import REFERENCE_PATTERN
 
@@ -108,10 +109,9 @@ def _meta_key(key: str) -> str:
 
 def _decode(data: bytes, *, field: str) -> tuple[npt.NDArray[np.float32], int]:
     try:
-        samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+        samples, rate = decode(data)
     except Exception:  # libsndfile's errors say little more than "unknown format"
         raise InvalidRequest(field, "is not audio that ttsq can read (WAV, FLAC, OGG or MP3)") from None
     if samples.size == 0:
         raise InvalidRequest(field, "holds no audio samples")
-    mono: npt.NDArray[np.float32] = samples.mean(axis=1).astype(np.float32)
-    return mono, int(rate)
+    return samples, rate

@@ -169,7 +169,7 @@ class QwenEngine:
         self._tts = None
         self._prompts.clear()
         if self._torch is not None:
-            _release_device_memory(self._torch)
+            release_device_memory(self._torch)
 
     # -- synthesis --------------------------------------------------------------------------------
 
@@ -230,13 +230,13 @@ class QwenEngine:
                     wavs, rate = self._tts.generate_voice_clone(
                         text=texts, language=languages, voice_clone_prompt=voices, **kwargs)
         except Exception as exc:
-            if not _is_out_of_memory(torch, exc):
+            if not is_out_of_memory(torch, exc):
                 raise
             out_of_memory = f"out of device memory for a batch of {len(batch)}: {exc}"
         if out_of_memory:
             # Raised out here, with no traceback attached: the failed batch's frames (its KV cache and
             # activations) are released before the batcher retries the halves.
-            _release_device_memory(torch)
+            release_device_memory(torch)
             raise EngineOutOfMemory(out_of_memory)
         return [self._output(request, np.asarray(wav, dtype=np.float32), int(rate), cap)
                 for request, wav, cap in zip(batch, wavs, caps, strict=True)]
@@ -265,12 +265,12 @@ class QwenEngine:
         try:
             prompt = self._compute_prompt(voice)
         except Exception as exc:
-            if not _is_out_of_memory(self._torch, exc):
+            if not is_out_of_memory(self._torch, exc):
                 # The audio decoded fine (load_voice checked it): this is the model's failure, not the user's.
                 raise EngineError(f"cannot make a voice prompt from {reference}: {type(exc).__name__}") from exc
             out_of_memory = f"out of device memory for a clone prompt: {exc}"
         if out_of_memory:
-            _release_device_memory(self._torch)
+            release_device_memory(self._torch)
             raise EngineOutOfMemory(out_of_memory)
         self._prompts[reference] = prompt
         while len(self._prompts) > self.settings.qwen_clone_cache:
@@ -352,12 +352,12 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _release_device_memory(torch: Any) -> None:
+def release_device_memory(torch: Any) -> None:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
 
-def _is_out_of_memory(torch: Any, exc: BaseException) -> bool:
+def is_out_of_memory(torch: Any, exc: BaseException) -> bool:
     if isinstance(exc, torch.OutOfMemoryError):
         return True
     # The CPU allocator raises a plain RuntimeError.

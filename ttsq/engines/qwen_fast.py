@@ -9,9 +9,11 @@ cache, out-of-memory handling and the codec decode. Only the generation loop dif
   them one by one as slots free up (``admit``); a short job leaves as soon as it is done instead of
   waiting for the longest job of its batch.
 - With greedy settings the codes are stock qwen-tts's, token for token. With sampling, each row draws
-  from its own seed (``seed`` in the request, else a random one): a seeded request gives the same audio
-  whatever else runs beside it, on the same device and dtype. The draws differ from stock's (stock
-  seeds one global generator per batch), so the engine has its own name in content keys.
+  from its own seed (``seed`` in the request, else a random one): on a CPU (float32, where it is
+  tested) a seeded request gives the same audio whatever else runs beside it; on CUDA the matrix
+  kernels may depend on how many rows decode together, so there it is not a guarantee. The draws
+  differ from stock's (stock seeds one global generator per batch), so the engine has its own name
+  in content keys.
 - On CUDA, each frame is one CUDA graph replay per (rows, cache length) bucket, captured at warm-up;
   finished rows are decoded to audio on a second stream, overlapping the next frames.
 """
@@ -28,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ttsq.engines.base import EngineOutput, frame_cap
-from ttsq.engines.qwen import SAMPLE_RATE, QwenEngine, _is_out_of_memory, _release_device_memory
+from ttsq.engines.qwen import SAMPLE_RATE, QwenEngine, is_out_of_memory, release_device_memory
 from ttsq.errors import EngineError, EngineOutOfMemory, SharedFailure, TTSQError
 
 if TYPE_CHECKING:
@@ -149,7 +151,6 @@ class QwenFastEngine(QwenEngine):
             raise EngineError("qwen-fast engine used before load()")
         from ttsq.engines.qwen_decode import Sampling
 
-        out_of_memory = ""
         try:
             self.identity.check(request)
             voice = self._clone_prompt(request.reference) if self.mode == "voice_clone" else None
@@ -174,14 +175,13 @@ class QwenFastEngine(QwenEngine):
         except TTSQError as exc:
             failure: Exception = exc
         except Exception as exc:
-            if not _is_out_of_memory(self._torch, exc):
+            if not is_out_of_memory(self._torch, exc):
                 failure = EngineError(f"cannot start this job: {type(exc).__name__}: {exc}")
             else:
-                out_of_memory = f"out of device memory while starting a job: {exc}"
-                failure = EngineError(out_of_memory)
-        if out_of_memory:
-            _release_device_memory(self._torch)
-            failure = EngineOutOfMemory(out_of_memory)
+                failure = EngineOutOfMemory(f"out of device memory while starting a job: {exc}")
+        if isinstance(failure, EngineOutOfMemory):
+            # Outside the handler, so the failed allocation's tensors are released by now.
+            release_device_memory(self._torch)
         done(failure)
 
     def step(self) -> None:
