@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ttsq import bench
 from ttsq.config import Settings
 from ttsq.constants import FLEET_PREFIX
 from ttsq.embedded import RedisServer, free_port, parent_death_signal
+from ttsq.ops import bench
 
 ROOT = Path(__file__).resolve().parent.parent
 BUCKET = "ttsq-bench"
@@ -186,9 +186,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         assert redis.process is not None
         redis_pid = redis.process.pid
 
-        import redis as redis_py
+        from ttsq.connection import connect
 
-        cache = redis_py.Redis.from_url(base.cache_url)
+        cache = connect(base.cache_url)
         deadline = time.monotonic() + 120
         # Both ttsq workers announced their model (each under its own queue).
         while not all(cache.exists(FLEET_PREFIX + each.queue) for each in settings.values()):

@@ -27,11 +27,10 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-import redis
-
 from ttsq.cache import CacheIndex
 from ttsq.client import Client
 from ttsq.config import Settings
+from ttsq.connection import connect
 from ttsq.constants import FLEET_PREFIX
 from ttsq.embedded import RedisServer
 
@@ -81,7 +80,7 @@ def main() -> int:
     try:
         for n in range(args.workers):
             workers.append(start_worker(settings, f"w{n + 1}", work / f"w{n + 1}.log"))
-        cache = redis.Redis.from_url(settings.cache_url)
+        cache = connect(settings.cache_url)
         deadline = time.monotonic() + 120
         while not cache.exists(FLEET_PREFIX + settings.queue):
             if time.monotonic() > deadline or any(w.poll() is not None for w in workers):

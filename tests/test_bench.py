@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 import redis
-from conftest import WorkerProcess, run_cli, s3_keys
+from support import WorkerProcess, run_cli, s3_keys
 
-from ttsq import bench
 from ttsq.config import Settings
 from ttsq.constants import STATS_PREFIX
 from ttsq.engines.espeak import EspeakEngine
 from ttsq.errors import InvalidRequest
 from ttsq.keys import content_key
+from ttsq.ops import bench
 from ttsq.request import SynthesisRequest
 
 StartWorker = Callable[..., WorkerProcess]

@@ -4,7 +4,7 @@ import time
 
 import redis
 
-from ttsq.cache import CacheIndex, redact_url
+from ttsq.cache import CacheIndex
 from ttsq.config import Settings
 from ttsq.embedded import free_port
 from ttsq.errors import BrokerError
@@ -60,7 +60,3 @@ def test_unreachable_redis_is_a_broker_error_without_the_password() -> None:
     else:
         raise AssertionError("expected BrokerError")
 
-
-def test_redact_url() -> None:
-    assert redact_url("redis://user:pw@host:6379/0") == "redis://user:***@host:6379/0"
-    assert redact_url("redis://host:6379/0") == "redis://host:6379/0"

@@ -14,7 +14,7 @@ import redis
 import soundfile as sf
 from bad_inputs import BAD_CLI_REQUESTS
 from click.testing import CliRunner
-from conftest import WorkerProcess, queue_length, run_cli, settings_env
+from support import WorkerProcess, queue_length, run_cli, settings_env
 
 from ttsq.cli.main import cli
 from ttsq.config import Settings

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import soundfile as sf
 from bad_inputs import BAD_REQUESTS
-from conftest import WorkerProcess, queue_length, s3_keys
+from support import WorkerProcess, queue_length, s3_keys
 
+from ttsq.app import make_app
 from ttsq.cache import CacheIndex
 from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.errors import BrokerError, EngineError, InvalidRequest, JobTimeout
-from ttsq.tasks import make_app
 
 StartWorker = Callable[..., WorkerProcess]
 KOREAN = "안녕하세요. 티티에스큐 음성 합성 테스트입니다."
@@ -145,7 +145,7 @@ def test_broker_down_after_a_claim_releases_it(settings: Settings, redis_client:
     """With the cache up and the model known, a submit claims the key before it enqueues; if the
     broker is down, the claim must not outlive the failure."""
     from ttsq.embedded import free_port
-    from ttsq.keys import EngineIdentity
+    from ttsq.engines.base import EngineIdentity
 
     CacheIndex(settings.cache_url, ttl_s=0).publish_identity(settings.queue, EngineIdentity(
         engine="espeak", model="espeak-ng", revision="test", sample_rate=22050).to_dict())
@@ -178,7 +178,7 @@ def test_client_raises_a_typed_error_and_queues_nothing(settings: Settings, data
 
 
 def test_result_backend_down_while_waiting_is_a_broker_error(tmp_path: Path) -> None:
-    from conftest import run_cli
+    from support import run_cli
 
     from ttsq.embedded import RedisServer
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ttsq.bench import STAGES
+from ttsq.ops.bench import STAGES
 
 ROOT = Path(__file__).parent.parent
 

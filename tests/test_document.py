@@ -21,29 +21,22 @@ from pathlib import Path
 import pytest
 import redis
 import soundfile as sf
-from conftest import WorkerProcess, run_cli
 from document_corpus import corpus
+from support import WorkerProcess, run_cli, wait_until
 
 from ttsq.cache import CacheIndex
 from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.constants import DOCUMENT_TASK_NAME
 from ttsq.document import Document, Options
+from ttsq.engines.base import EngineIdentity
 from ttsq.errors import InvalidRequest
-from ttsq.keys import EngineIdentity, content_key
+from ttsq.keys import content_key
 from ttsq.request import Limits, SynthesisRequest
 from ttsq.splitter import normalize
 
 StartWorker = Callable[..., WorkerProcess]
 TESTS = Path(__file__).parent
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
 
 def synthesized_keys(worker: WorkerProcess) -> list[str]:
     """Key prefixes of the chunks a worker synthesized (not answered from the cache), from its log."""
@@ -231,7 +224,7 @@ def test_status_shows_progress_rising_while_a_document_runs(settings: Settings, 
 
 
 def test_bad_documents_are_refused_at_the_edge_and_nothing_is_queued(settings: Settings) -> None:
-    from conftest import queue_length
+    from support import queue_length
 
     with Client(settings.replace(max_document_chars=100)) as client:
         for text, fields, field in (("", {}, "text"), ("   \n\n  ", {}, "text"), ("a\x00b", {}, "text"),
@@ -376,7 +369,7 @@ def test_the_document_benchmark_runs(tmp_path: Path) -> None:
 
 
 def test_cli_usage_errors_are_one_line_and_queue_nothing(settings: Settings, tmp_path: Path) -> None:
-    from conftest import queue_length
+    from support import queue_length
 
     doc = tmp_path / "doc.txt"
     doc.write_text("Hello there.", encoding="utf-8")
@@ -400,7 +393,7 @@ def test_stop_listening_degrades_gracefully_if_celery_internals_change(settings:
     # document task after its chord was sent.
     from celery import Celery
 
-    from ttsq.document import stop_listening
+    from ttsq.orchestrator import stop_listening
 
     app = Celery(broker=settings.broker_url, backend=settings.result_backend)
     backend = app.backend

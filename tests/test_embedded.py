@@ -7,12 +7,14 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
-from conftest import run_cli
+from support import wait_until
 
 README = Path(__file__).parent.parent / "README.md"
 
@@ -55,50 +57,47 @@ def test_readme_first_command_speaks_from_a_fresh_copy(tmp_path: Path) -> None:
     assert json.loads((copy / "bench.json").read_text())["jobs"]["ok"] == 6
 
 
-def redis_servers() -> set[int]:
+def redis_servers(under: Path) -> set[int]:
+    """redis-server processes whose data folder lies under ``under`` (this test's own temporary folder):
+    never another process's Redis, whatever else runs on the machine."""
     pids = set()
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and b"redis-server" in (entry / "cmdline").read_bytes():
-                pids.add(int(entry.name))
+            if entry.name.isdigit():
+                cmdline = (entry / "cmdline").read_bytes()
+                if b"redis-server" in cmdline and str(under).encode() in cmdline:
+                    pids.add(int(entry.name))
         except OSError:
             continue
     return pids
 
 
-def redis_dirs() -> set[Path]:
-    import tempfile
-
-    return set(Path(tempfile.gettempdir()).glob("ttsq-redis-*"))
+def private_tmp(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A temporary folder of this test's own, and the environment that makes ttsq put its Redis there."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TTSQ_")}
+    return folder, {**env, "TMPDIR": str(folder)}
 
 
 def test_embedded_leaves_no_redis_running(tmp_path: Path) -> None:
-    before, dirs_before = redis_servers(), redis_dirs()
-    out = run_cli("submit", "Bye.", "--embedded", "--json", cwd=tmp_path, timeout=120)
+    folder, env = private_tmp(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "ttsq.cli.main", "submit", "Bye.", "--embedded", "--json"],
+                         cwd=tmp_path, env=env, capture_output=True, timeout=120)
     assert out.returncode == 0, out.stderr.decode()
     assert json.loads(out.stdout)["url"].startswith(f"file://{tmp_path}/ttsq-audio/")
-    assert redis_servers() <= before
-    assert redis_dirs() <= dirs_before
+    assert not redis_servers(folder)
+    assert not list(folder.glob("ttsq-redis-*"))  # its data folder went with it
 
 
 def test_embedded_killed_mid_run_still_stops_its_redis(tmp_path: Path) -> None:
-    import signal
-    import sys
-    import time
-
-    before, dirs_before = redis_servers(), redis_dirs()
+    folder, env = private_tmp(tmp_path)
     process = subprocess.Popen([sys.executable, "-m", "ttsq.cli.main", "submit", "Never mind.", "--embedded"],
-                               cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               env={k: v for k, v in os.environ.items() if not k.startswith("TTSQ_")})
-    deadline = time.monotonic() + 30
-    while not (redis_servers() - before) and time.monotonic() < deadline:  # wait for its Redis
-        time.sleep(0.02)
-    assert redis_servers() - before, "the embedded Redis never started"
-    process.send_signal(signal.SIGKILL)  # no chance to clean up: the kernel must take Redis along
-    process.wait(10)
-    deadline = time.monotonic() + 10
-    while redis_servers() - before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not (redis_servers() - before)
-    for leftover in redis_dirs() - dirs_before:  # SIGKILL leaves the folder: only the process matters
-        shutil.rmtree(leftover, ignore_errors=True)
+                               cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        wait_until(lambda: bool(redis_servers(folder)), 30, "the embedded Redis to start")
+    finally:
+        process.send_signal(signal.SIGKILL)  # no chance to clean up: the kernel must take Redis along
+        process.wait(10)
+    wait_until(lambda: not redis_servers(folder), 10, "the embedded Redis to stop with its parent")
+    # SIGKILL leaves the data folder behind; it is under this test's tmp_path, which pytest removes.

@@ -15,8 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
+from faulty_qwen import OutOfMemoryQwen
 
-from ttsq.batching import Batcher, length_bucket
+from ttsq.batch_scheduler import length_bucket
+from ttsq.batching import Batcher
 from ttsq.config import Settings
 from ttsq.engines.base import EngineOutput, frame_cap
 from ttsq.engines.qwen import QwenEngine, checkpoint_revision
@@ -122,7 +124,7 @@ def test_an_explicit_max_new_tokens_caps_the_item_and_the_hard_cap_caps_everythi
 
 
 def test_same_seed_same_batch_is_reproducible_and_batching_changes_sampled_rows(design: QwenEngine) -> None:
-    """What holds on a CPU, measured (README "Reproducibility" quotes it)."""
+    """What holds on a CPU, measured (docs/qwen.md, "Reproducibility", quotes it)."""
     a = request("Hello there.", seed=7, max_new_tokens=12)
     b = request("A second, longer sentence for the batch.", seed=7, max_new_tokens=12)
     first = [output(o).samples for o in design.synthesize_batch([a, b])]
@@ -149,12 +151,12 @@ def test_same_seed_same_batch_is_reproducible_and_batching_changes_sampled_rows(
 
 
 def test_out_of_memory_splits_the_batch_and_remembers_what_fits(qwen_checkpoints: dict[str, Path]) -> None:
-    # The engine's fault switch raises torch's real OutOfMemoryError at the device boundary for any
-    # batch above 2, the way a full GPU would; the batcher must split and finish every job.
-    engine = QwenEngine(Settings(engine="qwen", qwen_model=str(qwen_checkpoints["voice_design"]),
-                                 qwen_max_frames=24, qwen_fault_oom_above=2))
+    # The test engine raises torch's real OutOfMemoryError at the device boundary for any batch above
+    # 2, the way a full GPU would; the batcher must split and finish every job.
+    engine = OutOfMemoryQwen(Settings(engine="qwen", qwen_model=str(qwen_checkpoints["voice_design"]),
+                                      qwen_max_frames=24))
     metrics = Metrics(node="oom@test")
-    batcher = Batcher(engine, max_batch=8, max_wait_s=0.5, metrics=metrics)
+    batcher = Batcher(engine, max_batch=8, max_wait_s=0.5, observer=metrics)
     batcher.start()
     try:
         jobs = [request(f"Sentence number {i}.", seed=5) for i in range(8)]
@@ -164,8 +166,8 @@ def test_out_of_memory_splits_the_batch_and_remembers_what_fits(qwen_checkpoints
         # the engine call it really rode in.
         assert [item.batch_size for item in items] == [2] * 8
         bucket = length_bucket(jobs)
-        assert batcher.largest_fit == {bucket: 2}
-        splits = batcher.oom_splits
+        assert batcher.scheduler.largest_fit == {bucket: 2}  # type: ignore[attr-defined]
+        splits = batcher.scheduler.oom_splits  # type: ignore[attr-defined]
         # 8 -> 4 + 4; the first 4 -> 2 + 2; the second 4 is already cut to 2 + 2 before it runs.
         assert splits == 2
         assert metrics.registry.get_sample_value("ttsq_oom_splits_total") == 2  # what Prometheus sees
@@ -173,7 +175,7 @@ def test_out_of_memory_splits_the_batch_and_remembers_what_fits(qwen_checkpoints
         # The next batch of similar texts is cut to the size that fits up front: no new failure.
         again = [batcher.submit(request(f"Sentence number {i}!", seed=6)) for i in range(8)]
         assert all(future.result(120).output.samples.size > 0 for future in again)
-        assert batcher.oom_splits == splits
+        assert batcher.scheduler.oom_splits == splits  # type: ignore[attr-defined]
     finally:
         batcher.stop()
 

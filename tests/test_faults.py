@@ -19,17 +19,18 @@ from pathlib import Path
 
 import pytest
 import redis
-from conftest import WorkerProcess, run_cli, s3_keys
+from support import WorkerProcess, run_cli, s3_keys, wait_until
 
+from ttsq.app import make_app
 from ttsq.cache import CacheIndex
 from ttsq.client import Client, Job
 from ttsq.config import Settings
 from ttsq.constants import EXIT_ENGINE_STUCK
 from ttsq.embedded import RedisServer, free_port
+from ttsq.engines.base import EngineIdentity
 from ttsq.errors import BrokerError, DeadlineExceeded, InvalidRequest, JobParked, StorageError
-from ttsq.keys import EngineIdentity, content_key
+from ttsq.keys import content_key
 from ttsq.request import SynthesisRequest
-from ttsq.tasks import make_app
 
 StartWorker = Callable[..., WorkerProcess]
 TESTS = Path(__file__).parent
@@ -62,14 +63,6 @@ def unacked(settings: Settings) -> int:
         return int(client.hlen("unacked"))
     finally:
         client.close()
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def where_is(settings: Settings, task_id: str, workers: list[WorkerProcess]) -> str:

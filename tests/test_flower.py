@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import WorkerProcess, run_cli, settings_env
+from support import WorkerProcess, run_cli, settings_env
 
+from ttsq.app import make_app
 from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.embedded import free_port
-from ttsq.events import describe_kwargs, redact_result
-from ttsq.tasks import make_app
+from ttsq.redaction import describe_kwargs, redact_result
 
 StartWorker = Callable[..., WorkerProcess]
 AUTH = "ops:flower-test-secret"

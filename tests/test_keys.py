@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from ttsq.keys import EngineIdentity, content_key, object_key
+from ttsq.engines.base import EngineIdentity
+from ttsq.keys import content_key, object_key
 from ttsq.request import SynthesisRequest
 
 IDENTITY = EngineIdentity(engine="espeak", model="espeak-ng", revision="1.52.0", sample_rate=22050)

@@ -6,15 +6,15 @@ import urllib.request
 from collections.abc import Callable
 
 import pytest
-from conftest import WorkerProcess
 from prometheus_client.parser import text_string_to_metric_families
+from support import WorkerProcess
 
+from ttsq.app import make_app
 from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.embedded import free_port
 from ttsq.errors import InvalidRequest
 from ttsq.metrics import Metrics
-from ttsq.tasks import make_app
 
 StartWorker = Callable[..., WorkerProcess]
 
@@ -116,7 +116,7 @@ def test_nvml_gauges_only_where_nvml_works() -> None:
 def test_a_metrics_port_in_use_stops_the_worker_with_one_line(settings: Settings) -> None:
     import socket
 
-    from conftest import run_cli
+    from support import run_cli
 
     with socket.socket() as taken:
         taken.bind(("0.0.0.0", 0))

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from ttsq.engines.qwen_decode import DecodeLoop, Prompt, Sampling, SubSampling  # noqa: E402
+from ttsq.engines.qwen_decode import DecodeLoop, Prompt
+from ttsq.engines.qwen_sampling import Sampling, SubSampling
 
 GREEDY = {"do_sample": False, "subtalker_dosample": False}
 TEXTS = ["Hello world.", "The quick brown fox jumps over the lazy dog.", "Hi", "fox",
@@ -214,9 +214,9 @@ def test_seeded_sampling_does_not_depend_on_the_batch(models: dict[str, Any], su
 
 
 def test_grouped_top_k_keeps_exactly_the_top_k_values() -> None:
-    """``_top`` ranks only the groups whose maxima can hold a top-k score: same values as ``topk``,
+    """``top`` ranks only the groups whose maxima can hold a top-k score: same values as ``topk``,
     indices that point at them, also with ties and with the whole top-k inside one group."""
-    from ttsq.engines.qwen_decode import _top
+    from ttsq.engines.qwen_sampling import top
 
     generator = torch.Generator().manual_seed(0)
     scores = torch.randn(6, 2048, generator=generator)
@@ -224,7 +224,7 @@ def test_grouped_top_k_keeps_exactly_the_top_k_values() -> None:
     scores[2, 64:72] += 100.0  # one group holds the 8 best
     scores[3] = torch.linspace(0, 1, 2048)  # the best all in the last groups
     for k in (1, 8, 50, 256):
-        values, indices = _top(scores, k)
+        values, indices = top(scores, k)
         assert torch.equal(values, scores.topk(k, dim=-1, sorted=True).values)
         assert torch.equal(scores.gather(1, indices), values)
         assert all(len(set(row.tolist())) == k for row in indices)
@@ -258,10 +258,10 @@ def test_a_long_text_is_refused_at_the_edge_by_the_identity(qwen_checkpoints: di
     """The identity the workers announce carries the prompt limit: a producer refuses, naming the field,
     a text that would not fit a slot (the stock engine takes it)."""
     from ttsq.config import Settings
+    from ttsq.engines.base import EngineIdentity
     from ttsq.engines.qwen import QwenEngine
     from ttsq.engines.qwen_fast import QwenFastEngine
     from ttsq.errors import InvalidRequest
-    from ttsq.keys import EngineIdentity
     from ttsq.request import SynthesisRequest
 
     model = str(qwen_checkpoints["voice_design"])
@@ -364,7 +364,7 @@ def test_static_sampling_draws_what_the_exact_shapes_draw(models: dict[str, Any]
 def test_top_k_zero_means_no_top_k(models: dict[str, Any]) -> None:
     """``top_k: 0`` (as a checkpoint's generation_config.json may say) keeps every code, as in Hugging
     Face's generate; it is not a top-1 (greedy) cut."""
-    from ttsq.engines.qwen_decode import _top_k
+    from ttsq.engines.qwen_sampling import top_k_of
 
     tts = models["voice_design"]
     loop = DecodeLoop(tts.model, slots=1, positions=512, max_frames=64, sub=SubSampling(top_k=0))
@@ -373,19 +373,19 @@ def test_top_k_zero_means_no_top_k(models: dict[str, Any]) -> None:
     assert int(loop._sub_top_k[0]) == loop.vocab
     race = loop._sub_race(loop._slot_index[:1], loop._step[:1])  # the sub-talker's top-k race, every code
     assert race is not None and race.shape[-1] == tts.model.talker.code_predictor.config.vocab_size
-    assert _top_k(0, 2048) == 2048 and _top_k(5000, 2048) == 2048 and _top_k(50, 2048) == 50
+    assert top_k_of(0, 2048) == 2048 and top_k_of(5000, 2048) == 2048 and top_k_of(50, 2048) == 50
 
 
 @pytest.mark.parametrize(("temperature", "top_k", "top_p"), [(1.0, 0, 1.0), (0.7, 10, 1.0), (1.3, 0, 0.8),
                                                             (0.9, 50, 0.9), (0.5, 5, 0.3), (2.0, 64, 0.99)])
 def test_sampling_keeps_and_weighs_what_hugging_faces_warpers_keep(temperature: float, top_k: int,
                                                                    top_p: float) -> None:
-    """``_sample``'s draws on random logits, over many seeds: only codes Hugging Face's Temperature, TopK
+    """``sample``'s draws on random logits, over many seeds: only codes Hugging Face's Temperature, TopK
     and TopP warpers keep are drawn, every kept code of any weight is drawn, and at the frequencies of
     their probabilities. Deterministic (fixed logits and seeds)."""
     from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-    from ttsq.engines.qwen_decode import _sample, _top_k
+    from ttsq.engines.qwen_sampling import sample, top_k_of
 
     vocab, draws = 64, 20_000
     logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(7)) * 3
@@ -396,8 +396,8 @@ def test_sampling_keeps_and_weighs_what_hugging_faces_warpers_keep(temperature: 
     expected = warped.softmax(-1)[0]
     kept = set(torch.isfinite(warped[0]).nonzero().flatten().tolist())
 
-    width = _top_k(top_k, vocab)
-    chosen = _sample(logits.expand(draws, vocab), torch.full((draws,), temperature), torch.full((draws,), width),
+    width = top_k_of(top_k, vocab)
+    chosen = sample(logits.expand(draws, vocab), torch.full((draws,), temperature), torch.full((draws,), width),
                      torch.full((draws,), top_p), torch.arange(draws), torch.zeros(draws, dtype=torch.long),
                      width, nucleus=top_p < 1.0)
     frequency = chosen.bincount(minlength=vocab).float() / draws

@@ -12,15 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from faulty_fast import ADMIT, CODEC, DIE, DIE_ADMITTING, FRAME, SLOW_CODEC, FaultyFastEngine
 
-torch = pytest.importorskip("torch")
-
-from faulty_fast import ADMIT, CODEC, DIE, DIE_ADMITTING, FRAME, SLOW_CODEC, FaultyFastEngine  # noqa: E402
-
-from ttsq.batching import Batcher  # noqa: E402
-from ttsq.config import Settings  # noqa: E402
-from ttsq.errors import EngineError  # noqa: E402
-from ttsq.request import SynthesisRequest  # noqa: E402
+from ttsq.batching import Batcher
+from ttsq.config import Settings
+from ttsq.errors import EngineError
+from ttsq.request import SynthesisRequest
 
 TIMEOUT = 120
 

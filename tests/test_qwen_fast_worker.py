@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import soundfile
-from conftest import WorkerProcess, run_cli, s3_keys
+from support import WorkerProcess, run_cli, s3_keys
 from test_qwen_worker import MAX_FRAMES, SAMPLES_PER_FRAME, WORKER_START_S, qwen_settings, reference_file, submit_cli
 
 from ttsq.client import Client

@@ -20,15 +20,14 @@ import numpy as np
 import pytest
 import soundfile
 from celery import Celery
-from conftest import WorkerProcess, run_cli, s3_keys, settings_env
+from support import WorkerProcess, run_cli, s3_keys, settings_env
 
+from ttsq.app import queue_for
 from ttsq.cache import CacheIndex
 from ttsq.client import Client
 from ttsq.config import Settings
-from ttsq.engines.base import frame_cap
+from ttsq.engines.base import EngineIdentity, frame_cap
 from ttsq.errors import InvalidRequest
-from ttsq.keys import EngineIdentity
-from ttsq.tasks import queue_for
 
 MAX_FRAMES = 24
 SAMPLES_PER_FRAME = 1920

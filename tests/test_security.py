@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from conftest import WorkerProcess
+from support import WorkerProcess
 
 from ttsq.client import Client
 from ttsq.config import Settings

@@ -8,12 +8,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import WorkerProcess, run_cli
+from support import WorkerProcess, run_cli
 
+from ttsq.app import make_app
 from ttsq.client import Client
 from ttsq.config import Settings
-from ttsq.stats import FleetStats, format_table, snapshot
-from ttsq.tasks import make_app
+from ttsq.fleet import format_table, snapshot
+from ttsq.stats import FleetStats
 
 StartWorker = Callable[..., WorkerProcess]
 BURST = 32

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import BUCKET
+from support import BUCKET
 
 from ttsq.config import Settings
 from ttsq.errors import StorageError

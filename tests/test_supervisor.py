@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from conftest import queue_length, settings_env
+from support import queue_length, settings_env
 from test_faults import FAULTY, TESTS
 from test_metrics import scrape, value
 
@@ -115,7 +115,7 @@ def test_two_workers_share_a_burst_and_a_killed_one_loses_nothing(settings: Sett
     # The test engine (espeak, one second slower per batch on "[slow]") keeps each batch in flight long
     # enough to kill cpu1 while it holds messages and is not fetching: kombu's Redis transport pops a
     # message and then records it as unacked, and a process killed between the two loses that message
-    # (celery/celery#7950; README "Guarantees" names this limit).
+    # (celery/celery#7950; docs/guarantees.md names this limit).
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
     events = tmp_path / "batches.log"
     monkeypatch.setenv("FAULTY_ENGINE_EVENTS", str(events))

@@ -6,13 +6,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import WorkerProcess, queue_length, s3_keys
+from support import WorkerProcess, queue_length, s3_keys
 
+from ttsq.app import make_app
 from ttsq.cache import CacheIndex
 from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.errors import InvalidRequest, StorageError
-from ttsq.tasks import make_app
 
 StartWorker = Callable[..., WorkerProcess]
 

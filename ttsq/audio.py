@@ -1,8 +1,10 @@
-"""Encoding engine samples into the file a user downloads (soundfile / libsndfile)."""
+"""Audio: encoding engine samples into the file a user downloads (soundfile / libsndfile), decoding
+stored files, and joining pieces (a document's chunks) with pauses and crossfades."""
 
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,6 +72,37 @@ def resample(samples: npt.NDArray[np.float32], source_rate: int, target_rate: in
     n_out = round(samples.size * target_rate / source_rate)
     positions = np.arange(n_out, dtype=np.float64) * (source_rate / target_rate)
     return np.interp(positions, np.arange(samples.size), samples).astype(np.float32)
+
+
+def join(pieces: Sequence[npt.NDArray[np.float32]], rate: int, *, crossfades_ms: Sequence[int],
+         pauses_ms: Sequence[int]) -> tuple[npt.NDArray[np.float32], list[tuple[int, int]]]:
+    """Concatenate pieces of one sample rate; return the audio and each piece's (start, end) sample.
+
+    ``crossfades_ms[i]`` overlaps piece ``i`` with the end of piece ``i - 1`` (an equal-gain linear
+    crossfade, at most as long as either piece); ``pauses_ms[i]`` puts silence after piece ``i`` (never
+    after the last). The length is exactly the sum of the pieces, minus each crossfade, plus each pause.
+    """
+    out: list[npt.NDArray[np.float32]] = []
+    length = 0
+    spans: list[tuple[int, int]] = []
+    for index, samples in enumerate(pieces):
+        start = length
+        fade = round(crossfades_ms[index] * rate / 1000) if index else 0
+        overlap = min(fade, out[-1].size, samples.size) if out else 0
+        if overlap:
+            # A cut inside a sentence should neither click nor leave a gap.
+            ramp = np.linspace(0.0, 1.0, overlap, dtype=np.float32)
+            out[-1] = np.concatenate([out[-1][:-overlap], out[-1][-overlap:] * (1.0 - ramp) + samples[:overlap] * ramp])
+            samples = samples[overlap:]
+            start -= overlap
+        out.append(samples)
+        length += samples.size
+        spans.append((start, length))
+        if pauses_ms[index] and index < len(pieces) - 1:
+            silence = np.zeros(round(pauses_ms[index] * rate / 1000), dtype=np.float32)
+            out.append(silence)
+            length += silence.size
+    return (np.concatenate(out) if out else np.zeros(0, dtype=np.float32)), spans
 
 
 def _as_float_mono(samples: npt.NDArray[np.floating] | npt.NDArray[np.int16]) -> npt.NDArray[np.float32]:

@@ -10,25 +10,15 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import redis
-
-from ttsq.constants import (
-    CACHE_PREFIX,
-    FLEET_PREFIX,
-    IDENTITY_MAX_AGE_S,
-    INFLIGHT_PREFIX,
-    REDIS_CONNECT_TIMEOUT_S,
-    REDIS_HEALTH_CHECK_INTERVAL_S,
-    REDIS_SOCKET_TIMEOUT_S,
-    STATS_PREFIX,
-)
-from ttsq.errors import BrokerError
+from ttsq.connection import connect, patiently
+from ttsq.constants import CACHE_PREFIX, FLEET_PREFIX, IDENTITY_MAX_AGE_S, INFLIGHT_PREFIX, STATS_PREFIX
 
 if TYPE_CHECKING:
+    import redis
+
     from ttsq.request import StoredAudio
 
 logger = logging.getLogger(__name__)
@@ -113,48 +103,3 @@ class CacheIndex:
 
     def _do(self, call: Callable[[], T]) -> T:
         return patiently(call, self.url, self.patience_s)
-
-
-def connect(url: str) -> redis.Redis:
-    """A Redis client with ttsq's timeouts, answering ``str``."""
-    return redis.Redis.from_url(url, socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
-                                socket_timeout=REDIS_SOCKET_TIMEOUT_S,
-                                health_check_interval=REDIS_HEALTH_CHECK_INTERVAL_S, decode_responses=True)
-
-
-def patiently(call: Callable[[], T], url: str, patience_s: float) -> T:
-    """Run a Redis call; while Redis cannot be reached, try again for up to ``patience_s`` seconds
-    (workers ride out a Redis restart), then raise ``BrokerError``."""
-    give_up = time.monotonic() + patience_s
-    while True:
-        try:
-            with redis_errors(url):
-                return call()
-        except BrokerError as exc:
-            if not isinstance(exc.__cause__, redis.exceptions.ConnectionError) or time.monotonic() >= give_up:
-                raise
-            logger.warning("Redis at %s unreachable; trying again", redact_url(url))
-            time.sleep(0.5)
-
-
-@contextmanager
-def redis_errors(url: str) -> Iterator[None]:
-    """Redis failures as ``BrokerError``, with the password masked."""
-    try:
-        yield
-    except redis.exceptions.ConnectionError as exc:
-        raise BrokerError(f"cannot reach the cache Redis at {redact_url(url)}: {exc}") from exc
-    except redis.exceptions.RedisError as exc:
-        raise BrokerError(f"cache Redis at {redact_url(url)} failed: {exc}") from exc
-
-
-def redact_url(url: str) -> str:
-    """The URL with any password replaced, for messages and logs."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))

@@ -22,9 +22,11 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
+from ttsq.app import make_app, queue_for
 from ttsq.cache import CacheIndex
 from ttsq.constants import (
     CLAIM_HEADER,
@@ -34,13 +36,15 @@ from ttsq.constants import (
     SENT_AT_HEADER,
     TASK_NAME,
 )
+from ttsq.document import Document, Options, read_document
+from ttsq.engines.base import EngineIdentity
 from ttsq.errors import BrokerError, InvalidRequest, JobFailed, JobTimeout, TTSQError
-from ttsq.keys import EngineIdentity, content_key
+from ttsq.keys import content_key
 from ttsq.ledger import Ledger, ParkedJob
-from ttsq.request import JobResult, Limits, RequestFields, SynthesisRequest, result_from_stored
+from ttsq.request import JobResult, Limits, RequestFields, SynthesisRequest
+from ttsq.results import Results
 from ttsq.stats import FleetStats
 from ttsq.storage import Storage, open_storage
-from ttsq.tasks import make_app, queue_for
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -88,6 +92,7 @@ class Client:
         self.cache = CacheIndex(settings.cache_url, ttl_s=settings.cache_ttl_s)
         self.stats = FleetStats(settings.cache_url)
         self.limits = Limits.from_settings(settings)
+        self.results = Results(settings, lambda: self.storage)
         self._storage: Storage | None = None
         self._identities: tuple[float, dict[str, EngineIdentity]] = (0.0, {})
 
@@ -112,50 +117,14 @@ class Client:
         """Enqueue an already validated request (design steps 2-5)."""
         if request.expired():
             raise InvalidRequest("deadline", f"{request.deadline} is already in the past")
-        fleet = self.identities()
-        identity = fleet.get(request.mode)
-        if fleet and identity is None:
-            raise InvalidRequest("mode", f"no running worker serves {request.mode}; the workers online serve "
-                                         f"{', '.join(sorted(fleet))}")
+        identity = self._serving(request.mode)
         if identity is not None:
             identity.check(request)
-        if request.reference and not self.storage.exists(request.reference):
-            raise InvalidRequest("reference", f"no voice {request.reference} in storage; "
-                                              "upload it with `ttsq voices add`")
-        task_id = str(uuid.uuid4())
-        key = None
-        if identity is not None:
-            key = content_key(request, identity)
-            if (hit := self._cached(key)) is not None:
-                return hit
-            owner = self.cache.claim(key, task_id, self.settings.inflight_ttl_s)
-            if owner is not None and self._finished(owner):
-                # The owner ended without releasing its claim (revoked, or killed past its retries):
-                # joining it would only return its failure. Take the claim over.
-                self.cache.release(key, owner)
-                owner = self.cache.claim(key, task_id, self.settings.inflight_ttl_s)
-            if owner is not None:
-                return Job(id=owner, key=key, client=self, joined=True)
-            # The job that held the claim may have indexed the audio between our look-up and our claim.
-            if (hit := self._cached(key)) is not None:
-                self.cache.release(key, task_id)
-                return hit
-        sent = False
-        headers: dict[str, Any] = {SENT_AT_HEADER: time.time()}
-        if key is not None:
-            headers[CLAIM_HEADER] = key
-        try:
-            self.app.send_task(TASK_NAME, kwargs=request.to_dict(), task_id=task_id,
-                               queue=queue_for(self.settings.queue, request.mode), headers=headers,
-                               # What logs and Flower show instead of the kwargs: never the text.
-                               kwargsrepr=request.describe())
-            sent = True
-        except Exception as exc:  # kombu raises OperationalError, redis-py its own; either way: broker down
-            raise BrokerError(f"cannot reach the broker to enqueue: {type(exc).__name__}: {exc}") from exc
-        finally:
-            if key is not None and not sent:  # also on Ctrl-C: a stale claim would stall identical submits
-                self.cache.release(key, task_id)
-        return Job(id=task_id, key=key, client=self)
+        self._check_reference(request.reference)
+        key = content_key(request, identity) if identity is not None else None
+        return self._enqueue(TASK_NAME, request.to_dict(), mode=request.mode, key=key,
+                             # What logs and Flower show instead of the kwargs: never the text.
+                             kwargsrepr=request.describe(), cached=self._cached)
 
     def submit_document(self, text: str, **fields: Any) -> Job:
         """Validate and enqueue a document of any length (or answer it from the cache): one job that
@@ -164,72 +133,98 @@ class Client:
         The job's id carries the stitched result (a ``DocumentResult``); while it runs, ``status``
         shows its progress. ``fields`` are the request fields for every chunk.
         """
-        from ttsq.document import Document, Options, document_result, read_document
-
         options = Options.from_settings(self.settings)
-        limits, most = self.limits, self.settings.max_document_chars
-        document = Document.parse({"text": text, **fields}, limits=limits, max_document_chars=most,
-                                  default_options=options)
+        data, most = {"text": text, **fields}, self.settings.max_document_chars
+        document = Document.parse(data, limits=self.limits, max_document_chars=most, default_options=options)
         mode = document.fields["mode"]
+        identity = self._serving(mode)
+        if identity is not None:  # again, with the limits of the model that will read it
+            document = Document.parse(data, limits=self.limits, max_document_chars=most, identity=identity,
+                                      default_options=options)
+        self._check_reference(document.fields.get("reference") or "")
+        kwargs = {"text": document.text, **{name: value for name, value in document.fields.items()
+                                             if value is not None and value != ""},
+                  "options": asdict(document.options)}  # what it was validated and keyed with
+        job = self._enqueue(DOCUMENT_TASK_NAME, kwargs, mode=mode,
+                            key=document.key(identity) if identity is not None else None,
+                            kwargsrepr=f"document of {len(document.text)} chars in {len(document.chunks)} chunks",
+                            cached=self._cached_document)
+        job.chunks = len(document.chunks)
+        return job
+
+    def _serving(self, mode: str) -> EngineIdentity | None:
+        """The model the fleet serves ``mode`` with; None if no worker has announced one yet. A mode is
+        refused only when the fleet is known and none of it serves that mode."""
         fleet = self.identities()
         identity = fleet.get(mode)
         if fleet and identity is None:
             raise InvalidRequest("mode", f"no running worker serves {mode}; the workers online serve "
                                          f"{', '.join(sorted(fleet))}")
-        if identity is not None:  # again, with the limits of the model that will read it
-            document = Document.parse({"text": text, **fields}, limits=limits, max_document_chars=most,
-                                      identity=identity, default_options=options)
-        reference = document.fields.get("reference")
+        return identity
+
+    def _check_reference(self, reference: str) -> None:
         if reference and not self.storage.exists(reference):
             raise InvalidRequest("reference", f"no voice {reference} in storage; upload it with `ttsq voices add`")
+
+    def _enqueue(self, task: str, kwargs: dict[str, Any], *, mode: str, key: str | None, kwargsrepr: str,
+                 cached: Callable[[str], Job | None]) -> Job:
+        """The one way a job is sent (design steps 3-5): answered from the cache, joined to the job
+        already producing its key (single flight), or claimed and sent; a claim never outlives a send
+        that failed. Without a key (no worker announced yet) it is simply sent."""
         task_id = str(uuid.uuid4())
-        key = None
-        if identity is not None:
-            key = document.key(identity)
-            record = self.cache.read(lambda client: read_document(client, key))
-            if record is not None:
-                self.cache.count("cache_hits_producer")
-                return Job(id=None, key=key, client=self, chunks=len(document.chunks),
-                           result=cast("JobResult", document_result(
-                               record, url=self.storage.url(record["audio"]["object_key"], self.settings.url_expiry_s),
-                               url_expires_s=self.settings.url_expiry_s, cached=True)))
+        if key is not None:
+            if (hit := cached(key)) is not None:
+                return hit
             owner = self.cache.claim(key, task_id, self.settings.inflight_ttl_s)
             if owner is not None and self._finished(owner):
-                # The document that held the claim failed (or its result expired): start it again;
-                # its finished chunks are answered from the cache.
+                # The owner ended without releasing its claim (revoked, failed, killed past its retries):
+                # joining it would only return its failure. Take the claim over; for a document, its
+                # finished chunks are answered from the cache.
                 self.cache.release(key, owner)
                 owner = self.cache.claim(key, task_id, self.settings.inflight_ttl_s)
             if owner is not None:
-                return Job(id=owner, key=key, client=self, joined=True, chunks=len(document.chunks))
-        kwargs = {"text": document.text, **{name: value for name, value in document.fields.items()
-                                             if value is not None and value != ""},
-                  "options": asdict(document.options)}  # what it was validated and keyed with
+                return Job(id=owner, key=key, client=self, joined=True)
+            # The job that held the claim may have indexed the audio between our look-up and our claim.
+            if (hit := cached(key)) is not None:
+                self.cache.release(key, task_id)
+                return hit
+        headers: dict[str, Any] = {SENT_AT_HEADER: time.time()}
+        if key is not None and task == TASK_NAME:
+            headers[CLAIM_HEADER] = key
         sent = False
         try:
-            self.app.send_task(DOCUMENT_TASK_NAME, kwargs=kwargs, task_id=task_id,
-                               queue=queue_for(self.settings.queue, document.fields["mode"]),
-                               headers={SENT_AT_HEADER: time.time()},
-                               kwargsrepr=f"document of {len(document.text)} chars in {len(document.chunks)} chunks")
+            self.app.send_task(task, kwargs=kwargs, task_id=task_id, queue=queue_for(self.settings.queue, mode),
+                               headers=headers, kwargsrepr=kwargsrepr)
             sent = True
-        except Exception as exc:
+        except Exception as exc:  # kombu raises OperationalError, redis-py its own; either way: broker down
             raise BrokerError(f"cannot reach the broker to enqueue: {type(exc).__name__}: {exc}") from exc
         finally:
-            if key is not None and not sent:
+            if key is not None and not sent:  # also on Ctrl-C: a stale claim would stall identical submits
                 self.cache.release(key, task_id)
-        return Job(id=task_id, key=key, client=self, chunks=len(document.chunks))
+        return Job(id=task_id, key=key, client=self)
 
     def _cached(self, key: str) -> Job | None:
         entry = self.cache.get(key)
         if entry is None:
             return None
-        self.cache.count("cache_hits_producer")
+        self._count_hit()
+        return Job(id=None, key=key, client=self, result=self.results.job(key, entry, cached=True))
+
+    def _cached_document(self, key: str) -> Job | None:
+        record = self.cache.read(lambda client: read_document(client, key))
+        if record is None:
+            return None
+        self._count_hit()
+        return Job(id=None, key=key, client=self, chunks=len(record["chunks"]),
+                   result=cast("JobResult", self.results.document(record, cached=True)))
+
+    def _count_hit(self) -> None:
+        """A producer-side cache hit, in the all-time counter and this minute's fleet statistics."""
         try:
+            self.cache.count("cache_hits_producer")
             self.stats.record(cached_producer=1)
         except Exception as exc:  # statistics are best effort; the hit itself is already served
             logger.debug("could not count the cache hit: %s", type(exc).__name__)
-        return Job(id=None, key=key, client=self, result=result_from_stored(
-            key, entry, url=self.storage.url(entry["object_key"], self.settings.url_expiry_s),
-            url_expires_s=self.settings.url_expiry_s, cached=True))
 
     def _finished(self, task_id: str) -> bool:
         try:
@@ -295,12 +290,7 @@ class Client:
 
     def refresh_url(self, result: JobResult) -> JobResult:
         """The same result with a URL presigned now (the stored one may have expired)."""
-        try:
-            url = self.storage.url(result["object_key"], self.settings.url_expiry_s)
-        except Exception:  # no credentials on this producer: the worker's URL is the best we have
-            logger.debug("could not presign a fresh URL; keeping the worker's")
-            return result
-        return {**result, "url": url, "url_expires_s": self.settings.url_expiry_s}
+        return self.results.refresh(result)
 
     def parked(self) -> list[ParkedJob]:
         """Jobs failed after too many unfinished attempts (they crashed or hung their workers)."""

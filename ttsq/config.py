@@ -35,79 +35,105 @@ MAX_STORAGE_BACKOFF_S = 30.0
 class Settings:
     """Everything a producer or worker needs to know, validated."""
 
+    #: Celery broker: ``redis://``, ``rediss://`` for TLS (always with ``ssl_cert_reqs=required``), or
+    #: ``unix://``; a password goes in the URL (``redis://:PASSWORD@host:6379/0``).
     broker_url: str = "redis://127.0.0.1:6379/0"
+    #: Celery result backend (the same URL forms as the broker).
     result_backend: str = "redis://127.0.0.1:6379/1"
+    #: Redis for the cache index, single-flight claims, engine identities, the attempt ledger and the
+    #: fleet counters (the same URL forms as the broker).
     cache_url: str = "redis://127.0.0.1:6379/2"
     #: ``s3://bucket/prefix`` or a local folder (a path or ``file://`` URL).
     storage_url: str = "./ttsq-audio"
-    #: For MinIO, R2 and other S3-compatible stores; empty means AWS.
+    #: S3 endpoint, for MinIO, R2 and other S3-compatible stores; empty means AWS.
     s3_endpoint_url: str = ""
     #: Endpoint written into presigned URLs, when clients reach the store by another address than
-    #: the workers do (compose: workers use http://minio:9000, users http://localhost:9000).
+    #: the workers do (compose: workers use http://minio:9000, users http://localhost:9000). Empty:
+    #: the endpoint itself.
     s3_public_endpoint_url: str = ""
+    #: S3 region; empty: boto3's own. Credentials always come from boto3's chain, never from settings.
     s3_region: str = ""
+    #: Lifetime of presigned URLs, in seconds; at most 7 days (604800), the limit of SigV4.
     url_expiry_s: int = 3600
-    #: How long a cache index entry lives; 0 keeps entries until Redis evicts them.
+    #: How long a cache index entry lives, in seconds; 0: no expiry (kept until Redis evicts it).
     cache_ttl_s: int = 30 * 24 * 3600
+    #: How long Celery keeps a task result, in seconds (at least 60).
     result_ttl_s: int = 24 * 3600
+    #: Engine: ``espeak`` (CPU), ``qwen`` (Qwen3-TTS), ``qwen-fast`` (the same checkpoints through ttsq's
+    #: own decode loop), or ``package.module:Factory`` for an engine of your own (called with the settings).
     engine: str = "espeak"
+    #: Queue of voice_design jobs; custom_voice and voice_clone jobs use ``<queue>.custom_voice`` and
+    #: ``<queue>.voice_clone``.
     queue: str = DEFAULT_QUEUE
+    #: Largest batch (1..256); worker concurrency (task threads) is twice this.
     max_batch: int = 8
+    #: How long a batch waits to fill after its first job, in milliseconds (qwen-fast does not wait).
     max_wait_ms: int = 20
-    #: Redis redelivers an unacked message after this long, even while it still runs.
+    #: Redis redelivers an unacked job after this long, in seconds, even while it still runs; it must
+    #: outlast what a healthy job can take (checked at start, see below).
     visibility_timeout_s: int = 3600
-    #: How long a task thread waits for its batch; must stay well inside the visibility timeout.
+    #: How long a task thread waits for its batch (the batch ahead of it, then its own), in seconds;
+    #: must stay well inside the visibility timeout.
     job_timeout_s: int = 600
-    #: Longest one engine call may run; past it the engine is taken for stuck and the worker process
-    #: exits non-zero so that its supervisor restarts it. 0 means half the job timeout.
+    #: Longest one engine call may run, in seconds; past it the engine is taken for stuck and the worker
+    #: process exits with status 70 so that its supervisor restarts it. 0 means half the job timeout.
     batch_timeout_s: int = 0
     #: Times one job may enter the engine without finishing (its worker died or hung each time)
-    #: before it is failed and parked for an operator (``ttsq failed``, ``ttsq retry``).
+    #: before it is failed and parked for an operator (``ttsq failed``, ``ttsq retry``). Keep it >= 2:
+    #: the batch neighbours of a job that hangs are charged one attempt too.
     max_attempts: int = 3
     #: Tries per storage call, with exponential backoff and jitter between them.
     storage_attempts: int = 3
-    #: Backoff before the second try; it doubles for each further try (capped at 30 s).
+    #: Backoff before the second try, in milliseconds; it doubles for each further try (capped at 30 s),
+    #: with equal jitter.
     storage_backoff_ms: int = 500
-    #: Connect and read timeout of each storage try.
+    #: Connect and read timeout of each storage try, in seconds.
     storage_timeout_s: int = 10
+    #: Longest text of one job, in characters after normalization.
     max_text_chars: int = 5000
+    #: Longest voice description (``instruct``), in characters.
     max_instruct_chars: int = 1000
+    #: Worker log level: DEBUG, INFO, WARNING or ERROR.
     log_level: str = "INFO"
     # The qwen engine (TTSQ_ENGINE=qwen). The model is a local folder: workers never download.
-    #: A Qwen3-TTS checkpoint folder (VoiceDesign, CustomVoice or Base), with ``speech_tokenizer/``.
+    #: qwen: a local Qwen3-TTS checkpoint folder (VoiceDesign, CustomVoice or Base), with
+    #: ``speech_tokenizer/``; required. Workers never download weights.
     qwen_model: str = ""
-    #: ``auto`` (cuda:0 when CUDA is available, else cpu), ``cpu``, ``cuda`` or ``cuda:N``.
+    #: qwen: ``auto`` (cuda:0 when CUDA is available, else cpu), ``cpu``, ``cuda`` or ``cuda:N``.
     qwen_device: str = "auto"
-    #: ``auto`` (bfloat16 on CUDA, float32 on CPU), ``bfloat16``, ``float16`` or ``float32``.
+    #: qwen: ``auto`` (bfloat16 on CUDA, float32 on CPU), ``bfloat16``, ``float16`` or ``float32``.
     qwen_dtype: str = "auto"
-    #: ``auto`` (flash_attention_2 when flash-attn is installed and the device is CUDA, else sdpa),
-    #: ``flash_attention_2``, ``sdpa`` or ``eager``.
+    #: qwen: ``auto`` (flash_attention_2 when flash-attn is installed and the device is CUDA, else sdpa),
+    #: ``flash_attention_2``, ``sdpa`` or ``eager``. qwen-fast decodes with sdpa whatever this says
+    #: (``eager`` applies to a job's prefill only).
     qwen_attention: str = "auto"
-    #: Hard cap on codec frames per item (12.5 frames per second of audio): a runaway item, one
-    #: that never samples its end token, stops here whatever its text length predicts.
+    #: qwen: hard cap on codec frames per item (12.5 frames per second of audio; 2048 is about 164 s):
+    #: a runaway item, one that never samples its end token, stops here whatever its text length predicts.
     qwen_max_frames: int = 2048
-    #: Voice-clone prompts kept per worker (least recently used ones are dropped).
+    #: qwen: voice-clone prompts kept per worker (least recently used ones are dropped).
     qwen_clone_cache: int = 64
-    #: Testing only: the engine fails every batch larger than this with a device out-of-memory error
-    #: (0: off), so the batcher's split-and-retry path can be exercised on a CPU.
-    qwen_fault_oom_above: int = 0
     #: Port of a worker's Prometheus endpoint; a launcher gives its Nth worker this port + N. 0: off.
     metrics_port: int = 9191
-    #: How long a stopping worker may take to finish the batches in flight before it is stopped
-    #: harder (a second SIGTERM does the same at once). Keep it below the orchestrator's grace period.
+    #: How long a stopping worker may take to finish the batches in flight, in seconds, before the
+    #: launcher stops it harder (a second SIGTERM does the same at once). Keep it below the grace period
+    #: of whatever stops the launcher (systemd, Kubernetes, compose's ``stop_grace_period``).
     drain_timeout_s: int = 120
     # Long documents (``ttsq submit -f``): split into chunk jobs, stitched into one file.
-    #: Longest document accepted, in characters (normalized).
+    #: Longest document accepted (``ttsq submit -f``), in characters after normalization.
     max_document_chars: int = 200_000
-    #: Sentences are packed into one chunk job up to this many characters...
+    #: Documents: sentences are packed into one chunk job up to this many characters.
     doc_target_chars: int = 200
-    #: ...and no chunk is longer than this (a longer sentence is cut at a clause mark or a space).
-    #: A chunk is an ordinary job: TTSQ_MAX_TEXT_CHARS and the model's frame cap lower it further.
+    #: Documents: the longest chunk; a longer sentence is cut at a clause mark, else at a space. A chunk
+    #: is an ordinary job, so this is lowered to TTSQ_MAX_TEXT_CHARS and to what the model's frame cap
+    #: reads (TTSQ_QWEN_MAX_FRAMES 2048: 983 characters); on qwen-fast, to what its prompt area holds
+    #: beside the instruct (992 bytes of UTF-8, counted at 4 bytes a character: 248 characters with no
+    #: instruct).
     doc_max_chars: int = 400
-    #: Silence between two chunks that end and begin a sentence, and between paragraphs.
+    #: Documents: silence between two chunks at a sentence end, in milliseconds.
     doc_sentence_pause_ms: int = 250
+    #: Documents: silence at a paragraph break (a blank line), in milliseconds.
     doc_paragraph_pause_ms: int = 700
-    #: Crossfade where an over-long sentence was cut in two.
+    #: Documents: crossfade where an over-long sentence was cut in two, in milliseconds.
     doc_crossfade_ms: int = 40
 
     def __post_init__(self) -> None:
@@ -168,7 +194,6 @@ class Settings:
                "must be auto, flash_attention_2, sdpa or eager")
         _check(16 <= self.qwen_max_frames <= 8192, "qwen_max_frames", "must be 16..8192 (8192 frames is ~11 min)")
         _check(1 <= self.qwen_clone_cache <= 10_000, "qwen_clone_cache", "must be 1..10000")
-        _check(self.qwen_fault_oom_above >= 0, "qwen_fault_oom_above", "must be >= 0 (0: off)")
         _check(bool(self.queue), "queue", "must not be empty")
         _check(self.log_level.upper() in {"DEBUG", "INFO", "WARNING", "ERROR"}, "log_level",
                "must be DEBUG, INFO, WARNING or ERROR")

@@ -186,7 +186,7 @@ class Embedded:
         self.worker: InProcessWorker | None = None
 
     def __enter__(self) -> Embedded:
-        from ttsq.tasks import make_app
+        from ttsq.tasks import worker_app
         from ttsq.worker import WorkerRuntime
 
         self.redis.start()
@@ -196,7 +196,7 @@ class Embedded:
         try:
             self.runtime = WorkerRuntime(self.settings)
             self.runtime.start()
-            self.app = make_app(self.settings, runtime=self.runtime)
+            self.app = worker_app(self.settings, self.runtime)
             self.worker = InProcessWorker(self.app, self.settings, queues=self.runtime.queues)
             self.worker.start()
         except BaseException:

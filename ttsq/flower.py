@@ -2,7 +2,7 @@
 
 Flower builds its task list from the workers' events (``worker_send_task_events``), so every job
 appears with its state, runtime and worker. What it shows of the arguments is what the workers put
-in their events: ``ttsq.events.RedactedRequest`` replaces the kwargs with field names and sizes, and
+in their events: ``ttsq.redaction.RedactedRequest`` replaces the kwargs with field names and sizes, and
 the result's presigned URL with ``<url>``. ``format_task`` below also trims what Flower's HTML pages
 show, for events from producers outside ttsq (a raw ``send_task`` with ``task_send_sent_event`` on).
 
@@ -16,7 +16,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from ttsq.errors import ConfigError, EngineUnavailable
-from ttsq.events import redact_result
+from ttsq.redaction import redact_result
 
 if TYPE_CHECKING:
     from ttsq.config import Settings
@@ -44,7 +44,7 @@ def run_flower(settings: Settings, *, address: str, port: int, basic_auth: str |
         import flower.options
     except ImportError:
         raise EngineUnavailable("Flower is not installed: pip install 'ttsq[flower]'") from None
-    from ttsq.tasks import make_app
+    from ttsq.app import make_app
 
     if basic_auth is None and not no_auth:
         raise ConfigError("FLOWER_BASIC_AUTH", "set user:password (or pass --no-auth to run Flower without "

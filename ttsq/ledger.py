@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ttsq.cache import connect, patiently
+from ttsq.connection import connect, patiently
 from ttsq.constants import ATTEMPTS_PREFIX, PARKED_KEY
 
 

@@ -27,14 +27,15 @@ name                                   type       meaning
 =====================================  =========  ==================================================
 
 A continuous engine (``qwen-fast``) has no batches: jobs join and leave its slots between frames. There
-``observe_batch`` is called once per finished job: ``batch_size`` is the number of jobs decoding when
+``batch_finished`` is called once per finished job: ``batch_size`` is the number of jobs decoding when
 that job joined (itself included), and ``synthesis_seconds``, ``device_seconds_total`` and
 ``real_time_factor`` use the job's share of the device: its own prefill plus, for every frame, the
 frame's time divided by the jobs then in the engine. The shares of all jobs add up to the engine's
 busy time.
 
 Labels carry names chosen by the operator (queue, node, engine, model, device) and fixed outcome
-words, never request content.
+words, never request content. ``Metrics`` is an ``Observer``: the worker and its batcher report to it
+through the observer hooks, never by touching these series themselves.
 """
 
 from __future__ import annotations
@@ -49,24 +50,22 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ttsq.broker import queue_depth, unacked
+from ttsq.connection import connect
 from ttsq.constants import REDIS_CONNECT_TIMEOUT_S, RESTARTS_KEY
+from ttsq.observer import OUTCOMES, BatchReport, JobReport, Observer
 
 if TYPE_CHECKING:
     from prometheus_client import Metric
 
 logger = logging.getLogger(__name__)
 
-#: Outcomes of ``jobs_total``: a fixed vocabulary, so the label set stays small.
-OUTCOMES = ("synthesized", "cached", "invalid", "failed", "timeout")
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _RTF_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 5)
-# kombu's Redis transport keeps priority levels other than 0 in lists named queue + sep + level.
-_PRIORITY_SEP = "\x06\x16"
-_PRIORITY_STEPS = (3, 6, 9)
 
 
-class Metrics:
+class Metrics(Observer):
     """One worker's metrics. Recording is thread-safe; serving is optional (``serve``)."""
 
     def __init__(self, *, node: str = "", queues: Sequence[str] = (),
@@ -125,32 +124,32 @@ class Metrics:
         if self._queues is not None:
             self._queues.queues = list(queues)
 
-    # Recording ---------------------------------------------------------------------------------
+    # Recording: the observer hooks ------------------------------------------------------------
 
-    def observe_batch(self, *, size: int, seconds: float, audio_s: float, truncated: int) -> None:
-        """One engine call: its size, engine time, audio produced and items cut at the frame cap."""
-        self.batch_size.observe(size)
-        self.synthesis_seconds.observe(seconds)
-        self.device_seconds.inc(seconds)
-        self.audio_seconds.inc(audio_s)
-        if audio_s > 0:
-            self.real_time_factor.observe(seconds / audio_s)
-        if truncated:
-            self.truncated_items.inc(truncated)
+    def job_started(self, task_id: str) -> None:
+        self.in_progress.inc()
 
-    def job_finished(self, outcome: str, *, queue_wait_s: float | None = None) -> None:
-        """A job left this worker with ``outcome`` (one of ``OUTCOMES``)."""
-        self.jobs.labels(outcome=outcome if outcome in OUTCOMES else "failed").inc()
-        if queue_wait_s is not None:
-            self.queue_wait_seconds.observe(queue_wait_s)
-
-    def cache_lookup(self, *, hit: bool) -> None:
-        """The worker's cache re-check found (or did not find) the audio."""
+    def cache_checked(self, *, hit: bool) -> None:
         self.cache_lookups.labels(result="hit" if hit else "miss").inc()
 
-    def record_oom_split(self) -> None:
-        """The batcher split a batch after a device out-of-memory error."""
+    def batch_finished(self, report: BatchReport) -> None:
+        self.batch_size.observe(report.size)
+        self.synthesis_seconds.observe(report.seconds)
+        self.device_seconds.inc(report.seconds)
+        self.audio_seconds.inc(report.audio_s)
+        if report.audio_s > 0:
+            self.real_time_factor.observe(report.seconds / report.audio_s)
+        if report.truncated:
+            self.truncated_items.inc(report.truncated)
+
+    def batch_split(self) -> None:
         self.oom_splits.inc()
+
+    def job_finished(self, report: JobReport) -> None:
+        self.in_progress.dec()
+        self.jobs.labels(outcome=report.outcome if report.outcome in OUTCOMES else "failed").inc()
+        if report.queue_wait_s is not None:
+            self.queue_wait_seconds.observe(report.queue_wait_s)
 
     # Serving -----------------------------------------------------------------------------------
 
@@ -175,13 +174,13 @@ class _QueueCollector(Collector):
 
     def __init__(self, broker_url: str, queues: list[str]) -> None:
         self.queues = queues
-        self._redis = redis.Redis.from_url(broker_url, socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
-                                           socket_timeout=REDIS_CONNECT_TIMEOUT_S)
+        # A scrape waits for Redis no longer than a connect: Prometheus' own timeout is seconds.
+        self._redis = connect(broker_url, decode=False, socket_timeout=REDIS_CONNECT_TIMEOUT_S)
 
     def collect(self) -> Iterable[Metric]:
         try:
             depths = {queue: queue_depth(self._redis, queue) for queue in self.queues}
-            unacked = int(self._redis.hlen("unacked"))
+            waiting_ack = unacked(self._redis)
         except redis.exceptions.RedisError as exc:  # a scrape must not fail because Redis blinked
             logger.debug("queue depth unavailable: %s", type(exc).__name__)
             return
@@ -191,16 +190,7 @@ class _QueueCollector(Collector):
         yield depth
         yield GaugeMetricFamily("ttsq_unacked_messages",
                                 "Messages delivered to a worker and not yet acknowledged (all queues).",
-                                value=unacked)
-
-
-def queue_depth(client: redis.Redis, queue: str) -> int:
-    """Messages waiting in ``queue`` on a kombu Redis broker, every priority level included."""
-    names = [queue, *(f"{queue}{_PRIORITY_SEP}{step}" for step in _PRIORITY_STEPS)]
-    with client.pipeline(transaction=False) as pipe:
-        for name in names:
-            pipe.llen(name)
-        return sum(int(n) for n in pipe.execute())
+                                value=waiting_ack)
 
 
 class _RestartCollector(Collector):
@@ -208,8 +198,7 @@ class _RestartCollector(Collector):
 
     def __init__(self, cache_url: str, node: str) -> None:
         self.node = node
-        self._redis = redis.Redis.from_url(cache_url, socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
-                                           socket_timeout=REDIS_CONNECT_TIMEOUT_S)
+        self._redis = connect(cache_url, socket_timeout=REDIS_CONNECT_TIMEOUT_S)
 
     def collect(self) -> Iterable[Metric]:
         try:

@@ -229,13 +229,6 @@ class JobResult(StoredAudio):
     worker: str
 
 
-def result_from_stored(key: str, stored: StoredAudio, *, url: str, url_expires_s: int, cached: bool,
-                       batch_size: int = 0, timings: Timings | None = None, worker: str = "") -> JobResult:
-    """The public result for stored audio (built by workers, and by producers on a cache hit)."""
-    return JobResult(key=key, url=url, url_expires_s=url_expires_s, cached=cached, **stored, batch_size=batch_size,
-                     timings=timings or no_timings(), worker=worker)
-
-
 def no_timings() -> Timings:
     """All stages zero: a result answered from the cache by the producer."""
     return Timings(queue_wait_s=0.0, batch_wait_s=0.0, synthesis_s=0.0, device_s=0.0, encode_s=0.0, upload_s=0.0,

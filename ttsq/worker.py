@@ -24,6 +24,7 @@ import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any
 
+from ttsq.app import queue_for
 from ttsq.audio import encode, probe
 from ttsq.batching import Batcher
 from ttsq.cache import CacheIndex
@@ -33,18 +34,12 @@ from ttsq.errors import DeadlineExceeded, InvalidRequest, JobParked, JobTimeout
 from ttsq.keys import content_key, object_key
 from ttsq.ledger import Ledger, ParkedJob
 from ttsq.metrics import Metrics
-from ttsq.request import (
-    JobResult,
-    Limits,
-    StoredAudio,
-    SynthesisRequest,
-    Timings,
-    no_timings,
-    result_from_stored,
-)
-from ttsq.stats import FleetStats, worker_info
+from ttsq.observer import JobReport, Observers
+from ttsq.redaction import redact_task_logs
+from ttsq.request import JobResult, Limits, StoredAudio, SynthesisRequest, Timings, no_timings
+from ttsq.results import Results
+from ttsq.stats import FleetObserver, FleetStats, worker_info
 from ttsq.storage import open_storage
-from ttsq.tasks import queue_for
 from ttsq.watchdog import Watchdog
 
 if TYPE_CHECKING:
@@ -70,12 +65,14 @@ class WorkerRuntime:
         self.cache = CacheIndex(settings.cache_url, ttl_s=settings.cache_ttl_s, patience_s=WORKER_REDIS_PATIENCE_S)
         self.ledger = Ledger(settings.cache_url, ttl_s=settings.inflight_ttl_s, patience_s=WORKER_REDIS_PATIENCE_S)
         self.stats = FleetStats(settings.cache_url)
+        self.results = Results(settings, lambda: self.storage, worker=self.node)
         self.metrics = Metrics(node=self.node, broker_url=settings.broker_url, cache_url=settings.cache_url,
                                gpus=gpus)
+        self.fleet = FleetObserver(self.stats, self.cache)
+        #: Everything that counts or exports what happens to a job listens here (``ttsq.observer``).
+        self.observer = Observers([self.metrics, self.fleet])
         self.batcher = Batcher(self.engine, max_batch=settings.max_batch, max_wait_s=settings.max_wait_ms / 1000,
-                               metrics=self.metrics)
-        self._jobs_done = 0
-        self._jobs_lock = threading.Lock()
+                               observer=self.observer)
         self._started_at = time.time()
         self.watchdog = Watchdog(self.batcher, limit_s=settings.batch_limit_s)
         self._stopping = threading.Event()
@@ -92,14 +89,7 @@ class WorkerRuntime:
     def _send_heartbeat(self) -> None:
         self.stats.heartbeat(self.node, worker_info(
             node=self.node, engine=self.settings.engine, model=self.engine.identity.model, device=self.device,
-            started_at=self._started_at, jobs=self._jobs_done))
-
-    def _record(self, outcome: str, result: JobResult | None) -> None:
-        """Count the job in this minute's fleet statistics."""
-        amounts: dict[str, float] = {"cached_worker" if outcome == "cached" else outcome: 1}
-        if outcome == "synthesized" and result is not None:
-            amounts.update(audio_s=result["duration_s"], device_s=result["timings"]["device_s"])
-        self._quietly(lambda: self.stats.record(**amounts))
+            started_at=self._started_at, jobs=self.fleet.jobs))
 
     @staticmethod
     def _quietly(call: Any) -> None:
@@ -156,21 +146,19 @@ class WorkerRuntime:
         """
         key = claimed_key
         started = time.perf_counter()
-        outcome = "failed"
-        result: JobResult | None = None
-        self.metrics.in_progress.inc()
+        outcome, result, written = "failed", None, False
+        self.observer.job_started(task_id)
         try:
             request = SynthesisRequest.from_dict(kwargs, self.limits)
             self.engine.identity.check(request)  # a raw send_task may name a mode, speaker or language we lack
             key = content_key(request, self.engine.identity)
             stored = self.cache.get(key)
-            self.metrics.cache_lookup(hit=stored is not None)
+            self.observer.cache_checked(hit=stored is not None)
             if stored is not None:
-                self.cache.count("cache_hits_worker")
                 logger.info("job %s: cache hit %s", task_id, key[:12])
                 timings = no_timings()
                 timings["queue_wait_s"] = round(queue_wait_s or 0.0, 4)
-                result = self.result(key, stored, cached=True, batch_size=0, timings=timings)
+                result = self.results.job(key, stored, cached=True, timings=timings)
                 outcome = "cached"
             else:
                 if request.expired():
@@ -179,8 +167,8 @@ class WorkerRuntime:
                 attempts = self.ledger.attempts(task_id)
                 if attempts >= self.settings.max_attempts:
                     self._park(kwargs, request, task_id, attempts)
-                result = self._synthesize(request, key, task_id=task_id, queue_wait_s=queue_wait_s,
-                                          isolated=attempts > 0)
+                result, written = self._synthesize(request, key, task_id=task_id, queue_wait_s=queue_wait_s,
+                                                   isolated=attempts > 0)
                 outcome = "synthesized"
             # Signed and ready: what is left (claim release, result store) belongs to the round trip.
             result["timings"]["worker_s"] = round(time.perf_counter() - started, 4)
@@ -192,11 +180,8 @@ class WorkerRuntime:
             outcome = "timeout"
             raise
         finally:
-            self.metrics.in_progress.dec()
-            self.metrics.job_finished(outcome, queue_wait_s=queue_wait_s)
-            with self._jobs_lock:
-                self._jobs_done += 1
-            self._record(outcome, result)
+            self.observer.job_finished(JobReport(task_id=task_id, outcome=outcome, queue_wait_s=queue_wait_s,
+                                                 result=result, written=written))
             # Success or failure, this job no longer produces the key: let the next submit try.
             for claimed in {k for k in (key, claimed_key) if k is not None}:
                 self.cache.release(claimed, task_id)
@@ -207,12 +192,13 @@ class WorkerRuntime:
         queue = queue_for(self.settings.queue, request.mode)  # where `ttsq retry` sends it back
         self.ledger.park(ParkedJob(id=task_id, queue=queue, kwargs=kwargs, attempts=attempts,
                                    error=error, parked_at=time.time()))
-        self.cache.count("jobs_parked")
+        self.observer.job_parked(task_id)
         logger.error("job %s parked after %d unfinished attempts", task_id, attempts)
         raise JobParked(error)
 
     def _synthesize(self, request: SynthesisRequest, key: str, *, task_id: str,
-                    queue_wait_s: float | None, isolated: bool = False) -> JobResult:
+                    queue_wait_s: float | None, isolated: bool = False) -> tuple[JobResult, bool]:
+        """The job's result, and whether this run wrote its object (an earlier run may have)."""
         queued = time.perf_counter()
         # A job that was in an engine call that never returned runs alone: if it is the one that
         # crashes workers, it takes no neighbour down with it this time.
@@ -244,56 +230,10 @@ class WorkerRuntime:
                              truncated=item.output.truncated, ignored=list(item.output.ignored))
         self.cache.put(key, stored)  # last: the index never points at an object that is not there
         indexed = time.perf_counter()
-        self.cache.count("items_synthesized")
-        if written:
-            self.cache.count("objects_written")
         logger.info("job %s: synthesized %s in batch %d of %d (%.2fs audio)", task_id, key[:12],
                     item.batch_id, item.batch_size, audio.duration_s)
-        return self.result(key, stored, cached=False, batch_size=item.batch_size,
-                           timings=Timings(queue_wait_s=round(queue_wait_s or 0.0, 4),
-                                           batch_wait_s=round(batch_wait_s, 4),
-                                           synthesis_s=round(item.synthesis_s, 4),
-                                           device_s=round(item.device_s, 4),
-                                           encode_s=round(encoded - started, 4),
-                                           upload_s=round(uploaded - encoded, 4),
-                                           index_s=round(indexed - uploaded, 4), worker_s=0.0))
-
-    def result(self, key: str, stored: StoredAudio, *, cached: bool, batch_size: int,
-               timings: Timings) -> JobResult:
-        """The public result, with a URL signed now."""
-        return result_from_stored(key, stored, url=self.storage.url(stored["object_key"], self.settings.url_expiry_s),
-                                  url_expires_s=self.settings.url_expiry_s, cached=cached, batch_size=batch_size,
-                                  timings=timings, worker=self.node)
-
-
-def redact_task_logs() -> None:
-    """Keep input text and presigned URLs out of Celery's own task log lines (worker processes)."""
-    trace_logger = logging.getLogger("celery.app.trace")
-    if _redact_return_value not in trace_logger.filters:
-        trace_logger.addFilter(_redact_return_value)
-    consumer_logger = logging.getLogger("celery.worker.consumer.consumer")
-    if _redact_message_body not in consumer_logger.filters:
-        consumer_logger.addFilter(_redact_message_body)
-
-
-def _redact_message_body(record: logging.LogRecord) -> bool:
-    """Celery logs the body of a message it cannot use (undecodable, malformed, unknown task): that
-    body is a request, input text included. Keep the reason, withhold the body."""
-    if record.levelno >= logging.WARNING and isinstance(record.msg, str) and "body" in record.msg:
-        reason = record.args[0] if isinstance(record.args, tuple) and record.args else None
-        summary = f"{type(reason).__name__}: {reason}" if isinstance(reason, BaseException) else str(reason)[:200]
-        if record.msg.startswith("Received and deleted unknown message"):
-            summary = "unknown message format"
-        record.msg = "%s; message dropped (its body is withheld from the log: it may hold input text)"
-        record.args = (summary,)
-        record.exc_info = None
-        record.exc_text = None
-    return True
-
-
-def _redact_return_value(record: logging.LogRecord) -> bool:
-    """Celery's task log lines carry the kwargs (input text) and the return value (a presigned URL)."""
-    if isinstance(record.args, dict):
-        redacted = {"return_value": "<ttsq result>", "args": "<redacted>", "kwargs": "<redacted>"}
-        record.args = {name: redacted.get(name, value) for name, value in record.args.items()}
-    return True
+        timings = Timings(queue_wait_s=round(queue_wait_s or 0.0, 4), batch_wait_s=round(batch_wait_s, 4),
+                          synthesis_s=round(item.synthesis_s, 4), device_s=round(item.device_s, 4),
+                          encode_s=round(encoded - started, 4), upload_s=round(uploaded - encoded, 4),
+                          index_s=round(indexed - uploaded, 4), worker_s=0.0)
+        return self.results.job(key, stored, cached=False, batch_size=item.batch_size, timings=timings), written

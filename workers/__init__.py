@@ -1,1 +1,1 @@
-"""Worker entrypoints, installed as ``ttsq.workers`` (see the README's layout section)."""
+"""Worker entrypoints, installed as ``ttsq.workers`` (see docs/development.md, "Repository layout")."""

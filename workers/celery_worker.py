@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from celery.worker.consumer import Consumer
 
 from ttsq.errors import ConfigError
-from ttsq.tasks import make_app
+from ttsq.tasks import worker_app
 from ttsq.worker import WorkerRuntime
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def run_worker(settings: Settings, *, hostname: str | None = None) -> int:
                               f"{exc.strerror or exc}") from None
         logging.getLogger(__name__).info("metrics on :%d/metrics", settings.metrics_port)
     runtime.start()
-    app = make_app(settings, runtime=runtime)
+    app = worker_app(settings, runtime)
     app.set_default()  # pool threads resolve the app through Celery's process default
     worker = app.Worker(
         hostname=node,

@@ -15,9 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ttsq.engines.base import FRAMES_PER_SECOND, EngineOutput
+from ttsq.engines.base import FRAMES_PER_SECOND, EngineIdentity, EngineOutput
 from ttsq.errors import EngineError, EngineUnavailable, InvalidRequest
-from ttsq.keys import EngineIdentity
 
 if TYPE_CHECKING:
     from ttsq.config import Settings

@@ -36,9 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ttsq.engines.base import FRAME_CAP_VERSION, EngineOutput, frame_cap
+from ttsq.engines.base import FRAME_CAP_VERSION, EngineIdentity, EngineOutput, frame_cap
 from ttsq.errors import ConfigError, EngineError, EngineOutOfMemory, EngineUnavailable, TTSQError
-from ttsq.keys import EngineIdentity
 from ttsq.request import LANGUAGES
 
 if TYPE_CHECKING:
@@ -76,8 +75,10 @@ class QwenEngine:
         self.mode = MODE_BY_MODEL_TYPE[model_type]
         talker = config.get("talker_config") or {}
         spoken = {str(name).lower() for name in talker.get("codec_language_id") or {}}
-        # Only the 1.7B CustomVoice follows an instruct; qwen-tts drops it silently on the 0.6B.
-        self.ignores_instruct = model_type == "custom_voice" and config.get("tts_model_size") == "0b6"
+        # Only VoiceDesign and the 1.7B CustomVoice follow an instruct; qwen-tts drops it silently on the 0.6B
+        # CustomVoice, and its voice-clone call takes none at all.
+        self.ignores_instruct = model_type == "base" or (model_type == "custom_voice"
+                                                         and config.get("tts_model_size") == "0b6")
         speakers = tuple(sorted(str(name).lower() for name in talker.get("spk_id") or {}))
         if self.mode == "custom_voice" and not speakers:
             raise ConfigError("TTSQ_QWEN_MODEL", f"{self.path} is a CustomVoice checkpoint without speakers")
@@ -207,28 +208,13 @@ class QwenEngine:
         # HF generate yields one frame fewer than max_new_tokens for a row that never stops, so ask
         # for one more than the largest cap and cut every row to its own.
         kwargs: dict[str, Any] = {"max_new_tokens": max(caps) + 1, **sampling}
-        texts = [r.text for r in batch]
-        languages = [r.language for r in batch]
         # Each generate_* keeps qwen-tts's own non_streaming_mode default (True, but False for clones).
         out_of_memory = ""
         try:
-            limit = self.settings.qwen_fault_oom_above
-            if limit and len(batch) > limit:
-                raise torch.OutOfMemoryError(f"injected by TTSQ_QWEN_FAULT_OOM_ABOVE={limit} "
-                                             f"for a batch of {len(batch)}")
             if first.seed is not None:
                 torch.manual_seed(first.seed)
             with torch.inference_mode():
-                if self.mode == "voice_design":
-                    wavs, rate = self._tts.generate_voice_design(
-                        text=texts, instruct=[r.instruct for r in batch], language=languages, **kwargs)
-                elif self.mode == "custom_voice":
-                    wavs, rate = self._tts.generate_custom_voice(
-                        text=texts, speaker=[r.speaker for r in batch], language=languages,
-                        instruct=[r.instruct for r in batch], **kwargs)
-                else:
-                    wavs, rate = self._tts.generate_voice_clone(
-                        text=texts, language=languages, voice_clone_prompt=voices, **kwargs)
+                wavs, rate = self._run_model(batch, voices, kwargs)
         except Exception as exc:
             if not is_out_of_memory(torch, exc):
                 raise
@@ -240,6 +226,20 @@ class QwenEngine:
             raise EngineOutOfMemory(out_of_memory)
         return [self._output(request, np.asarray(wav, dtype=np.float32), int(rate), cap)
                 for request, wav, cap in zip(batch, wavs, caps, strict=True)]
+
+    def _run_model(self, batch: list[SynthesisRequest], voices: list[Any], kwargs: dict[str, Any]) -> tuple[Any, int]:
+        """One padded qwen-tts ``generate_*`` call for the batch: the device boundary."""
+        texts = [r.text for r in batch]
+        languages = [r.language for r in batch]
+        if self.mode == "voice_design":
+            return self._tts.generate_voice_design(  # type: ignore[no-any-return]
+                text=texts, instruct=[r.instruct for r in batch], language=languages, **kwargs)
+        if self.mode == "custom_voice":
+            return self._tts.generate_custom_voice(  # type: ignore[no-any-return]
+                text=texts, speaker=[r.speaker for r in batch], language=languages,
+                instruct=[r.instruct for r in batch], **kwargs)
+        return self._tts.generate_voice_clone(  # type: ignore[no-any-return]
+            text=texts, language=languages, voice_clone_prompt=voices, **kwargs)
 
     def _output(self, request: SynthesisRequest, wav: np.ndarray[Any, Any], rate: int,
                 cap: int) -> EngineOutput | Exception:

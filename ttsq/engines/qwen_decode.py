@@ -15,7 +15,7 @@ only the generation loop:
 - **On-device sampling.** Repetition penalty, the end-token rules (``min_new_tokens=2``, codec
   control ids suppressed), temperature, top-k and top-p run as tensor operations for all rows at once,
   each row with its own settings. The random draw is a counter-based hash of the row's seed, the frame
-  and the codebook (``_uniform``): a seeded row samples the same codes whatever rows share its batch,
+  and the codebook (``qwen_sampling.uniform``): a seeded row samples the same codes whatever rows share its batch,
   whatever slot it sits in and whenever it joined.
 - **Static shapes.** ``step`` runs on the slot prefix ``[:rows]`` and the cache prefix ``[:length]``.
   On CUDA the talker step and the 15-step predictor pass are captured as one CUDA graph per
@@ -24,6 +24,8 @@ only the generation loop:
 
 With greedy settings the codes equal stock qwen-tts's, token for token (``tests/test_qwen_fast.py``).
 The prompt itself is built by qwen-tts's own code (``Prompt.capture``), so it cannot drift from stock.
+The layers the loop runs are in ``qwen_layers``, the per-row sampling in ``qwen_sampling``; this module
+is the loop itself (slots, caches, graph capture), one idea at about 400 lines.
 """
 
 from __future__ import annotations
@@ -34,12 +36,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers.activations import SiLUActivation as _SILU
 from transformers.cache_utils import DynamicCache
 
-#: How many codebooks a frame has (the talker's one and the code predictor's 15).
-CODE_GROUPS = 16
-_MASK32 = 0xFFFFFFFF
+from ttsq.engines.qwen_layers import CODE_GROUPS, SlotCache, decoder_layer, predictor_rope, rms, talker_rope
+from ttsq.engines.qwen_sampling import MASK32, Sampling, SubSampling, sample, top, top_k_of, uniform
 
 
 class _Captured(Exception):
@@ -84,28 +84,6 @@ class Prompt:
         return Prompt(embeds=embeds, trailing=kwargs["trailing_text_hidden"], pad=kwargs["tts_pad_embed"])
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """How one row samples its talker code; the code predictor's settings are the loop's."""
-
-    do_sample: bool = True
-    temperature: float = 0.9
-    top_k: int = 50
-    top_p: float = 1.0
-    repetition_penalty: float = 1.05
-    seed: int = 0
-
-
-@dataclass(frozen=True)
-class SubSampling:
-    """The code predictor's (sub-talker's) sampling settings, shared by every row."""
-
-    do_sample: bool = True
-    temperature: float = 0.9
-    top_k: int = 50
-    top_p: float = 1.0
-
-
 @dataclass
 class Finished:
     """A row that left the loop: its codes, and whether it reached its cap without an end token."""
@@ -125,32 +103,6 @@ class _Row:
     top_k: int
     top_p: float
     frames: int = 0
-
-
-class _SlotCache:
-    """Static key and value buffers per layer: ``update`` writes the step's keys and values and hands
-    back the prefix to attend over."""
-
-    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
-        self.keys = keys
-        self.values = values
-        self.rows = 0
-        self.length = 0
-        self.write_rows: torch.Tensor | None = None  # (rows,) slot index of each row
-        self.write_positions: torch.Tensor | None = None  # (rows,) position each row writes
-        self.write_at: int | None = None  # one position for every row (the code predictor)
-
-    def update(self, key: torch.Tensor, value: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        keys, values = self.keys[layer], self.values[layer]
-        if self.write_at is not None:
-            end = self.write_at + key.shape[2]
-            keys[:self.rows, :, self.write_at:end] = key
-            values[:self.rows, :, self.write_at:end] = value
-        else:
-            assert self.write_rows is not None and self.write_positions is not None
-            keys[self.write_rows, :, self.write_positions] = key[:, :, 0]
-            values[self.write_rows, :, self.write_positions] = value[:, :, 0]
-        return keys[:self.rows, :, :self.length], values[:self.rows, :, :self.length]
 
 
 class DecodeLoop:
@@ -179,8 +131,8 @@ class DecodeLoop:
             return ([torch.zeros(shape, device=device, dtype=dtype) for _ in layers],
                     [torch.zeros(shape, device=device, dtype=dtype) for _ in layers])
 
-        self._talker_cache = _SlotCache(*cache(self.talker.model.layers, positions))
-        self._predictor_cache = _SlotCache(*cache(self.predictor.model.layers, CODE_GROUPS))
+        self._talker_cache = SlotCache(*cache(self.talker.model.layers, positions))
+        self._predictor_cache = SlotCache(*cache(self.predictor.model.layers, CODE_GROUPS))
         hidden = int(config.hidden_size)
         ids = dict(device=device, dtype=torch.long)
         # Per-slot state; a free slot keeps stepping on stale values (its results are never read).
@@ -201,13 +153,13 @@ class DecodeLoop:
         self._marks = torch.ones(slots, device=device, dtype=torch.bool)
         self._key_index = torch.arange(positions, **ids)
         self._sub_temperature = torch.full((slots,), sub.temperature, device=device)
-        self._sub_top_k = torch.full((slots,), _top_k(sub.top_k, self.vocab), **ids)
+        self._sub_top_k = torch.full((slots,), top_k_of(sub.top_k, self.vocab), **ids)
         self._sub_top_p = torch.full((slots,), sub.top_p, device=device)
         self._suppress = torch.zeros(self.vocab, device=device, dtype=torch.bool)
         self._suppress[self.vocab - 1024:] = True  # codec control ids, as qwen-tts suppresses them
         self._suppress[self.eos] = False
-        self._talker_rope = _talker_rope(self.talker.model.rotary_emb, config.rope_scaling, positions, dtype, device)
-        self._predictor_rope = _predictor_rope(self.predictor.model.rotary_emb, dtype, device)
+        self._talker_rope = talker_rope(self.talker.model.rotary_emb, config.rope_scaling, positions, dtype, device)
+        self._predictor_rope = predictor_rope(self.predictor.model.rotary_emb, dtype, device)
         self._rows: dict[int, _Row] = {}
         self._graphs: dict[tuple[int, int], Any] = {}
         self._pool: Any = None
@@ -260,11 +212,11 @@ class DecodeLoop:
         self._seen[slot] = False
         self._do_sample[slot] = sampling.do_sample
         self._temperature[slot] = sampling.temperature
-        top_k = _top_k(sampling.top_k, self.vocab)
+        top_k = top_k_of(sampling.top_k, self.vocab)
         self._top_k[slot] = top_k
         self._top_p[slot] = sampling.top_p
         self._penalty[slot] = sampling.repetition_penalty
-        self._seed[slot] = sampling.seed & _MASK32
+        self._seed[slot] = sampling.seed & MASK32
         self._rows[slot] = _Row(cap=cap, tag=tag, prompt_length=length, do_sample=sampling.do_sample, top_k=top_k,
                                 top_p=sampling.top_p)
         try:  # the row is in (``_choose`` reads its settings); if its first code fails, it must not stay
@@ -386,8 +338,8 @@ class DecodeLoop:
         mask = (self._key_index[:length].view(1, 1, 1, length) <= position.view(rows, 1, 1, 1))
         hidden = inputs
         for index, layer in enumerate(self.talker.model.layers):
-            hidden = _layer(layer, index, hidden, cos, sin, cache, mask)
-        return _rms(hidden, self.talker.model.norm)
+            hidden = decoder_layer(layer, index, hidden, cos, sin, cache, mask)
+        return rms(hidden, self.talker.model.norm)
 
     def _predict(self, inputs: torch.Tensor, slots: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
         """The code predictor's 15 codes for each row: one 2-position prefill, then 14 single steps,
@@ -406,9 +358,9 @@ class DecodeLoop:
             cache.write_at, cache.length = start, start + width
             cos, sin = (table[:, :, start:start + width] for table in self._predictor_rope)
             for index, layer in enumerate(model.layers):
-                hidden = _layer(layer, index, hidden, cos, sin, cache, None)
+                hidden = decoder_layer(layer, index, hidden, cos, sin, cache, None)
             head = predictor.lm_head[group]
-            logits = F.linear(_rms(hidden, model.norm), head.weight)[:, -1]
+            logits = F.linear(rms(hidden, model.norm), head.weight)[:, -1]
             code = self._sub_choose(logits, slots, step, group + 1, race)
             codes.append(code)
             start += width
@@ -435,7 +387,7 @@ class DecodeLoop:
         if widest == 0:  # every row is greedy (known on the host; a captured frame always samples)
             return greedy
         nucleus = self._static or any(row.top_p < 1.0 for row in self._rows.values() if row.do_sample)
-        drawn = _sample(scores, self._temperature[slots], self._top_k[slots], self._top_p[slots],
+        drawn = sample(scores, self._temperature[slots], self._top_k[slots], self._top_p[slots],
                         self._seed[slots], generated_t * CODE_GROUPS, widest, nucleus=nucleus)
         return torch.where(self._do_sample[slots], drawn, greedy)
 
@@ -445,13 +397,13 @@ class DecodeLoop:
         numbers whatever else is in its batch. One hash per frame instead of fifteen small ones."""
         sub = self.sub
         if not sub.do_sample or sub.top_p < 1.0:
-            return None  # greedy, or the nucleus path (``_sample``), which keys its noise by code
-        widest = _top_k(sub.top_k, self.predictor.config.vocab_size)
+            return None  # greedy, or the nucleus path (``sample``), which keys its noise by code
+        widest = top_k_of(sub.top_k, self.predictor.config.vocab_size)
         groups = torch.arange(1, CODE_GROUPS, device=self.device)
         counter = (step.unsqueeze(1) * CODE_GROUPS + groups).reshape(-1)  # (rows * 15,)
         seed = self._seed[slots].unsqueeze(1).expand(-1, CODE_GROUPS - 1).reshape(-1)  # no host sync on CUDA
         rank = torch.arange(widest, device=self.device).expand(counter.shape[0], widest)
-        return torch.log(-torch.log(_uniform(seed, counter, rank))).view(-1, CODE_GROUPS - 1, widest)
+        return torch.log(-torch.log(uniform(seed, counter, rank))).view(-1, CODE_GROUPS - 1, widest)
 
     def _sub_choose(self, logits: torch.Tensor, slots: torch.Tensor, step: torch.Tensor, group: int,
                     race: torch.Tensor | None = None) -> torch.Tensor:
@@ -461,12 +413,12 @@ class DecodeLoop:
         if race is not None:
             # Top-k then an exponential race over the candidates in rank order: argmax of p / E is
             # argmax of logit / T - log E (softmax's shift and scale change no order).
-            values, candidates = _top(scores, race.shape[-1])
+            values, candidates = top(scores, race.shape[-1])
             chosen = (values / self.sub.temperature - race[:, group - 1]).argmax(dim=-1, keepdim=True)
             return candidates.gather(1, chosen).squeeze(1)
         rows = scores.shape[0]
-        widest = _top_k(self.sub.top_k, scores.shape[-1])
-        return _sample(scores, self._sub_temperature[:rows], self._sub_top_k[:rows], self._sub_top_p[:rows],
+        widest = top_k_of(self.sub.top_k, scores.shape[-1])
+        return sample(scores, self._sub_temperature[:rows], self._sub_top_k[:rows], self._sub_top_p[:rows],
                        self._seed[slots], step * CODE_GROUPS + group, widest, nucleus=self.sub.top_p < 1.0,
                        ragged=False)
 
@@ -475,165 +427,6 @@ class DecodeLoop:
         if self._static:  # every code: a checkpoint's default top_k may be 0 (no top-k), more than a request's 1000
             return self.vocab
         return max((row.top_k for row in self._rows.values() if row.do_sample), default=0)
-
-
-def _top_k(top_k: int, vocab: int) -> int:
-    """How many candidates a top-k keeps: 0 (or less) means no top-k, as in Hugging Face's
-    ``generate`` (``generation_config.json`` may say ``top_k: 0``); never more than the vocabulary."""
-    return vocab if top_k <= 0 else min(top_k, vocab)
-
-
-def _rms(hidden: torch.Tensor, norm: Any) -> torch.Tensor:
-    """qwen-tts's RMSNorm, operation for operation (so the numbers are the same), without the module call
-    (and without the two casts when the model is float32 already: they would return their input)."""
-    dtype = hidden.dtype
-    wide = dtype != torch.float32
-    if wide:
-        hidden = hidden.to(torch.float32)
-    variance = hidden.pow(2).mean(-1, keepdim=True)
-    hidden = hidden * torch.rsqrt(variance + norm.variance_epsilon)
-    result: torch.Tensor = norm.weight * (hidden.to(dtype) if wide else hidden)
-    return result
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """``x * cos + rotate_half(x) * sin`` with the sign of rotate_half folded into the sine table:
-    (-a) * b and a * (-b) are the same float, and a roll is one operation where rotate_half is four."""
-    return (x * cos) + (x.roll(x.shape[-1] // 2, dims=-1) * signed_sin)
-
-
-def _signed(sin: torch.Tensor) -> torch.Tensor:
-    half = sin.shape[-1] // 2
-    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
-
-
-def _layer(layer: Any, index: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: _SlotCache,
-           mask: torch.Tensor | None) -> torch.Tensor:
-    """One qwen-tts decoder layer (talker or code predictor), the same operations in the same order as
-    its modules and Hugging Face's sdpa path, without a module call per linear: on a CPU the calls cost
-    more than the arithmetic of the tiny model. ``sin`` has rotate_half's sign folded in (``_signed``)."""
-    attention = layer.self_attn
-    x = _rms(hidden, layer.input_layernorm)
-    shape = (*hidden.shape[:-1], -1, attention.head_dim)
-    query = _rms(F.linear(x, attention.q_proj.weight, attention.q_proj.bias).view(shape),
-                 attention.q_norm).transpose(1, 2)
-    key = _rms(F.linear(x, attention.k_proj.weight, attention.k_proj.bias).view(shape),
-               attention.k_norm).transpose(1, 2)
-    value = F.linear(x, attention.v_proj.weight, attention.v_proj.bias).view(shape).transpose(1, 2)
-    query = _rotate(query, cos, sin)
-    key = _rotate(key, cos, sin)
-    keys, values = cache.update(key, value, index)
-    if mask is None:  # as Hugging Face calls sdpa without a mask: grouped heads, causal over a prefill
-        out = F.scaled_dot_product_attention(query, keys, values, dropout_p=0.0, scale=attention.scaling,
-                                             is_causal=query.shape[2] > 1, enable_gqa=True)
-    else:  # with a mask it repeats the key and value heads first
-        groups = attention.num_key_value_groups
-        out = F.scaled_dot_product_attention(query, _repeat(keys, groups), _repeat(values, groups), attn_mask=mask,
-                                             dropout_p=0.0, scale=attention.scaling, is_causal=False)
-    out = out.transpose(1, 2).contiguous().reshape(*hidden.shape[:-1], -1).contiguous()
-    hidden = hidden + F.linear(out, attention.o_proj.weight, attention.o_proj.bias)
-    mlp = layer.mlp
-    x = _rms(hidden, layer.post_attention_layernorm)
-    gate = F.linear(x, mlp.gate_proj.weight)
-    gated = (F.silu(gate) if isinstance(mlp.act_fn, _SILU) else mlp.act_fn(gate)) * F.linear(x, mlp.up_proj.weight)
-    result: torch.Tensor = hidden + F.linear(gated, mlp.down_proj.weight)
-    return result
-
-
-def _repeat(states: torch.Tensor, groups: int) -> torch.Tensor:
-    if groups == 1:
-        return states
-    batch, heads, length, dim = states.shape
-    return states[:, :, None].expand(batch, heads, groups, length, dim).reshape(batch, heads * groups, length, dim)
-
-
-def _talker_rope(rotary: Any, scaling: dict[str, Any], positions: int, dtype: torch.dtype,
-                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The talker's rotary cos and sin for every cache position, computed once by its own rotary module
-    (all three multimodal position ids equal, as for text), then interleaved as qwen-tts does per step."""
-    probe = torch.zeros(1, dtype=dtype, device=device)
-    position_ids = torch.arange(positions, device=device).view(1, 1, -1).expand(3, 1, -1)
-    tables = []
-    for table in rotary(probe, position_ids):  # (3, 1, positions, dim)
-        tables.append(_mrope(table, scaling["mrope_section"], bool(scaling.get("interleaved")))[0])
-    return tables[0], _signed(tables[1])
-
-
-def _mrope(table: torch.Tensor, section: list[int], interleaved: bool) -> torch.Tensor:
-    """``apply_multimodal_rotary_pos_emb``'s selection of channels from the three position grids."""
-    if interleaved:
-        dim = table.shape[-1]
-        half = table[..., :dim // 2]
-        picked = half[0].clone()
-        count = len(section)
-        for i, n in enumerate(section[1:], 1):
-            picked[..., i:n * count:count] = half[i, ..., i:n * count:count]
-        return torch.cat([picked] * 2, dim=-1)
-    doubled = section * 2
-    return torch.cat([m[i % 3] for i, m in enumerate(table.split(doubled, dim=-1))], dim=-1)
-
-
-def _predictor_rope(rotary: Any, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The code predictor's cos and sin for its 16 positions, shaped to broadcast over rows and heads."""
-    probe = torch.zeros(1, dtype=dtype, device=device)
-    cos, sin = rotary(probe, torch.arange(CODE_GROUPS, device=device).unsqueeze(0))  # (1, 16, dim)
-    return cos.unsqueeze(1), _signed(sin).unsqueeze(1)
-
-
-def _sample(scores: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-            seed: torch.Tensor, counter: torch.Tensor, widest: int, nucleus: bool = True,
-            ragged: bool = True) -> torch.Tensor:
-    """Temperature, top-k and top-p as Hugging Face's warpers apply them, each row with its own values,
-    then one draw per row. Only the ``widest`` best candidates are sorted (every row's top-k is at most
-    that): sorting the whole vocabulary was most of a CPU frame."""
-    scores = scores / temperature.unsqueeze(1)
-    # Sorted (descending) only when a per-row cut or the nucleus needs the order.
-    if ragged or nucleus:
-        values, candidates = _top(scores, widest)
-    else:
-        values, candidates = scores.topk(widest, dim=-1, sorted=False)
-    if ragged:  # some row keeps fewer than ``widest``
-        kth = values.gather(1, (top_k - 1).clamp(min=0, max=widest - 1).unsqueeze(1))
-        values = values.masked_fill(values < kth, -math.inf)
-    if nucleus:  # skipped when every row's top_p is 1 (it would remove nothing)
-        ascending = values.flip(-1)
-        cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
-        remove = cumulative <= (1 - top_p).unsqueeze(1)
-        remove[:, -1] = False  # keep at least one
-        values = values.masked_fill(remove.flip(-1), -math.inf)
-    # An exponential race: argmax of p / E with E ~ Exp(1) is a draw from p. The noise is keyed by the
-    # vocabulary id, so the draw does not depend on how many candidates were kept.
-    noise = -torch.log(_uniform(seed, counter, candidates))
-    chosen = (values.softmax(dim=-1) / noise).argmax(dim=-1, keepdim=True)
-    return candidates.gather(1, chosen).squeeze(1)
-
-
-def _top(scores: torch.Tensor, k: int, group: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
-    """``scores.topk(k, sorted=True)`` (the same values; equal values may come in another order) in a
-    fraction of its time on a CPU: a top-k element lies in one of the ``k`` groups of ``group``
-    neighbours with the largest maxima (otherwise ``k`` larger maxima would beat it), so only those
-    ``k * group`` scores are ranked. A CPU's top-k over the whole vocabulary was a third of a frame."""
-    rows, vocab = scores.shape
-    if vocab % group or vocab // group < k:
-        values, indices = scores.topk(k, dim=-1, sorted=True)
-        return values, indices
-    maxima = scores.reshape(rows, vocab // group, group).amax(dim=-1)
-    groups = maxima.topk(k, dim=-1, sorted=False).indices
-    columns = (groups.unsqueeze(-1) * group + torch.arange(group, device=scores.device)).view(rows, k * group)
-    values, where = scores.gather(1, columns).topk(k, dim=-1, sorted=True)
-    return values, columns.gather(1, where)
-
-
-def _uniform(seed: torch.Tensor, counter: torch.Tensor, column: torch.Tensor) -> torch.Tensor:
-    """Uniform (0, 1) noise, a pure function of (seed, counter, column): a row draws the same numbers
-    whatever else is in its batch. 32-bit integer hashing in int64, kept below 2**63 at every step."""
-    x = (((seed.unsqueeze(1) * 0x61C88647) & _MASK32) + ((counter.unsqueeze(1) * 0x2545F491) & _MASK32)
-         + column) & _MASK32
-    for multiplier in (0x7FEB352D, 0x5BD1E995):
-        x = x ^ (x >> 16)
-        x = (x * multiplier) & _MASK32
-    x = x ^ (x >> 15)
-    return ((x >> 8).float() + 0.5) / float(1 << 24)
 
 
 def _powers(limit: int, smallest: int) -> list[int]:

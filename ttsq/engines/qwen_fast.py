@@ -77,7 +77,8 @@ class QwenFastEngine(QwenEngine):
 
     def load(self) -> None:
         super().load()
-        from ttsq.engines.qwen_decode import DecodeLoop, SubSampling
+        from ttsq.engines.qwen_decode import DecodeLoop
+        from ttsq.engines.qwen_sampling import SubSampling
 
         defaults = self._tts._merge_generate_kwargs()
         sub = SubSampling(do_sample=bool(defaults["subtalker_dosample"]),
@@ -108,7 +109,7 @@ class QwenFastEngine(QwenEngine):
         super().warmup()
         loop = self.loop
         assert loop is not None
-        from ttsq.engines.qwen_decode import Sampling
+        from ttsq.engines.qwen_sampling import Sampling
 
         voice = None
         if self.mode == "voice_clone":
@@ -149,7 +150,7 @@ class QwenFastEngine(QwenEngine):
         loop = self.loop
         if loop is None:
             raise EngineError("qwen-fast engine used before load()")
-        from ttsq.engines.qwen_decode import Sampling
+        from ttsq.engines.qwen_sampling import Sampling
 
         try:
             self.identity.check(request)

@@ -1,0 +1,118 @@
+"""Running and watching the fleet: ``ttsq worker``, ``ttsq stats``, ``ttsq flower``, ``ttsq failed``, ``ttsq retry``."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+from .common import one_line_errors, settings_of
+
+
+@click.command()
+@click.option("--engine", default=None,
+              help="Engine name (espeak, qwen, qwen-fast) or package.module:Factory. [TTSQ_ENGINE]")
+@click.option("--max-batch", type=int, default=None, help="Largest batch. [TTSQ_MAX_BATCH]")
+@click.option("--max-wait-ms", type=int, default=None,
+              help="Longest wait for a batch to fill after its first job. [TTSQ_MAX_WAIT_MS]")
+@click.option("-n", "--hostname", default=None,
+              help="Celery node name (default ENGINE@host); with --devices, the host part of gpuN@HOST.")
+@click.option("--devices", default=None,
+              help="Launch one supervised worker process per device: all (every GPU; one CPU worker if "
+                   "there is none), a GPU list like 0,1,3, cpu, or cpu:N for N CPU workers.")
+@click.option("--metrics-port", type=int, default=None,
+              help="Prometheus port; with --devices the Nth worker gets this + N; 0 turns it off. "
+                   "[TTSQ_METRICS_PORT]")
+@click.pass_context
+@one_line_errors
+def worker(ctx: click.Context, engine: str | None, max_batch: int | None, max_wait_ms: int | None,
+           hostname: str | None, devices: str | None, metrics_port: int | None) -> None:
+    """Run a worker: load the engine, then consume jobs until SIGTERM (which finishes the batch in
+    flight first). With --devices, run and supervise one worker per device."""
+    settings = settings_of(ctx, engine=engine, max_batch=max_batch, max_wait_ms=max_wait_ms,
+                         metrics_port=metrics_port)
+    if devices is not None:
+        import logging
+        import os
+        import socket
+
+        from ttsq.devices import plan
+        from ttsq.supervisor import Supervisor
+
+        logging.basicConfig(level=settings.log_level,
+                            format="%(asctime)s %(levelname)s launcher %(name)s: %(message)s")
+        slots, chosen = plan(devices, os.environ)
+        logging.getLogger("ttsq.launcher").info("%s", chosen)
+        host = (hostname or socket.gethostname()).split("@")[-1]
+        sys.exit(Supervisor(settings, slots, host=host).run())
+
+    from ttsq.workers.celery_worker import run_worker
+
+    sys.exit(run_worker(settings, hostname=hostname))
+
+
+@click.command()
+@click.option("--minutes", type=click.IntRange(1, 120), default=5, show_default=True,
+              help="How far back throughput and the cache hit ratio look.")
+@click.option("--ping-timeout", type=float, default=1.0, show_default=True,
+              help="Seconds to wait for workers to answer a ping (0: skip the ping).")
+@click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
+@click.pass_context
+@one_line_errors
+def stats(ctx: click.Context, minutes: int, ping_timeout: float, as_json: bool) -> None:
+    """Queue depths, workers online, throughput and cache hit ratio over the last minutes."""
+    from ttsq.fleet import format_table, snapshot
+
+    snap = snapshot(settings_of(ctx), minutes=minutes, ping_timeout=ping_timeout)
+    click.echo(json.dumps(snap) if as_json else format_table(snap))
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@click.option("--address", default="0.0.0.0", show_default=True, help="Address Flower listens on.")
+@click.option("--port", type=int, default=5555, show_default=True, help="Flower's port.")
+@click.option("--basic-auth", envvar="FLOWER_BASIC_AUTH", default=None,
+              help="user:password for Flower's pages and API. [FLOWER_BASIC_AUTH]")
+@click.option("--no-auth", is_flag=True, help="Run without authentication (trusted networks only).")
+@click.argument("flower_args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+@one_line_errors
+def flower(ctx: click.Context, address: str, port: int, basic_auth: str | None, no_auth: bool,
+           flower_args: tuple[str, ...]) -> None:
+    """Run Flower on ttsq's broker, with basic auth. Extra arguments go to Flower (--persistent=True, ...)."""
+    from ttsq.flower import run_flower
+
+    sys.exit(run_flower(settings_of(ctx), address=address, port=port, basic_auth=basic_auth, no_auth=no_auth,
+                        extra=flower_args))
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the parked jobs as JSON.")
+@click.pass_context
+@one_line_errors
+def failed(ctx: click.Context, as_json: bool) -> None:
+    """List parked jobs: those that crashed or hung their worker too often (never their text)."""
+    from ttsq.client import Client
+
+    jobs = [job.summary() for job in Client(settings_of(ctx)).parked()]
+    if as_json:
+        click.echo(json.dumps(jobs))
+        return
+    if not jobs:
+        click.echo("no parked jobs")
+    for job in jobs:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(job["parked_at"]))
+        click.echo(f"{job['id']}  {when}Z  attempts {job['attempts']}  queue {job['queue']}  "
+                   f"{job['chars']} chars  {job['language']}")
+
+
+@click.command()
+@click.argument("job_id")
+@click.pass_context
+@one_line_errors
+def retry(ctx: click.Context, job_id: str) -> None:
+    """Re-queue parked job JOB_ID under its own id, with its attempts cleared."""
+    from ttsq.client import Client
+
+    click.echo(f"queued {Client(settings_of(ctx)).retry(job_id)}")

@@ -1,0 +1,268 @@
+"""``ttsq submit``, ``ttsq status``, ``ttsq result``: put jobs in, follow them, get their audio."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from ttsq.errors import InvalidRequest, TTSQError
+from ttsq.request import FORMATS, LANGUAGES, JobResult
+
+from .common import one_line_errors, read_text, report, settings_of, summary
+
+if TYPE_CHECKING:
+    from ttsq.client import Client, Job
+    from ttsq.config import Settings
+
+
+@click.command()
+@click.argument("text", required=False)
+@click.option("-f", "--file", "text_file",
+              type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path),
+              default=None,
+              help="Read the text from this file ('-': stdin) as one document of any length: it is split into "
+                   "chunk jobs and stitched into one audio file, with a progress bar while it runs.")
+@click.option("--each-line", is_flag=True,
+              help="With -f: one ordinary job per non-blank line instead (many short clips), with a progress bar "
+                   "and a summary; --json prints one record per line.")
+@click.option("--mode", default="voice_design", show_default=True,
+              help="voice_design (a voice described in words), custom_voice (a named speaker) or "
+                   "voice_clone (a stored reference voice).")
+@click.option("--instruct", default="", help="Voice description, in words (VoiceDesign; style for CustomVoice).")
+@click.option("--speaker", default="", help="Speaker name (custom_voice).")
+@click.option("--reference", default="", help="Voice key from `ttsq voices add` (voice_clone).")
+@click.option("--language", default="auto", show_default=True,
+              help=f"One of {', '.join(LANGUAGES)}, or a code like ko, en, ja.")
+@click.option("--format", "audio_format", default=None,
+              help=f"Output format: {', '.join(FORMATS)}. Default: from the -o extension, else wav.")
+@click.option("--seed", type=int, default=None, help="Sampling seed (part of the cache key).")
+@click.option("--temperature", type=float, default=None, help="Sampling temperature (engine default if unset).")
+@click.option("--top-p", type=float, default=None, help="Nucleus sampling threshold.")
+@click.option("--top-k", type=int, default=None, help="Top-k sampling.")
+@click.option("--repetition-penalty", type=float, default=None, help="Repetition penalty.")
+@click.option("--max-new-tokens", type=int, default=None,
+              help="Frame cap (12.5 frames per second of audio); derived from the text if unset.")
+@click.option("--deadline-s", type=float, default=None,
+              help="Drop the job unsynthesized if it has not started within this many seconds.")
+@click.option("--wait/--no-wait", default=True, show_default=True, help="Wait for the result.")
+@click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds to wait.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the audio to this file (implies --wait).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--embedded", is_flag=True,
+              help="Start a private Redis and an in-process espeak worker for this one job.")
+@click.pass_context
+@one_line_errors
+def submit(ctx: click.Context, text: str | None, text_file: Path | None, each_line: bool, mode: str, instruct: str,
+           speaker: str, reference: str, language: str, audio_format: str | None, seed: int | None,
+           temperature: float | None, top_p: float | None, top_k: int | None, repetition_penalty: float | None,
+           max_new_tokens: int | None, deadline_s: float | None, wait: bool, timeout: float, output: Path | None,
+           as_json: bool, embedded: bool) -> None:
+    """Synthesize TEXT (or '-' to read it from stdin), or a document with -f FILE."""
+    if (text is None) == (text_file is None):
+        raise click.UsageError("give TEXT as an argument or a file with -f FILE (one of them)")
+    if each_line and text_file is None:
+        raise click.UsageError("--each-line reads the lines of -f FILE")
+    if each_line and output is not None:
+        raise click.UsageError("--each-line makes one file per line: print their URLs with --json instead of -o")
+    if embedded and not wait:
+        raise click.UsageError("--embedded waits for its one job: it cannot be combined with --no-wait")
+    text = _input_text(text, text_file)
+    fields = _request_fields(mode=mode, instruct=instruct, speaker=speaker, reference=reference, language=language,
+                             audio_format=audio_format, output=output, deadline_s=deadline_s,
+                             sampling={"seed": seed, "temperature": temperature, "top_p": top_p, "top_k": top_k,
+                                       "repetition_penalty": repetition_penalty, "max_new_tokens": max_new_tokens})
+    kind = "lines" if each_line else "document" if text_file is not None else "job"
+    settings = settings_of(ctx)
+    if embedded:
+        _submit_embedded(settings, kind, text, fields, timeout=timeout, output=output, as_json=as_json)
+        return
+    from ttsq.client import Client
+
+    _submit(Client(settings), kind, text, fields, wait=wait, timeout=timeout, output=output, as_json=as_json)
+
+
+def _input_text(text: str | None, text_file: Path | None) -> str:
+    """The text to speak: the argument, stdin for '-', or the file's contents."""
+    if text_file is not None:
+        return read_text(sys.stdin.buffer.read() if str(text_file) == "-" else text_file.read_bytes())
+    if text == "-":
+        return read_text(sys.stdin.buffer.read())
+    assert text is not None  # submit checked that one of the two was given
+    return text
+
+
+def _request_fields(*, mode: str, instruct: str, speaker: str, reference: str, language: str,
+                    audio_format: str | None, output: Path | None, deadline_s: float | None,
+                    sampling: dict[str, Any]) -> dict[str, Any]:
+    """The request fields the flags give (validated later, at the edge, like any other input)."""
+    if audio_format is None:
+        suffix = output.suffix.lower().lstrip(".") if output else ""
+        audio_format = suffix if suffix in FORMATS else "wav"
+    fields: dict[str, Any] = {"mode": mode, "instruct": instruct, "language": language, "format": audio_format}
+    fields.update({name: value for name, value in (("speaker", speaker), ("reference", reference)) if value})
+    fields.update({name: value for name, value in sampling.items() if value is not None})
+    if deadline_s is not None:
+        if deadline_s <= 0:
+            raise click.BadParameter("must be above 0", param_hint="--deadline-s")
+        fields["deadline"] = time.time() + deadline_s
+    return fields
+
+
+def _submit(client: Client, kind: str, text: str, fields: dict[str, Any], *, wait: bool, timeout: float,
+            output: Path | None, as_json: bool) -> None:
+    """Submit one job, one document, or one job per line, and report as the flags ask."""
+    if kind == "lines":
+        sys.exit(_submit_lines(client, text, fields, wait=wait, timeout=timeout, as_json=as_json))
+    job = client.submit_document(text, **fields) if kind == "document" else client.submit(text, **fields)
+    if job.result is None and not wait and output is None:
+        queued: dict[str, Any] = {"id": job.id, "key": job.key, "state": "PENDING"}
+        if kind == "document":
+            queued["chunks"] = job.chunks
+        click.echo(json.dumps(queued) if as_json
+                   else f"queued {job.id}" + (f" ({job.chunks} chunks)" if kind == "document" else ""))
+        return
+    result = _wait_with_progress(client, job, timeout) if kind == "document" else job.wait(timeout)
+    report(result, output=output, as_json=as_json)
+
+
+def _submit_embedded(settings: Settings, kind: str, text: str, fields: dict[str, Any], *, timeout: float,
+                     output: Path | None, as_json: bool) -> None:
+    """The same, through a private Redis and an in-process espeak worker started for this one run."""
+    import signal
+
+    from ttsq.client import Client
+    from ttsq.embedded import Embedded
+    from ttsq.request import Limits, SynthesisRequest
+
+    # SIGTERM becomes SystemExit, so the private Redis and worker are stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # Validate before starting anything: bad input costs no Redis and no engine load.
+    limits = Limits.from_settings(settings)
+    if kind == "job":
+        SynthesisRequest.from_dict({"text": text, **fields}, limits)
+    elif kind == "document":  # a document may be longer than one job; lines are checked one by one
+        from ttsq.document import Document, Options
+
+        Document.parse({"text": text, **fields}, limits=limits, max_document_chars=settings.max_document_chars,
+                       default_options=Options.from_settings(settings))
+    with Embedded(settings.replace(engine="espeak")) as stack:
+        _submit(Client(stack.settings, app=stack.app), kind, text, fields, wait=True, timeout=timeout,
+                output=output, as_json=as_json)
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@click.pass_context
+@one_line_errors
+def status(ctx: click.Context, job_id: str, as_json: bool) -> None:
+    """Show the state of job JOB_ID (exit 0 whatever the state; 1 only if Redis is unreachable)."""
+    from ttsq.client import Client
+
+    info = Client(settings_of(ctx)).status(job_id)
+    if as_json:
+        click.echo(json.dumps(info))
+    elif "error" in info:
+        click.echo(f"{info['state']} {info['error']}")
+    elif "result" in info:
+        click.echo(f"{info['state']} {summary(info['result'])}")
+    elif "progress" in info:
+        progress = info["progress"]
+        click.echo(f"{info['state']} {progress['chunks_done']}/{progress['chunks_total']} chunks, "
+                   f"{progress['audio_s']:.1f} s of audio")
+    else:
+        click.echo(info["state"])
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds to wait.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the audio to this file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_context
+@one_line_errors
+def result(ctx: click.Context, job_id: str, timeout: float, output: Path | None, as_json: bool) -> None:
+    """Wait for job JOB_ID and print its result with a freshly signed URL."""
+    from ttsq.client import Client
+
+    client = Client(settings_of(ctx))
+    report(client.wait(job_id, timeout=timeout), output=output, as_json=as_json)
+
+
+def _wait_with_progress(client: Client, job: Job, timeout: float) -> JobResult:
+    """Wait for a document, with a progress bar of its chunks on stderr (read from its PROGRESS state)."""
+    if job.result is not None or job.id is None:
+        return job.wait(timeout)
+    deadline = time.monotonic() + timeout
+    total = max(job.chunks, 1)
+    with click.progressbar(length=total, label="chunks", file=sys.stderr, show_pos=True) as bar:
+        shown = 0
+        while time.monotonic() < deadline:
+            info = client.status(job.id)
+            progress = info.get("progress")
+            if progress:
+                bar.length = total = int(progress["chunks_total"])  # repeated chunks run once
+                done = int(progress["chunks_done"])
+                bar.label = f"chunks ({progress['audio_s']:.0f} s of audio)"
+                bar.update(done - shown)
+                shown = done
+            if info["state"] in ("SUCCESS", "FAILURE", "REVOKED"):
+                bar.update(total - shown)
+                break
+            time.sleep(0.3)
+    return job.wait(max(0.1, deadline - time.monotonic()))
+
+
+def _submit_lines(client: Client, text: str, fields: dict[str, Any], *, wait: bool, timeout: float,
+                  as_json: bool) -> int:
+    """One job per non-blank line; a bad line fails alone. Exit status 1 if any line failed."""
+    records: list[dict[str, Any]] = []
+    jobs: list[tuple[dict[str, Any], Job]] = []
+    # The file's own lines (\n or \r\n): str.splitlines would also split at U+2028, form feeds and
+    # the like, and the failures would name the wrong line numbers.
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        record: dict[str, Any] = {"line": number}
+        records.append(record)
+        try:
+            job = client.submit(line, **fields)
+        except InvalidRequest as exc:
+            record.update(state="failed", error=str(exc))
+            continue
+        if job.result is not None:  # the producer answered it from the cache: nothing was queued
+            record.update(id=job.id, key=job.key, state="cached", url=job.result["url"],
+                          duration_s=job.result["duration_s"])
+            continue
+        record.update(id=job.id, key=job.key, state="queued")
+        jobs.append((record, job))
+    deadline = time.monotonic() + timeout
+    if wait:
+        with click.progressbar(jobs, label="lines", file=sys.stderr, show_pos=True) as bar:
+            for record, job in bar:
+                try:
+                    result = job.wait(max(0.1, deadline - time.monotonic()))
+                except TTSQError as exc:
+                    record.update(state="failed", error=str(exc))
+                    continue
+                record.update(state="cached" if result["cached"] else "done", key=result["key"],
+                              url=result["url"], duration_s=result["duration_s"])
+    counts = {state: sum(1 for r in records if r["state"] == state) for state in ("done", "cached", "failed", "queued")}
+    if as_json:
+        for record in records:
+            click.echo(json.dumps(record, ensure_ascii=False))
+    else:
+        click.echo(f"{'lines':>7} {'done':>7} {'cached':>7} {'failed':>7}" + (f" {'queued':>7}" if not wait else ""))
+        click.echo(f"{len(records):>7} {counts['done']:>7} {counts['cached']:>7} {counts['failed']:>7}"
+                   + (f" {counts['queued']:>7}" if not wait else ""))
+        for record in records:
+            if record["state"] == "failed":
+                click.echo(f"line {record['line']}: {record['error']}")
+    return 1 if counts["failed"] else 0

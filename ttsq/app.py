@@ -1,0 +1,99 @@
+"""The Celery app definition: every Celery setting ttsq depends on, and which queue a job goes to.
+
+One explicit app per settings object (no ``shared_task``, no ``current_app``). Producers send through
+it by task name; a worker registers ttsq's tasks on it (``ttsq.tasks``). Nothing here runs a job.
+
+Each mode has its own queue (``queue_for``): ``ttsq`` for voice_design, the default, and
+``ttsq.custom_voice`` / ``ttsq.voice_clone`` for the others, because a worker serves the mode of the
+checkpoint it loaded and consumes only that mode's queue.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+from celery import Celery
+
+from ttsq.constants import (
+    DOCUMENT_TASK_NAME,
+    REDIS_CONNECT_TIMEOUT_S,
+    REDIS_HEALTH_CHECK_INTERVAL_S,
+    REDIS_SOCKET_TIMEOUT_S,
+    TASK_NAME,
+)
+
+if TYPE_CHECKING:
+    from ttsq.config import Settings
+
+
+def queue_for(base: str, mode: str) -> str:
+    """The queue of one mode. voice_design, the default mode, keeps the plain name, so a bare
+    ``send_task(..., queue="ttsq")`` from a web backend keeps working."""
+    return base if mode == "voice_design" else f"{base}.{mode}"
+
+
+def make_app(settings: Settings, *, worker: bool = False) -> Celery:
+    """The Celery app for these settings, with no task registered (``ttsq.tasks`` adds them on a worker)."""
+    app = Celery("ttsq", set_as_current=False)
+    app.conf.update(celery_config(settings, worker=worker))
+    return app
+
+
+def celery_config(settings: Settings, *, worker: bool) -> dict[str, Any]:
+    """Every Celery setting ttsq depends on, in one place."""
+    visibility = settings.visibility_timeout_s
+    # Workers ride out a Redis restart (about 20 s of reconnects before a result is given up);
+    # producers report an unreachable result backend within a couple of seconds instead.
+    result_retry = {"max_retries": 20, "interval_start": 0, "interval_step": 1, "interval_max": 1} if worker \
+        else {"max_retries": 2, "interval_start": 0, "interval_step": 0.5, "interval_max": 1}
+    return {
+        "broker_url": settings.broker_url,
+        "result_backend": settings.result_backend,
+        # JSON only: a pickled message would be code execution for anyone who can write to Redis.
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "event_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        # At-least-once: ack after the job is stored, so a worker that dies loses nothing.
+        "task_acks_late": True,
+        "worker_prefetch_multiplier": 1,
+        # Flower sees every job: sent, received, started, succeeded/failed.
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "task_track_started": True,
+        "result_expires": settings.result_ttl_s,
+        "result_extended": False,  # extended results would copy the kwargs (the input text) into Redis
+        # Redis redelivers unacked messages after the visibility timeout; set it everywhere Celery
+        # reads it, and sweep for abandoned messages every second instead of every ~100 s.
+        "broker_transport_options": {
+            "visibility_timeout": visibility,
+            "unacked_restore_interval": 1,
+            "unacked_restore_throttle": 1,
+            "socket_timeout": REDIS_SOCKET_TIMEOUT_S,
+            "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
+            "health_check_interval": REDIS_HEALTH_CHECK_INTERVAL_S,
+        },
+        "result_backend_transport_options": {"visibility_timeout": visibility, "retry_policy": result_retry},
+        "visibility_timeout": visibility,
+        "redis_socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
+        "redis_socket_timeout": REDIS_SOCKET_TIMEOUT_S,
+        # A producer with the broker down fails within a few seconds instead of retrying for long.
+        "task_publish_retry_policy": {"max_retries": 2, "interval_start": 0, "interval_step": 0.5,
+                                      "interval_max": 1},
+        "broker_connection_timeout": REDIS_CONNECT_TIMEOUT_S,
+        "broker_connection_retry_on_startup": True,
+        "task_default_queue": settings.queue,
+        # apply_async/send_task through this app without a queue: the mode picks it.
+        "task_routes": (functools.partial(_route_by_mode, settings.queue),),
+        "worker_hijack_root_logger": False,
+    }
+
+
+def _route_by_mode(base: str, name: str, args: Any, kwargs: Any, options: Any, task: Any = None,
+                   **_: Any) -> dict[str, str] | None:
+    if name not in (TASK_NAME, DOCUMENT_TASK_NAME):
+        return None
+    mode = kwargs.get("mode") if isinstance(kwargs, dict) else None
+    return {"queue": queue_for(base, mode if isinstance(mode, str) else "voice_design")}

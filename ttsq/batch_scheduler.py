@@ -1,0 +1,182 @@
+"""Batches for an engine that takes a list and returns it whole (espeak, stock qwen).
+
+Jobs wait in groups that can share a forward pass (``SynthesisRequest.group``: same mode, seed,
+sampling). A group runs as soon as it holds ``max_batch`` jobs, or when its oldest job has waited
+``max_wait_s``; mixed traffic therefore fills each group's batch instead of splitting one collection
+into small passes. Each batch is ordered by text length to limit padding.
+
+A failed item fails only its own future. If the engine call itself raises, the batch is retried one
+item at a time so that one poison item cannot fail its neighbours. If it raises ``EngineOutOfMemory``,
+the batch is split in halves and each half retried, and the half's size is remembered for that length
+bucket (longest text, rounded up to a power of two): later batches of similar texts are cut to that
+size up front instead of failing on the device again. Each item reports the size and time of the
+engine call it actually rode in.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+from ttsq.errors import DeadlineExceeded, EngineError, EngineOutOfMemory, TTSQError
+from ttsq.intake import BatchItem, Intake, Waiting, audio_seconds, bookkeep, late
+from ttsq.observer import BatchReport, Observer
+
+if TYPE_CHECKING:
+    from ttsq.engines.base import Engine, EngineOutput
+    from ttsq.request import SynthesisRequest
+
+logger = logging.getLogger(__name__)
+
+#: An output or exception, the size of the engine call it came from, that call's seconds, and this
+#: output's share of them (apportioned by generated audio length).
+_Ran = tuple["EngineOutput | Exception", int, float, float]
+
+
+class BatchScheduler:
+    """Forms batches from the intake's groups and runs them on the engine (batcher thread only)."""
+
+    def __init__(self, engine: Engine, intake: Intake, observer: Observer, *, max_batch: int) -> None:
+        self.engine = engine
+        self.intake = intake
+        self.observer = observer
+        self.max_batch = max_batch
+        self.busy_since: float | None = None
+        #: Length bucket -> largest batch known to fit on the device, learnt from out-of-memory errors.
+        self.largest_fit: dict[int, int] = {}
+        self.oom_splits = 0
+
+    def abandon(self, future: Future[BatchItem]) -> None:
+        """A job already in a batch finishes with its batch: nothing to free."""
+
+    def run(self) -> None:
+        while (batch := self._next_batch()) is not None:
+            if not batch:
+                continue
+            bookkeep([w.on_enter for w in batch])
+            group = sorted(((w.request, w.future) for w in batch), key=lambda pair: len(pair[0].text))
+            try:
+                self._run_group(group)
+            except BaseException as exc:  # never let the thread die with futures unresolved
+                logger.exception("batcher failed outside the engine")
+                for _, future in group:
+                    if not future.done():
+                        future.set_exception(EngineError(f"batcher failure: {exc!r}"))
+            finally:
+                bookkeep([w.on_exit for w in batch])
+
+    def _next_batch(self) -> list[Waiting] | None:
+        """Wait for the next batch to be due: a group that is full, or whose oldest job has waited
+        ``max_wait_s``. Returns None once stopped and drained."""
+        intake, pending = self.intake, self.intake.pending
+        while True:
+            # Everything that arrived while the last batch ran joins its group before any choice.
+            intake.drain(block_until=None)
+            full = next((key for key, group in pending.items() if len(group) >= self.max_batch), None)
+            if full is not None:
+                return self._take(full)
+            if intake.stop_seen:  # run what is pending, then end
+                return self._take(next(iter(pending))) if pending else None
+            due = min(pending, key=lambda key: pending[key][0].deadline, default=None)
+            if due is not None and pending[due][0].deadline <= time.monotonic():
+                return self._take(due)
+            intake.drain(block_until=pending[due][0].deadline if due is not None else float("inf"))
+
+    def _take(self, key: tuple[Any, ...]) -> list[Waiting]:
+        pending = self.intake.pending
+        group = pending.pop(key)
+        if len(group) > self.max_batch:
+            pending[key] = group[self.max_batch:]
+        # A future cancelled while waiting, or a job past its deadline, is dropped here, before any
+        # work is done for it.
+        now = time.time()
+        batch = []
+        for waiting in group[:self.max_batch]:
+            if not waiting.future.set_running_or_notify_cancel():
+                continue
+            if waiting.request.expired(now):
+                waiting.future.set_exception(DeadlineExceeded(late(waiting.request, now)))
+                continue
+            batch.append(waiting)
+        return batch
+
+    def _run_group(self, group: list[tuple[SynthesisRequest, Future[BatchItem]]]) -> None:
+        batch_id = next(self.intake.batch_ids)
+        requests = [request for request, _ in group]
+        started = time.perf_counter()
+        results = self._synthesize(requests)
+        elapsed = time.perf_counter() - started
+        failed = 0
+        for (_, future), (output, size, seconds, share) in zip(group, results, strict=True):
+            if isinstance(output, Exception):
+                failed += 1
+                future.set_exception(output if isinstance(output, TTSQError) else EngineError(repr(output)))
+            else:
+                future.set_result(BatchItem(output, batch_id, size, seconds, share))
+        logger.info("batch %d: %d items (%d failed) in %.3fs, %s", batch_id, len(group), failed, elapsed,
+                    requests[0].describe().split(" chars=")[0])
+
+    def _call_engine(self, requests: Sequence[SynthesisRequest]) -> list[EngineOutput | Exception]:
+        """One engine call, timed for the watchdog (``busy_since``)."""
+        self.busy_since = time.monotonic()
+        try:
+            outputs = self.engine.synthesize_batch(requests)
+        finally:
+            self.busy_since = None
+        if len(outputs) != len(requests):
+            raise EngineError(f"engine returned {len(outputs)} outputs for {len(requests)} requests")
+        return outputs
+
+    def _synthesize(self, requests: Sequence[SynthesisRequest]) -> list[_Ran]:
+        """Each request's output (or exception) with the size and duration of the engine call it rode in."""
+        bucket = length_bucket(requests)
+        fit = self.largest_fit.get(bucket)
+        if fit is not None and len(requests) > fit:
+            return [ran for start in range(0, len(requests), fit)
+                    for ran in self._synthesize(requests[start:start + fit])]
+        started = time.perf_counter()
+        try:
+            outputs = self._call_engine(requests)
+        except EngineOutOfMemory as exc:
+            if len(requests) == 1:
+                return [(exc, 1, time.perf_counter() - started, 0.0)]
+        except Exception as exc:
+            if len(requests) == 1:
+                return [(exc, 1, time.perf_counter() - started, 0.0)]
+            logger.warning("batch of %d failed (%s); retrying its items one by one",
+                           len(requests), type(exc).__name__)
+            return [self._synthesize([request])[0] for request in requests]
+        else:
+            return self._account(outputs, time.perf_counter() - started)
+        # Only a batch that ran out of device memory gets here. It is split outside the handler, so the
+        # failed attempt (and whatever it still held) is released before the halves run.
+        half = (len(requests) + 1) // 2
+        # The size to try next for this length bucket; it only shrinks while this worker lives (a restart
+        # starts over), since one more failure on the device costs more than a smaller batch.
+        self.largest_fit[bucket] = min(half, self.largest_fit.get(bucket, half))
+        self.oom_splits += 1
+        self.observer.batch_split()
+        logger.warning("batch of %d ran out of device memory; splitting, and capping batches of texts "
+                       "up to %d characters at %d", len(requests), 2 ** bucket, self.largest_fit[bucket])
+        return [*self._synthesize(requests[:half]), *self._synthesize(requests[half:])]
+
+    def _account(self, outputs: list[EngineOutput | Exception], seconds: float) -> list[_Ran]:
+        """Report one engine call and give each output its share of the call's time."""
+        lengths = [audio_seconds(output) for output in outputs]
+        audio_s = sum(lengths)
+        truncated = sum(1 for output in outputs if not isinstance(output, Exception) and output.truncated)
+        self.observer.batch_finished(BatchReport(size=len(outputs), seconds=seconds, audio_s=audio_s,
+                                                 truncated=truncated))
+        # Padding makes every row of a pass cost about as much as the longest, but a longer item holds
+        # the device for more decode steps: generated length is the fairest split there is.
+        return [(output, len(outputs), seconds,
+                 seconds * length / audio_s if audio_s > 0 else seconds / len(outputs))
+                for output, length in zip(outputs, lengths, strict=True)]
+
+
+def length_bucket(requests: Sequence[SynthesisRequest]) -> int:
+    """Batches whose longest texts round up to the same power of two need about the same memory."""
+    return max(len(request.text) for request in requests).bit_length()

@@ -1,0 +1,1 @@
+"""Tools for operating ttsq, outside the job path: the load generator behind ``ttsq bench``."""
