@@ -51,5 +51,8 @@ def synthesize(text: str, language: str = "auto", **_: Any) -> dict[str, Any]:
         raise output
     buffer = io.BytesIO()
     sf.write(buffer, np.asarray(output.samples), output.sample_rate, format="WAV", subtype="PCM_16")
-    return {"audio_wav_b64": base64.b64encode(buffer.getvalue()).decode("ascii"),
-            "sample_rate": output.sample_rate, "duration_s": len(output.samples) / output.sample_rate}
+    return {
+        "audio_wav_b64": base64.b64encode(buffer.getvalue()).decode("ascii"),
+        "sample_rate": output.sample_rate,
+        "duration_s": len(output.samples) / output.sample_rate,
+    }

@@ -57,8 +57,11 @@ BATCHED = Config("batched", "ttsq, batching on", "bench-batched")
 UNBATCHED = Config("unbatched", "ttsq, batching off", "bench-unbatched")
 BARE = Config("bare", "bare Celery task", "bench-bare")
 #: Ratios reported: name -> (numerator, denominator).
-RATIOS = {"batching_on_over_off": (BATCHED.name, UNBATCHED.name), "ttsq_over_bare": (BATCHED.name, BARE.name),
-          "ttsq_unbatched_over_bare": (UNBATCHED.name, BARE.name)}
+RATIOS = {
+    "batching_on_over_off": (BATCHED.name, UNBATCHED.name),
+    "ttsq_over_bare": (BATCHED.name, BARE.name),
+    "ttsq_unbatched_over_bare": (UNBATCHED.name, BARE.name),
+}
 
 
 class BareTarget:
@@ -72,8 +75,9 @@ class BareTarget:
 
     def run_one(self, fields: dict[str, Any], timeout_s: float) -> tuple[Mapping[str, Any], dict[str, float]]:
         """Send one job and wait for its audio."""
-        result = self.app.send_task("bare.synthesize", kwargs={"text": fields["text"], "language": fields["language"]},
-                                    queue=self.queue)
+        result = self.app.send_task(
+            "bare.synthesize", kwargs={"text": fields["text"], "language": fields["language"]}, queue=self.queue
+        )
         value: Mapping[str, Any] = result.get(timeout=timeout_s)
         return {"duration_s": value["duration_s"], "cached": False}, {}
 
@@ -95,8 +99,9 @@ def _env(settings: Settings, **extra: str) -> dict[str, str]:
 def _process(command: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
     with open(log, "ab") as out:
         # Children die with this process even when it is killed outright, like the embedded Redis.
-        process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                   preexec_fn=parent_death_signal())
+        process = subprocess.Popen(
+            command, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, preexec_fn=parent_death_signal()
+        )
     try:
         yield process
     finally:
@@ -112,8 +117,9 @@ def _process(command: list[str], env: dict[str, str], log: Path) -> Iterator[sub
 @contextmanager
 def _s3_server(folder: Path) -> Iterator[str]:
     port = free_port()
-    with _process([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], dict(os.environ),
-                  folder / "moto.log"):
+    with _process(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], dict(os.environ), folder / "moto.log"
+    ):
         endpoint = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30
         while True:
@@ -132,8 +138,9 @@ def _s3_server(folder: Path) -> Iterator[str]:
 
 def _wait_ready(target: bench.Target, name: str, timeout_s: float = 120.0) -> None:
     """One untimed job per system: proves it consumes, and pays the engine's first call."""
-    warm = bench.make_requests(bench.CORPUS, 1, mode="synthesize", run_id=f"ready-{time.time()}", seed=0,
-                               audio_format="wav")[0]
+    warm = bench.make_requests(
+        bench.CORPUS, 1, mode="synthesize", run_id=f"ready-{time.time()}", seed=0, audio_format="wav"
+    )[0]
     try:
         target.run_one(warm, timeout_s)
     except Exception as exc:
@@ -160,29 +167,57 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         redis = RedisServer().start()
         stack.callback(redis.stop)
         # From the environment first: an engine's own settings (TTSQ_QWEN_MODEL, ...) reach all three systems.
-        base = Settings.from_env(broker_url=f"{redis.url}/0", result_backend=f"{redis.url}/1",
-                                 cache_url=f"{redis.url}/2", engine=args.engine, max_wait_ms=args.max_wait_ms,
-                                 log_level=args.log_level, storage_url=str(folder / "audio"), queue="unused",
-                                 # Two workers on one host would contend for one metrics port; none is scraped.
-                                 metrics_port=0)
+        base = Settings.from_env(
+            broker_url=f"{redis.url}/0",
+            result_backend=f"{redis.url}/1",
+            cache_url=f"{redis.url}/2",
+            engine=args.engine,
+            max_wait_ms=args.max_wait_ms,
+            log_level=args.log_level,
+            storage_url=str(folder / "audio"),
+            queue="unused",
+            # Two workers on one host would contend for one metrics port; none is scraped.
+            metrics_port=0,
+        )
         if args.storage == "s3":
             os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
             os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
             endpoint = stack.enter_context(_s3_server(folder))
             base = base.replace(storage_url=f"s3://{BUCKET}/bench", s3_endpoint_url=endpoint, s3_region="us-east-1")
 
-        settings = {BATCHED.name: base.replace(queue=BATCHED.queue, max_batch=args.max_batch),
-                    UNBATCHED.name: base.replace(queue=UNBATCHED.queue, max_batch=1)}
+        settings = {
+            BATCHED.name: base.replace(queue=BATCHED.queue, max_batch=args.max_batch),
+            UNBATCHED.name: base.replace(queue=UNBATCHED.queue, max_batch=1),
+        }
         pids: dict[str, int] = {}
         for config in (BATCHED, UNBATCHED):
-            pids[config.name] = stack.enter_context(_process(
-                [sys.executable, "-m", "ttsq.cli.main", "worker", "-n", f"{config.name}@bench"],
-                _env(settings[config.name]), folder / f"{config.name}.log")).pid
-        pids[BARE.name] = stack.enter_context(_process(
-            [sys.executable, "-m", "celery", "-A", "benchmarks.bare_task", "worker", "-P", "solo", "-Q", BARE.queue,
-             "-n", "bare@bench"],
-            _env(base, BARE_BROKER_URL=base.broker_url, BARE_RESULT_BACKEND=base.result_backend),
-            folder / "bare.log")).pid
+            pids[config.name] = stack.enter_context(
+                _process(
+                    [sys.executable, "-m", "ttsq.cli.main", "worker", "-n", f"{config.name}@bench"],
+                    _env(settings[config.name]),
+                    folder / f"{config.name}.log",
+                )
+            ).pid
+        pids[BARE.name] = stack.enter_context(
+            _process(
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "benchmarks.bare_task",
+                    "worker",
+                    "-P",
+                    "solo",
+                    "-Q",
+                    BARE.queue,
+                    "-n",
+                    "bare@bench",
+                ],
+                _env(base, BARE_BROKER_URL=base.broker_url, BARE_RESULT_BACKEND=base.result_backend),
+                folder / "bare.log",
+            )
+        ).pid
         assert redis.process is not None
         redis_pid = redis.process.pid
 
@@ -215,35 +250,49 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         plan = bench.Plan(jobs=args.jobs, concurrency=args.concurrency, timeout_s=args.timeout)
         for number in range(args.rounds):
             figures: dict[str, Any] = {}
-            order = configs[number % 3:] + configs[:number % 3]
+            order = configs[number % 3 :] + configs[: number % 3]
             for config in order:
                 print(f"round {number + 1}/{args.rounds}: {config.label} ...", file=sys.stderr, flush=True)
                 cpu_before = (_cpu_s(pids[config.name]), _cpu_s(redis_pid), time.process_time())
-                outcomes, wall = bench.run(targets[config.name], bench.CORPUS, bench.Plan(
-                    jobs=plan.jobs, concurrency=plan.concurrency, timeout_s=plan.timeout_s, seed=number))
+                outcomes, wall = bench.run(
+                    targets[config.name],
+                    bench.CORPUS,
+                    bench.Plan(jobs=plan.jobs, concurrency=plan.concurrency, timeout_s=plan.timeout_s, seed=number),
+                )
                 cpu_after = (_cpu_s(pids[config.name]), _cpu_s(redis_pid), time.process_time())
-                cpu_ms = [(after - before) * 1000 / plan.jobs
-                          for before, after in zip(cpu_before, cpu_after, strict=True)]
+                cpu_ms = [
+                    (after - before) * 1000 / plan.jobs for before, after in zip(cpu_before, cpu_after, strict=True)
+                ]
                 data = bench.report(outcomes, wall, plan)
                 if data["jobs"]["errors"]:
                     raise RuntimeError(f"{config.label}: {data['errors']}; logs in {folder}")
                 figures[config.name] = {
                     "jobs_per_s": data["throughput"]["jobs_per_s"],
                     "audio_s_per_s": data["throughput"]["audio_s_per_s"],
-                    "latency_p50_s": data["latency_s"]["p50"], "latency_p95_s": data["latency_s"]["p95"],
-                    "mean_batch_size": data["batch"]["mean_size"], "order": order.index(config),
+                    "latency_p50_s": data["latency_s"]["p50"],
+                    "latency_p95_s": data["latency_s"]["p95"],
+                    "mean_batch_size": data["batch"]["mean_size"],
+                    "order": order.index(config),
                     # CPU time per job of the worker, of Redis and of this producer: unlike wall time,
                     # it hardly moves when other work shares the machine.
-                    "worker_cpu_ms": cpu_ms[0], "redis_cpu_ms": cpu_ms[1], "producer_cpu_ms": cpu_ms[2],
-                    "total_cpu_ms": sum(cpu_ms)}
+                    "worker_cpu_ms": cpu_ms[0],
+                    "redis_cpu_ms": cpu_ms[1],
+                    "producer_cpu_ms": cpu_ms[2],
+                    "total_cpu_ms": sum(cpu_ms),
+                }
             rounds.append(figures)
 
             # Cache: the first submit of a request against a submit of the same, now cached, request.
             print(f"round {number + 1}/{args.rounds}: cache hit vs first submit ...", file=sys.stderr, flush=True)
             client = clients[BATCHED.name]
-            for fields in bench.make_requests(bench.CORPUS, args.cache_requests, mode="synthesize",
-                                              run_id=f"cache-{number}-{time.time()}", seed=number,
-                                              audio_format="wav"):
+            for fields in bench.make_requests(
+                bench.CORPUS,
+                args.cache_requests,
+                mode="synthesize",
+                run_id=f"cache-{number}-{time.time()}",
+                seed=number,
+                audio_format="wav",
+            ):
                 for sink in (first_s, hit_s):
                     started = time.perf_counter()
                     job = client.submit(fields["text"], language=fields["language"])
@@ -254,10 +303,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
             # Overhead: one job at a time, so no job waits behind another and each stage is its own cost.
             for config in (BATCHED, UNBATCHED):
-                print(f"round {number + 1}/{args.rounds}: {config.label}, one job at a time ...", file=sys.stderr,
-                      flush=True)
-                outcomes, wall = bench.run(targets[config.name], bench.CORPUS, bench.Plan(
-                    jobs=args.overhead_jobs, concurrency=1, timeout_s=args.timeout, seed=100 + number))
+                print(
+                    f"round {number + 1}/{args.rounds}: {config.label}, one job at a time ...",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                outcomes, wall = bench.run(
+                    targets[config.name],
+                    bench.CORPUS,
+                    bench.Plan(jobs=args.overhead_jobs, concurrency=1, timeout_s=args.timeout, seed=100 + number),
+                )
                 overhead[config.name] += outcomes
                 overhead_walls[config.name] += wall
         load_after = os.getloadavg()
@@ -265,30 +320,59 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     def ratio(metric: str, over: str, under: str) -> dict[str, float]:
         return _median_spread([r[over][metric] / r[under][metric] for r in rounds])
 
-    summary = {c.name: {metric: _median_spread([r[c.name][metric] for r in rounds])
-                        for metric in ("jobs_per_s", "audio_s_per_s", "latency_p50_s", "latency_p95_s",
-                                       "worker_cpu_ms", "redis_cpu_ms", "producer_cpu_ms", "total_cpu_ms")}
-               for c in configs}
-    one_at_a_time = {name: bench.report(outcomes, overhead_walls[name], bench.Plan(jobs=len(outcomes), concurrency=1))
-                     for name, outcomes in overhead.items()}
+    summary = {
+        c.name: {
+            metric: _median_spread([r[c.name][metric] for r in rounds])
+            for metric in (
+                "jobs_per_s",
+                "audio_s_per_s",
+                "latency_p50_s",
+                "latency_p95_s",
+                "worker_cpu_ms",
+                "redis_cpu_ms",
+                "producer_cpu_ms",
+                "total_cpu_ms",
+            )
+        }
+        for c in configs
+    }
+    one_at_a_time = {
+        name: bench.report(outcomes, overhead_walls[name], bench.Plan(jobs=len(outcomes), concurrency=1))
+        for name, outcomes in overhead.items()
+    }
     return {
         "ttsq_compare": 1,
-        "config": {"engine": args.engine, "jobs": args.jobs, "concurrency": args.concurrency,
-                   "rounds": args.rounds, "max_batch": args.max_batch, "max_wait_ms": args.max_wait_ms,
-                   "storage": args.storage, "log_level": args.log_level, "overhead_jobs": args.overhead_jobs,
-                   "cache_requests": args.cache_requests, "cpus": os.cpu_count(),
-                   "load_average_before": load_before, "load_average_after": load_after},
+        "config": {
+            "engine": args.engine,
+            "jobs": args.jobs,
+            "concurrency": args.concurrency,
+            "rounds": args.rounds,
+            "max_batch": args.max_batch,
+            "max_wait_ms": args.max_wait_ms,
+            "storage": args.storage,
+            "log_level": args.log_level,
+            "overhead_jobs": args.overhead_jobs,
+            "cache_requests": args.cache_requests,
+            "cpus": os.cpu_count(),
+            "load_average_before": load_before,
+            "load_average_after": load_after,
+        },
         "labels": {c.name: c.label for c in configs},
         "rounds": rounds,
         "summary": summary,
         "ratios": {
-            key: {"jobs_per_s": ratio("jobs_per_s", over, under), "latency_p50": ratio("latency_p50_s", over, under),
-                  "total_cpu_ms": ratio("total_cpu_ms", over, under)}
+            key: {
+                "jobs_per_s": ratio("jobs_per_s", over, under),
+                "latency_p50": ratio("latency_p50_s", over, under),
+                "total_cpu_ms": ratio("total_cpu_ms", over, under),
+            }
             for key, (over, under) in RATIOS.items()
         },
-        "cache": {"first_submit_ms": _median_spread([s * 1000 for s in first_s]),
-                  "cached_submit_ms": _median_spread([s * 1000 for s in hit_s]),
-                  "first_over_cached": statistics.median(first_s) / statistics.median(hit_s)},
+        "cache": {
+            "first_submit_ms": _median_spread([s * 1000 for s in first_s]),
+            "cached_submit_ms": _median_spread([s * 1000 for s in hit_s]),
+            "first_over_cached": statistics.median(first_s) / statistics.median(hit_s),
+        },
         "overhead_ms": {name: figures["stages_ms"] for name, figures in one_at_a_time.items()},
         "queue_overhead_ms": {name: figures["queue_overhead_ms"] for name, figures in one_at_a_time.items()},
     }
@@ -301,41 +385,57 @@ def _spread(value: Mapping[str, float], digits: int = 1) -> str:
 def format_figures(data: Mapping[str, Any]) -> str:
     """The figures as text: per-system medians, ratios, cache, overhead by stage."""
     config = data["config"]
-    lines = [f"ttsq compare: {config['engine']} engine, {config['jobs']} jobs per run at concurrency "
-             f"{config['concurrency']}, {config['rounds']} interleaved rounds, storage {config['storage']}, "
-             f"ttsq log level {config['log_level']}, "
-             f"{config['cpus']} CPUs (load average {config['load_average_before'][0]:.2f} before, "
-             f"{config['load_average_after'][0]:.2f} after)",
-             "median over rounds (min-max)",
-             f"  {'':<22}{'jobs/s':>21}{'audio s/s':>23}{'p50 ms':>21}{'p95 ms':>21}"]
+    lines = [
+        f"ttsq compare: {config['engine']} engine, {config['jobs']} jobs per run at concurrency "
+        f"{config['concurrency']}, {config['rounds']} interleaved rounds, storage {config['storage']}, "
+        f"ttsq log level {config['log_level']}, "
+        f"{config['cpus']} CPUs (load average {config['load_average_before'][0]:.2f} before, "
+        f"{config['load_average_after'][0]:.2f} after)",
+        "median over rounds (min-max)",
+        f"  {'':<22}{'jobs/s':>21}{'audio s/s':>23}{'p50 ms':>21}{'p95 ms':>21}",
+    ]
     for name, label in data["labels"].items():
         figures = data["summary"][name]
         ms = {k: {p: v * 1000 for p, v in figures[k].items()} for k in ("latency_p50_s", "latency_p95_s")}
-        lines.append(f"  {label:<22}{_spread(figures['jobs_per_s']):>21}{_spread(figures['audio_s_per_s']):>23}"
-                     f"{_spread(ms['latency_p50_s']):>21}{_spread(ms['latency_p95_s']):>21}")
+        lines.append(
+            f"  {label:<22}{_spread(figures['jobs_per_s']):>21}{_spread(figures['audio_s_per_s']):>23}"
+            f"{_spread(ms['latency_p50_s']):>21}{_spread(ms['latency_p95_s']):>21}"
+        )
     lines.append(f"  {'CPU ms per job':<22}{'worker':>21}{'redis':>23}{'producer':>21}{'total':>21}")
     for name, label in data["labels"].items():
         figures = data["summary"][name]
-        lines.append(f"  {label:<22}" + "".join(
-            f"{_spread(figures[k], 2):>{w}}" for k, w in (("worker_cpu_ms", 21), ("redis_cpu_ms", 23),
-                                                          ("producer_cpu_ms", 21), ("total_cpu_ms", 21))))
+        lines.append(
+            f"  {label:<22}"
+            + "".join(
+                f"{_spread(figures[k], 2):>{w}}"
+                for k, w in (("worker_cpu_ms", 21), ("redis_cpu_ms", 23), ("producer_cpu_ms", 21), ("total_cpu_ms", 21))
+            )
+        )
     lines.append("ratios (median of per-round ratios, min-max)")
-    names = {"batching_on_over_off": "batching on / off", "ttsq_over_bare": "ttsq (batching on) / bare task",
-             "ttsq_unbatched_over_bare": "ttsq (batching off) / bare task"}
+    names = {
+        "batching_on_over_off": "batching on / off",
+        "ttsq_over_bare": "ttsq (batching on) / bare task",
+        "ttsq_unbatched_over_bare": "ttsq (batching off) / bare task",
+    }
     for key, label in names.items():
         entry = data["ratios"][key]
-        lines.append(f"  {label:<34} throughput x{_spread(entry['jobs_per_s'], 2)}, p50 latency "
-                     f"x{_spread(entry['latency_p50'], 2)}, CPU per job x{_spread(entry['total_cpu_ms'], 2)}")
+        lines.append(
+            f"  {label:<34} throughput x{_spread(entry['jobs_per_s'], 2)}, p50 latency "
+            f"x{_spread(entry['latency_p50'], 2)}, CPU per job x{_spread(entry['total_cpu_ms'], 2)}"
+        )
     cache = data["cache"]
-    lines.append(f"cache: first submit {_spread(cache['first_submit_ms'], 2)} ms, same request cached "
-                 f"{_spread(cache['cached_submit_ms'], 2)} ms: x{cache['first_over_cached']:.1f} faster")
+    lines.append(
+        f"cache: first submit {_spread(cache['first_submit_ms'], 2)} ms, same request cached "
+        f"{_spread(cache['cached_submit_ms'], 2)} ms: x{cache['first_over_cached']:.1f} faster"
+    )
     lines.append("where one job's time goes, one job at a time (ms, mean / p50)")
     overhead = data["overhead_ms"]
     first = next(iter(overhead.values()))
     lines.append(f"  {'':<48}" + "".join(f"{data['labels'][name]:>24}" for name in overhead))
     for stage, entry in first.items():
-        cells = "".join(f"{overhead[name][stage]['mean_ms']:>14.2f} / {overhead[name][stage]['p50_ms']:>6.2f}"
-                        for name in overhead)
+        cells = "".join(
+            f"{overhead[name][stage]['mean_ms']:>14.2f} / {overhead[name][stage]['p50_ms']:>6.2f}" for name in overhead
+        )
         lines.append(f"  {entry['label']:<48}{cells}")
     totals = "".join(f"{sum(s['mean_ms'] for s in overhead[name].values()):>14.2f}{'':>9}" for name in overhead)
     lines.append(f"  {'total (mean end-to-end latency)':<48}{totals}")
@@ -353,10 +453,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch", type=int, default=8, help="max batch of the batching-on worker")
     parser.add_argument("--max-wait-ms", type=int, default=20, help="batch fill wait of the ttsq workers")
     parser.add_argument("--engine", default="espeak", help="engine of all three systems")
-    parser.add_argument("--storage", choices=("local", "s3"), default="local",
-                        help="ttsq's storage: a local folder, or moto's S3 server on loopback (needs moto[server])")
-    parser.add_argument("--log-level", default="INFO",
-                        help="log level of the ttsq workers (INFO, as deployed: a few lines per job)")
+    parser.add_argument(
+        "--storage",
+        choices=("local", "s3"),
+        default="local",
+        help="ttsq's storage: a local folder, or moto's S3 server on loopback (needs moto[server])",
+    )
+    parser.add_argument(
+        "--log-level", default="INFO", help="log level of the ttsq workers (INFO, as deployed: a few lines per job)"
+    )
     parser.add_argument("--overhead-jobs", type=int, default=50, help="one-at-a-time jobs per config per round")
     parser.add_argument("--cache-requests", type=int, default=21, help="first/cached submit pairs per round")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each job")

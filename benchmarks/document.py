@@ -51,9 +51,12 @@ def main() -> int:
     text = corpus(args.chars)
     with tempfile.TemporaryDirectory() as folder:
         settings = Settings.from_env(storage_url=folder, engine="espeak", metrics_port=0)
-        document = Document.parse({"text": text}, limits=Limits.from_settings(settings),
-                                  max_document_chars=settings.max_document_chars,
-                                  default_options=Options.from_settings(settings))
+        document = Document.parse(
+            {"text": text},
+            limits=Limits.from_settings(settings),
+            max_document_chars=settings.max_document_chars,
+            default_options=Options.from_settings(settings),
+        )
         pieces = list(dict.fromkeys(chunk.text for chunk in document.chunks))
         figures: dict[str, list[float]] = {"baseline": [], "document": [], "cached": []}
         audio_s = 0.0
@@ -79,12 +82,16 @@ def main() -> int:
             client.close()
 
     median = {name: statistics.median(values) for name, values in figures.items()}
-    print(f"document: {len(text)} characters, {len(document.chunks)} chunks ({len(pieces)} distinct), "
-          f"{audio_s:.0f} s of audio as {args.format}; espeak, one embedded worker, {args.rounds} rounds (medians)")
+    print(
+        f"document: {len(text)} characters, {len(document.chunks)} chunks ({len(pieces)} distinct), "
+        f"{audio_s:.0f} s of audio as {args.format}; espeak, one embedded worker, {args.rounds} rounds (medians)"
+    )
     print(f"  baseline, the chunks as ordinary jobs   {median['baseline']:8.2f} s")
-    print(f"  document (fan-out, chunks, stitch)      {median['document']:8.2f} s   "
-          f"overhead {median['document'] - median['baseline']:+.2f} s "
-          f"({median['document'] / median['baseline']:.2f}x the baseline)")
+    print(
+        f"  document (fan-out, chunks, stitch)      {median['document']:8.2f} s   "
+        f"overhead {median['document'] - median['baseline']:+.2f} s "
+        f"({median['document'] / median['baseline']:.2f}x the baseline)"
+    )
     print(f"  the same document again (cache hit)     {median['cached'] * 1000:8.1f} ms")
     return 0
 

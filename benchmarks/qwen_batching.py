@@ -51,8 +51,13 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as scratch:
         model = Path(args.model) if args.model else build(Path(scratch) / args.size, "voice_design", args.size)
-        settings = Settings(engine="qwen", qwen_model=str(model), qwen_device=args.device, qwen_dtype=args.dtype,
-                            qwen_max_frames=max(2048, args.frames))  # requests carry their own cap
+        settings = Settings(
+            engine="qwen",
+            qwen_model=str(model),
+            qwen_device=args.device,
+            qwen_dtype=args.dtype,
+            qwen_max_frames=max(2048, args.frames),
+        )  # requests carry their own cap
         engine = QwenEngine(settings)
         started = time.perf_counter()
         engine.load()
@@ -66,8 +71,10 @@ def main() -> None:
                 torch.cuda.synchronize()
 
         def batched(size: int) -> tuple[float, float]:
-            requests = [SynthesisRequest.from_dict({"text": TEXT, "seed": 0, "max_new_tokens": args.frames})
-                        for _ in range(size)]
+            requests = [
+                SynthesisRequest.from_dict({"text": TEXT, "seed": 0, "max_new_tokens": args.frames})
+                for _ in range(size)
+            ]
             sync()
             began = time.perf_counter()
             outputs = engine.synthesize_batch(requests)
@@ -86,8 +93,9 @@ def main() -> None:
             began = time.perf_counter()
             samples = 0
             for _ in range(size):
-                wavs, _ = tts.generate_voice_design(text=TEXT, instruct="", language="auto",
-                                                    max_new_tokens=args.frames + 1)
+                wavs, _ = tts.generate_voice_design(
+                    text=TEXT, instruct="", language="auto", max_new_tokens=args.frames + 1
+                )
                 samples += min(wavs[0].size, args.frames * 1920)
             sync()
             return time.perf_counter() - began, samples / SAMPLE_RATE
@@ -108,29 +116,39 @@ def main() -> None:
             single_s = statistics.median(t for t, _ in runs["single"])
             audio = runs["ttsq"][0][1]
             single_audio = runs["single"][0][1]
-            rows.append({"batch": size, "audio_s": round(audio, 2),
-                         "ttsq_audio_s_per_s": round(audio / ttsq_s, 2),
-                         "one_by_one_audio_s_per_s": round(single_audio / single_s, 2),
-                         "speedup": round((audio / ttsq_s) / (single_audio / single_s), 2),
-                         "batch_latency_s": round(ttsq_s, 3),
-                         "peak_device_gib": round(peak, 2) if cuda else None})
+            rows.append(
+                {
+                    "batch": size,
+                    "audio_s": round(audio, 2),
+                    "ttsq_audio_s_per_s": round(audio / ttsq_s, 2),
+                    "one_by_one_audio_s_per_s": round(single_audio / single_s, 2),
+                    "speedup": round((audio / ttsq_s) / (single_audio / single_s), 2),
+                    "batch_latency_s": round(ttsq_s, 3),
+                    "peak_device_gib": round(peak, 2) if cuda else None,
+                }
+            )
             print(f"batch {size}: done", file=sys.stderr)
         engine.close()
 
     device = torch.cuda.get_device_name(0) if cuda else f"cpu ({torch.get_num_threads()} threads)"
-    print(f"\nQwen3-TTS {args.size if not args.model else model.name}, {args.frames} frames "
-          f"({args.frames / 12.5:.2f} s audio) per request, {device}, load+warm-up {load_s:.1f} s, "
-          f"median of {args.repeats}")
+    print(
+        f"\nQwen3-TTS {args.size if not args.model else model.name}, {args.frames} frames "
+        f"({args.frames / 12.5:.2f} s audio) per request, {device}, load+warm-up {load_s:.1f} s, "
+        f"median of {args.repeats}"
+    )
     header = f"{'batch':>5} {'ttsq audio-s/s':>15} {'one-by-one':>11} {'speedup':>8} {'batch s':>8} {'peak GiB':>9}"
     print(header)
     print("-" * len(header))
     for row in rows:
         peak_text = f"{row['peak_device_gib']:.2f}" if row["peak_device_gib"] is not None else "-"
-        print(f"{row['batch']:>5} {row['ttsq_audio_s_per_s']:>15.2f} {row['one_by_one_audio_s_per_s']:>11.2f} "
-              f"{row['speedup']:>7.2f}x {row['batch_latency_s']:>8.3f} {peak_text:>9}")
+        print(
+            f"{row['batch']:>5} {row['ttsq_audio_s_per_s']:>15.2f} {row['one_by_one_audio_s_per_s']:>11.2f} "
+            f"{row['speedup']:>7.2f}x {row['batch_latency_s']:>8.3f} {peak_text:>9}"
+        )
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps({"frames": args.frames, "device": device, "size": args.size,
-                                                    "rows": rows}, indent=2))
+        Path(args.json_path).write_text(
+            json.dumps({"frames": args.frames, "device": device, "size": args.size, "rows": rows}, indent=2)
+        )
 
 
 if __name__ == "__main__":

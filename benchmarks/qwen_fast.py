@@ -66,8 +66,13 @@ def main() -> None:
     slots = max(max(batches), args.slots)
     with tempfile.TemporaryDirectory() as scratch:
         model = Path(args.model) if args.model else build(Path(scratch) / args.size, "voice_design", args.size)
-        settings = Settings(engine="qwen", qwen_model=str(model), qwen_device=args.device, max_batch=slots,
-                            qwen_max_frames=max(256, args.frames, args.max_frames))
+        settings = Settings(
+            engine="qwen",
+            qwen_model=str(model),
+            qwen_device=args.device,
+            max_batch=slots,
+            qwen_max_frames=max(256, args.frames, args.max_frames),
+        )
         stock = QwenEngine(settings)
         fast = QwenFastEngine(settings.replace(engine="qwen-fast"))
         loads = {}
@@ -78,8 +83,7 @@ def main() -> None:
             loads[name] = round(time.perf_counter() - started, 1)
         cuda = stock._device.startswith("cuda")
         device = torch.cuda.get_device_name(0) if cuda else f"cpu ({torch.get_num_threads()} threads)"
-        print(f"qwen-fast vs stock qwen-tts: {model.name} on {device}, {stock._dtype_name}; "
-              f"load+warm-up s: {loads}")
+        print(f"qwen-fast vs stock qwen-tts: {model.name} on {device}, {stock._dtype_name}; load+warm-up s: {loads}")
 
         def sync() -> None:
             if cuda:
@@ -93,13 +97,15 @@ def main() -> None:
             Path(args.json_path).write_text(json.dumps({"device": device, "rows": rows, "mixed": mixed}, indent=2))
 
 
-def fixed_batches(args: Any, batches: list[int], stock: Any, fast: Any, sync: Any, cuda: bool,
-                  torch: Any) -> list[dict[str, Any]]:
+def fixed_batches(
+    args: Any, batches: list[int], stock: Any, fast: Any, sync: Any, cuda: bool, torch: Any
+) -> list[dict[str, Any]]:
     from ttsq.request import SynthesisRequest
 
     def timed(engine: Any, size: int) -> tuple[float, int]:
-        requests = [SynthesisRequest.from_dict({"text": TEXT, "max_new_tokens": args.frames, "seed": i})
-                    for i in range(size)]
+        requests = [
+            SynthesisRequest.from_dict({"text": TEXT, "max_new_tokens": args.frames, "seed": i}) for i in range(size)
+        ]
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         sync()
@@ -123,11 +129,15 @@ def fixed_batches(args: Any, batches: list[int], stock: Any, fast: Any, sync: An
         sync()
         return time.perf_counter() - started
 
-    print(f"\nfixed batches, {args.frames} frames per request ({args.frames / FRAMES_PER_SECOND:.2f} s of audio); "
-          "'codec s' is the codec decode of the batch, the same work in both engines; 'loop x' the speedup "
-          "without it")
-    header = (f"{'batch':>5} {'stock a-s/s':>12} {'fast a-s/s':>11} {'speedup':>8} {'stock ms/fr':>12} "
-              f"{'fast ms/fr':>11} {'codec s':>8} {'loop x':>7}")
+    print(
+        f"\nfixed batches, {args.frames} frames per request ({args.frames / FRAMES_PER_SECOND:.2f} s of audio); "
+        "'codec s' is the codec decode of the batch, the same work in both engines; 'loop x' the speedup "
+        "without it"
+    )
+    header = (
+        f"{'batch':>5} {'stock a-s/s':>12} {'fast a-s/s':>11} {'speedup':>8} {'stock ms/fr':>12} "
+        f"{'fast ms/fr':>11} {'codec s':>8} {'loop x':>7}"
+    )
     if cuda:
         header += f" {'fast GiB':>9} {'roofline':>9}"
     print(header)
@@ -145,15 +155,23 @@ def fixed_batches(args: Any, batches: list[int], stock: Any, fast: Any, sync: An
         audio_s = size * args.frames / FRAMES_PER_SECOND
         s_stock, s_fast = statistics.median(times["stock"]), statistics.median(times["fast"])
         s_codec = min(statistics.median(times["codec"]), 0.99 * s_fast)
-        row = {"batch": size, "audio_s": round(audio_s, 2),
-               "stock_audio_s_per_s": round(audio_s / s_stock, 2), "fast_audio_s_per_s": round(audio_s / s_fast, 2),
-               "speedup": round(s_stock / s_fast, 2), "stock_ms_per_frame": round(1000 * s_stock / args.frames, 2),
-               "fast_ms_per_frame": round(1000 * s_fast / args.frames, 2),
-               "fast_realtime_per_stream": round(audio_s / s_fast / size, 2), "codec_s": round(s_codec, 3),
-               "loop_speedup": round((s_stock - s_codec) / (s_fast - s_codec), 2)}
-        line = (f"{size:>5} {row['stock_audio_s_per_s']:>12} {row['fast_audio_s_per_s']:>11} {row['speedup']:>7}x "
-                f"{row['stock_ms_per_frame']:>12} {row['fast_ms_per_frame']:>11} {row['codec_s']:>8} "
-                f"{row['loop_speedup']:>6}x")
+        row = {
+            "batch": size,
+            "audio_s": round(audio_s, 2),
+            "stock_audio_s_per_s": round(audio_s / s_stock, 2),
+            "fast_audio_s_per_s": round(audio_s / s_fast, 2),
+            "speedup": round(s_stock / s_fast, 2),
+            "stock_ms_per_frame": round(1000 * s_stock / args.frames, 2),
+            "fast_ms_per_frame": round(1000 * s_fast / args.frames, 2),
+            "fast_realtime_per_stream": round(audio_s / s_fast / size, 2),
+            "codec_s": round(s_codec, 3),
+            "loop_speedup": round((s_stock - s_codec) / (s_fast - s_codec), 2),
+        }
+        line = (
+            f"{size:>5} {row['stock_audio_s_per_s']:>12} {row['fast_audio_s_per_s']:>11} {row['speedup']:>7}x "
+            f"{row['stock_ms_per_frame']:>12} {row['fast_ms_per_frame']:>11} {row['codec_s']:>8} "
+            f"{row['loop_speedup']:>6}x"
+        )
         if cuda:
             moved = bytes_per_frame(fast, size, args.frames)
             row["fast_peak_gib"] = round(peak / 2**30, 2)
@@ -163,8 +181,10 @@ def fixed_batches(args: Any, batches: list[int], stock: Any, fast: Any, sync: An
         print(line, flush=True)
     single = next((r for r in rows if r["batch"] == 1), None)
     if single:
-        print(f"single stream: fast {single['fast_realtime_per_stream']}x real time "
-              f"(stock {single['stock_audio_s_per_s']}x)")
+        print(
+            f"single stream: fast {single['fast_realtime_per_stream']}x real time "
+            f"(stock {single['stock_audio_s_per_s']}x)"
+        )
     return rows
 
 
@@ -176,12 +196,19 @@ def bytes_per_frame(fast: Any, rows: int, frames: int) -> float:
     layers = sum(size.values())
     head = talker.codec_head.weight.numel() * talker.codec_head.weight.element_size()
     predictor = talker.code_predictor
-    per_step = (sum(p.numel() * p.element_size() for p in predictor.model.layers.parameters())
-                + sum(p.numel() * p.element_size() for p in predictor.small_to_mtp_projection.parameters())
-                + predictor.lm_head[0].weight.numel() * predictor.lm_head[0].weight.element_size())
+    per_step = (
+        sum(p.numel() * p.element_size() for p in predictor.model.layers.parameters())
+        + sum(p.numel() * p.element_size() for p in predictor.small_to_mtp_projection.parameters())
+        + predictor.lm_head[0].weight.numel() * predictor.lm_head[0].weight.element_size()
+    )
     config = talker.config
-    kv_per_token = (2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
-                    * talker.codec_head.weight.element_size())
+    kv_per_token = (
+        2
+        * config.num_hidden_layers
+        * config.num_key_value_heads
+        * config.head_dim
+        * talker.codec_head.weight.element_size()
+    )
     context = 40 + frames / 2  # a short prompt plus the mean decoded length
     return float(layers + head + 15 * per_step + rows * kv_per_token * context)
 
@@ -197,8 +224,10 @@ def mixed_lengths(args: Any, settings: Any) -> dict[str, Any]:
         at += schedule.expovariate(args.rate)
         arrivals.append((at, schedule.randint(args.min_frames, args.max_frames), i))
     audio = sum(frames for _, frames, _ in arrivals) / FRAMES_PER_SECOND
-    print(f"\nmixed lengths, open loop: {args.jobs} jobs of {args.min_frames}-{args.max_frames} frames "
-          f"({audio:.0f} s of audio), {args.rate}/s arrivals, batch/slots {args.slots}")
+    print(
+        f"\nmixed lengths, open loop: {args.jobs} jobs of {args.min_frames}-{args.max_frames} frames "
+        f"({audio:.0f} s of audio), {args.rate}/s arrivals, batch/slots {args.slots}"
+    )
     print(f"{'engine':>6} {'jobs/s':>7} {'p50 s':>7} {'p95 s':>7} {'audio-s/s':>10}")
     figures = {}
     for name, engine_name in (("stock", "qwen"), ("fast", "qwen-fast")):
@@ -214,11 +243,13 @@ def mixed_lengths(args: Any, settings: Any) -> dict[str, Any]:
             if delay > 0:
                 time.sleep(delay)
             submitted = time.perf_counter()
-            future = batcher.submit(SynthesisRequest.from_dict({"text": f"{TEXT} {i}", "max_new_tokens": frames,
-                                                                "seed": 1}))  # one group: see the docstring
+            future = batcher.submit(
+                SynthesisRequest.from_dict({"text": f"{TEXT} {i}", "max_new_tokens": frames, "seed": 1})
+            )  # one group: see the docstring
 
-            def finished(_: Any, submitted: float = submitted, lock: threading.Lock = lock,
-                         latencies: list[float] = latencies) -> None:
+            def finished(
+                _: Any, submitted: float = submitted, lock: threading.Lock = lock, latencies: list[float] = latencies
+            ) -> None:
                 with lock:
                     latencies.append(time.perf_counter() - submitted)
 
@@ -229,8 +260,12 @@ def mixed_lengths(args: Any, settings: Any) -> dict[str, Any]:
         elapsed = time.perf_counter() - started
         batcher.stop()
         quantiles = statistics.quantiles(latencies, n=20)
-        figures[name] = {"jobs_per_s": round(args.jobs / elapsed, 2), "p50_s": round(statistics.median(latencies), 2),
-                         "p95_s": round(quantiles[18], 2), "audio_s_per_s": round(audio / elapsed, 2)}
+        figures[name] = {
+            "jobs_per_s": round(args.jobs / elapsed, 2),
+            "p50_s": round(statistics.median(latencies), 2),
+            "p95_s": round(quantiles[18], 2),
+            "audio_s_per_s": round(audio / elapsed, 2),
+        }
         f = figures[name]
         print(f"{name:>6} {f['jobs_per_s']:>7} {f['p50_s']:>7} {f['p95_s']:>7} {f['audio_s_per_s']:>10}", flush=True)
     return figures

@@ -34,8 +34,24 @@ from ttsq.connection import connect
 from ttsq.constants import FLEET_PREFIX
 from ttsq.embedded import RedisServer
 
-WORDS = ("amber", "river", "quiet", "signal", "harbor", "lantern", "meadow", "copper", "violet", "summit",
-         "orbit", "willow", "canyon", "ember", "falcon", "glacier")
+WORDS = (
+    "amber",
+    "river",
+    "quiet",
+    "signal",
+    "harbor",
+    "lantern",
+    "meadow",
+    "copper",
+    "violet",
+    "summit",
+    "orbit",
+    "willow",
+    "canyon",
+    "ember",
+    "falcon",
+    "glacier",
+)
 
 
 def text_for(i: int) -> str:
@@ -55,8 +71,12 @@ def start_worker(settings: Settings, name: str, log: Path) -> subprocess.Popen[b
     env = {k: v for k, v in os.environ.items() if not k.startswith("TTSQ_")}
     env.update({f"TTSQ_{f.name.upper()}": str(getattr(settings, f.name)) for f in fields(settings)})
     with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "ttsq.cli.main", "worker", "-n", f"{name}@soak"],
-                                env=env, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "-m", "ttsq.cli.main", "worker", "-n", f"{name}@soak"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def main() -> int:
@@ -73,9 +93,16 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="ttsq-soak-"))
     server = RedisServer().start()
     url = server.url
-    settings = Settings(broker_url=f"{url}/0", result_backend=f"{url}/1", cache_url=f"{url}/2",
-                        storage_url=str(work / "audio"), queue="soak", max_batch=args.max_batch,
-                        log_level="WARNING", metrics_port=0)  # two workers on one host: no metrics port
+    settings = Settings(
+        broker_url=f"{url}/0",
+        result_backend=f"{url}/1",
+        cache_url=f"{url}/2",
+        storage_url=str(work / "audio"),
+        queue="soak",
+        max_batch=args.max_batch,
+        log_level="WARNING",
+        metrics_port=0,
+    )  # two workers on one host: no metrics port
     workers: list[subprocess.Popen[bytes]] = []
     try:
         for n in range(args.workers):
@@ -95,8 +122,13 @@ def main() -> int:
 
         def sample() -> None:
             done = index.counter("items_synthesized")
-            samples.append({"t_s": round(time.monotonic() - started, 1), "jobs_done": done,
-                            "rss_kib": [rss_kib(w.pid) for w in workers]})
+            samples.append(
+                {
+                    "t_s": round(time.monotonic() - started, 1),
+                    "jobs_done": done,
+                    "rss_kib": [rss_kib(w.pid) for w in workers],
+                }
+            )
 
         def sampler() -> None:
             step = max(1, args.jobs // args.samples)
@@ -127,30 +159,43 @@ def main() -> int:
         first, last = samples[0]["rss_kib"], samples[-1]["rss_kib"]
         warm = next((s for s in samples if s["jobs_done"] >= args.jobs * 0.2), samples[0])["rss_kib"]
         summary = {
-            "jobs": args.jobs, "completed": len(keys), "synthesized": synthesized, "objects_written": written,
-            "objects_stored": stored, "workers": args.workers, "max_batch": args.max_batch,
-            "duration_s": round(duration, 1), "submit_s": round(submitted_s, 1),
+            "jobs": args.jobs,
+            "completed": len(keys),
+            "synthesized": synthesized,
+            "objects_written": written,
+            "objects_stored": stored,
+            "workers": args.workers,
+            "max_batch": args.max_batch,
+            "duration_s": round(duration, 1),
+            "submit_s": round(submitted_s, 1),
             "jobs_per_s": round(args.jobs / duration, 1),
-            "rss_start_kib": first, "rss_at_20pct_kib": warm, "rss_end_kib": last,
+            "rss_start_kib": first,
+            "rss_at_20pct_kib": warm,
+            "rss_end_kib": last,
             "rss_growth_after_20pct_kib": [e - w for e, w in zip(last, warm, strict=True)],
             "samples": samples,
             "workers_alive": sum(1 for w in workers if w.poll() is None),
-            "ok": len(keys) == synthesized == written == stored == args.jobs
-            and all(w.poll() is None for w in workers),
+            "ok": len(keys) == synthesized == written == stored == args.jobs and all(w.poll() is None for w in workers),
         }
         if args.json:
             print(json.dumps(summary))
         else:
-            print(f"jobs {args.jobs}: completed {len(keys)}, synthesized {synthesized}, objects written {written}, "
-                  f"stored {stored} -> {'OK: all done, none twice' if summary['ok'] else 'MISMATCH'}")
-            print(f"duration {duration:.1f}s ({summary['jobs_per_s']} jobs/s) with {args.workers} workers, "
-                  f"max_batch {args.max_batch}; submitting took {submitted_s:.1f}s")
+            print(
+                f"jobs {args.jobs}: completed {len(keys)}, synthesized {synthesized}, objects written {written}, "
+                f"stored {stored} -> {'OK: all done, none twice' if summary['ok'] else 'MISMATCH'}"
+            )
+            print(
+                f"duration {duration:.1f}s ({summary['jobs_per_s']} jobs/s) with {args.workers} workers, "
+                f"max_batch {args.max_batch}; submitting took {submitted_s:.1f}s"
+            )
             print("t_s      jobs_done  " + "  ".join(f"w{n + 1}_rss_MiB" for n in range(args.workers)))
             for s in samples:
                 print(f"{s['t_s']:<8} {s['jobs_done']:<10} " + "  ".join(f"{r / 1024:>10.1f}" for r in s["rss_kib"]))
             for n in range(args.workers):
-                print(f"w{n + 1}: RSS start {first[n] / 1024:.1f} MiB, at 20% {warm[n] / 1024:.1f} MiB, "
-                      f"end {last[n] / 1024:.1f} MiB (growth after 20%: {(last[n] - warm[n]) / 1024:+.1f} MiB)")
+                print(
+                    f"w{n + 1}: RSS start {first[n] / 1024:.1f} MiB, at 20% {warm[n] / 1024:.1f} MiB, "
+                    f"end {last[n] / 1024:.1f} MiB (growth after 20%: {(last[n] - warm[n]) / 1024:+.1f} MiB)"
+                )
         client.close()
         return 0 if summary["ok"] else 1
     finally:

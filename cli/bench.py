@@ -15,35 +15,89 @@ from .common import one_line_errors, settings_of
 
 @click.command()
 @click.option("-n", "--jobs", type=int, default=200, show_default=True, help="Timed jobs to run.")
-@click.option("-c", "--concurrency", type=int, default=None,
-              help="Closed loop: jobs in flight at once. Default: twice the max batch.")
-@click.option("--rate", type=float, default=None,
-              help="Open loop instead: mean arrivals per second, Poisson; latency counts from each arrival.")
-@click.option("--mode", type=click.Choice(["synthesize", "cache-hit"]), default="synthesize", show_default=True,
-              help="synthesize: every job misses the cache. cache-hit: time submits of already cached requests.")
-@click.option("--corpus", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="Sentences, one a line: text, LANGUAGE<TAB>text, or a JSON object of request fields. "
-                   "Default: short, medium and long sentences in seven languages.")
-@click.option("--format", "audio_format", type=click.Choice(FORMATS), default="wav", show_default=True,
-              help="Output format of every job.")
+@click.option(
+    "-c",
+    "--concurrency",
+    type=int,
+    default=None,
+    help="Closed loop: jobs in flight at once. Default: twice the max batch.",
+)
+@click.option(
+    "--rate",
+    type=float,
+    default=None,
+    help="Open loop instead: mean arrivals per second, Poisson; latency counts from each arrival.",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(["synthesize", "cache-hit"]),
+    default="synthesize",
+    show_default=True,
+    help="synthesize: every job misses the cache. cache-hit: time submits of already cached requests.",
+)
+@click.option(
+    "--corpus",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Sentences, one a line: text, LANGUAGE<TAB>text, or a JSON object of request fields. "
+    "Default: short, medium and long sentences in seven languages.",
+)
+@click.option(
+    "--format",
+    "audio_format",
+    type=click.Choice(FORMATS),
+    default="wav",
+    show_default=True,
+    help="Output format of every job.",
+)
 @click.option("--warmup", type=int, default=0, show_default=True, help="Untimed jobs sent first.")
 @click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds to wait for each job.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the corpus order and arrivals.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
-              default=None, help="Also write the figures as JSON to this file ('-': JSON on stdout, no table).")
-@click.option("--embedded", is_flag=True,
-              help="Bench a private Redis and an in-process worker started for the run (audio in a temporary "
-                   "folder unless --storage-url is given).")
-@click.option("--engine", default=None, help="Engine: of the embedded worker (default espeak), else the one "
-                                             "whose workers the producer expects. [TTSQ_ENGINE]")
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+    default=None,
+    help="Also write the figures as JSON to this file ('-': JSON on stdout, no table).",
+)
+@click.option(
+    "--embedded",
+    is_flag=True,
+    help="Bench a private Redis and an in-process worker started for the run (audio in a temporary "
+    "folder unless --storage-url is given).",
+)
+@click.option(
+    "--engine",
+    default=None,
+    help="Engine: of the embedded worker (default espeak), else the one "
+    "whose workers the producer expects. [TTSQ_ENGINE]",
+)
 @click.option("--max-batch", type=int, default=None, help="Embedded worker's largest batch. [TTSQ_MAX_BATCH]")
-@click.option("--max-wait-ms", type=int, default=None,
-              help="Embedded worker's longest wait for a batch to fill. [TTSQ_MAX_WAIT_MS]")
+@click.option(
+    "--max-wait-ms",
+    type=int,
+    default=None,
+    help="Embedded worker's longest wait for a batch to fill. [TTSQ_MAX_WAIT_MS]",
+)
 @click.pass_context
 @one_line_errors
-def bench(ctx: click.Context, jobs: int, concurrency: int | None, rate: float | None, mode: str,
-          corpus: Path | None, audio_format: str, warmup: int, timeout: float, seed: int, json_path: Path | None,
-          embedded: bool, engine: str | None, max_batch: int | None, max_wait_ms: int | None) -> None:
+def bench(
+    ctx: click.Context,
+    jobs: int,
+    concurrency: int | None,
+    rate: float | None,
+    mode: str,
+    corpus: Path | None,
+    audio_format: str,
+    warmup: int,
+    timeout: float,
+    seed: int,
+    json_path: Path | None,
+    embedded: bool,
+    engine: str | None,
+    max_batch: int | None,
+    max_wait_ms: int | None,
+) -> None:
     """Measure throughput and latency: N jobs at a fixed concurrency or arrival rate."""
     from ttsq.ops import bench as benchmark
     from ttsq.request import Limits
@@ -53,15 +107,28 @@ def bench(ctx: click.Context, jobs: int, concurrency: int | None, rate: float | 
     if embedded and engine is None:
         engine = "espeak"  # like `submit --embedded`: a fresh machine has no GPU model
     settings = settings_of(ctx, engine=engine, max_batch=max_batch, max_wait_ms=max_wait_ms)
-    plan = benchmark.Plan(jobs=jobs, concurrency=concurrency or settings.concurrency, rate=rate,
-                          mode="cache-hit" if mode == "cache-hit" else "synthesize", timeout_s=timeout, seed=seed,
-                          audio_format=audio_format, warmup=warmup)
+    plan = benchmark.Plan(
+        jobs=jobs,
+        concurrency=concurrency or settings.concurrency,
+        rate=rate,
+        mode="cache-hit" if mode == "cache-hit" else "synthesize",
+        timeout_s=timeout,
+        seed=seed,
+        audio_format=audio_format,
+        warmup=warmup,
+    )
     sentences = benchmark.load_corpus(corpus) if corpus else list(benchmark.CORPUS)
     benchmark.check_corpus(sentences, plan, Limits.from_settings(settings))  # before the progress bar shows
     with click.progressbar(length=jobs, label="ttsq bench", file=sys.stderr) as bar:
-        figures = benchmark.measure(settings, plan, sentences, embedded=embedded,
-                                    temporary_storage=embedded and ctx.obj["storage_url"] is None,
-                                    corpus_name=str(corpus) if corpus else "built-in", progress=bar.update)
+        figures = benchmark.measure(
+            settings,
+            plan,
+            sentences,
+            embedded=embedded,
+            temporary_storage=embedded and ctx.obj["storage_url"] is None,
+            corpus_name=str(corpus) if corpus else "built-in",
+            progress=bar.update,
+        )
     encoded = json.dumps(figures, indent=2, ensure_ascii=False)
     if json_path is not None and str(json_path) == "-":
         click.echo(encoded)

@@ -20,6 +20,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def one_line_errors(command: F) -> F:
     """Turn ttsq's errors into ``ttsq: error: ...`` and an exit code (2 for bad input or settings)."""
+
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -37,6 +38,7 @@ def one_line_errors(command: F) -> F:
         # Exit outside the except block: the traceback (and the Celery objects its frames hold) is
         # released now, not during interpreter shutdown where their finalizers print noise.
         fail(message, code)
+
     return wrapper  # type: ignore[return-value]
 
 
@@ -81,8 +83,10 @@ def summary(result: JobResult) -> str:
         source = f"{document['chunks']} chunks ({document['cached_chunks']} from the cache), {source}"
     ignored = f" (ignored: {', '.join(result['ignored'])})" if result["ignored"] else ""
     truncated = " (truncated at the frame cap)" if result["truncated"] else ""
-    return (f"{result['duration_s']:.2f}s {result['format']} {result['sample_rate']} Hz, {source} "
-            f"by {result['engine']}, key {result['key'][:12]}{ignored}{truncated}")
+    return (
+        f"{result['duration_s']:.2f}s {result['format']} {result['sample_rate']} Hz, {source} "
+        f"by {result['engine']}, key {result['key'][:12]}{ignored}{truncated}"
+    )
 
 
 def fetch(url: str) -> bytes:

@@ -12,27 +12,48 @@ from .common import one_line_errors, settings_of
 
 
 @click.command()
-@click.option("--engine", default=None,
-              help="Engine name (espeak, qwen, qwen-fast) or package.module:Factory. [TTSQ_ENGINE]")
+@click.option(
+    "--engine", default=None, help="Engine name (espeak, qwen, qwen-fast) or package.module:Factory. [TTSQ_ENGINE]"
+)
 @click.option("--max-batch", type=int, default=None, help="Largest batch. [TTSQ_MAX_BATCH]")
-@click.option("--max-wait-ms", type=int, default=None,
-              help="Longest wait for a batch to fill after its first job. [TTSQ_MAX_WAIT_MS]")
-@click.option("-n", "--hostname", default=None,
-              help="Celery node name (default ENGINE@host); with --devices, the host part of gpuN@HOST.")
-@click.option("--devices", default=None,
-              help="Launch one supervised worker process per device: all (every GPU; one CPU worker if "
-                   "there is none), a GPU list like 0,1,3, cpu, or cpu:N for N CPU workers.")
-@click.option("--metrics-port", type=int, default=None,
-              help="Prometheus port; with --devices the Nth worker gets this + N; 0 turns it off. "
-                   "[TTSQ_METRICS_PORT]")
+@click.option(
+    "--max-wait-ms",
+    type=int,
+    default=None,
+    help="Longest wait for a batch to fill after its first job. [TTSQ_MAX_WAIT_MS]",
+)
+@click.option(
+    "-n",
+    "--hostname",
+    default=None,
+    help="Celery node name (default ENGINE@host); with --devices, the host part of gpuN@HOST.",
+)
+@click.option(
+    "--devices",
+    default=None,
+    help="Launch one supervised worker process per device: all (every GPU; one CPU worker if "
+    "there is none), a GPU list like 0,1,3, cpu, or cpu:N for N CPU workers.",
+)
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=None,
+    help="Prometheus port; with --devices the Nth worker gets this + N; 0 turns it off. [TTSQ_METRICS_PORT]",
+)
 @click.pass_context
 @one_line_errors
-def worker(ctx: click.Context, engine: str | None, max_batch: int | None, max_wait_ms: int | None,
-           hostname: str | None, devices: str | None, metrics_port: int | None) -> None:
+def worker(
+    ctx: click.Context,
+    engine: str | None,
+    max_batch: int | None,
+    max_wait_ms: int | None,
+    hostname: str | None,
+    devices: str | None,
+    metrics_port: int | None,
+) -> None:
     """Run a worker: load the engine, then consume jobs until SIGTERM (which finishes the batch in
     flight first). With --devices, run and supervise one worker per device."""
-    settings = settings_of(ctx, engine=engine, max_batch=max_batch, max_wait_ms=max_wait_ms,
-                         metrics_port=metrics_port)
+    settings = settings_of(ctx, engine=engine, max_batch=max_batch, max_wait_ms=max_wait_ms, metrics_port=metrics_port)
     if devices is not None:
         import logging
         import os
@@ -41,8 +62,7 @@ def worker(ctx: click.Context, engine: str | None, max_batch: int | None, max_wa
         from ttsq.devices import plan
         from ttsq.supervisor import Supervisor
 
-        logging.basicConfig(level=settings.log_level,
-                            format="%(asctime)s %(levelname)s launcher %(name)s: %(message)s")
+        logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s launcher %(name)s: %(message)s")
         slots, chosen = plan(devices, os.environ)
         logging.getLogger("ttsq.launcher").info("%s", chosen)
         host = (hostname or socket.gethostname()).split("@")[-1]
@@ -54,10 +74,20 @@ def worker(ctx: click.Context, engine: str | None, max_batch: int | None, max_wa
 
 
 @click.command()
-@click.option("--minutes", type=click.IntRange(1, 120), default=5, show_default=True,
-              help="How far back throughput and the cache hit ratio look.")
-@click.option("--ping-timeout", type=float, default=1.0, show_default=True,
-              help="Seconds to wait for workers to answer a ping (0: skip the ping).")
+@click.option(
+    "--minutes",
+    type=click.IntRange(1, 120),
+    default=5,
+    show_default=True,
+    help="How far back throughput and the cache hit ratio look.",
+)
+@click.option(
+    "--ping-timeout",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Seconds to wait for workers to answer a ping (0: skip the ping).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
 @click.pass_context
 @one_line_errors
@@ -72,19 +102,27 @@ def stats(ctx: click.Context, minutes: int, ping_timeout: float, as_json: bool) 
 @click.command(context_settings={"ignore_unknown_options": True})
 @click.option("--address", default="0.0.0.0", show_default=True, help="Address Flower listens on.")
 @click.option("--port", type=int, default=5555, show_default=True, help="Flower's port.")
-@click.option("--basic-auth", envvar="FLOWER_BASIC_AUTH", default=None,
-              help="user:password for Flower's pages and API. [FLOWER_BASIC_AUTH]")
+@click.option(
+    "--basic-auth",
+    envvar="FLOWER_BASIC_AUTH",
+    default=None,
+    help="user:password for Flower's pages and API. [FLOWER_BASIC_AUTH]",
+)
 @click.option("--no-auth", is_flag=True, help="Run without authentication (trusted networks only).")
 @click.argument("flower_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 @one_line_errors
-def flower(ctx: click.Context, address: str, port: int, basic_auth: str | None, no_auth: bool,
-           flower_args: tuple[str, ...]) -> None:
+def flower(
+    ctx: click.Context, address: str, port: int, basic_auth: str | None, no_auth: bool, flower_args: tuple[str, ...]
+) -> None:
     """Run Flower on ttsq's broker, with basic auth. Extra arguments go to Flower (--persistent=True, ...)."""
     from ttsq.flower import run_flower
 
-    sys.exit(run_flower(settings_of(ctx), address=address, port=port, basic_auth=basic_auth, no_auth=no_auth,
-                        extra=flower_args))
+    sys.exit(
+        run_flower(
+            settings_of(ctx), address=address, port=port, basic_auth=basic_auth, no_auth=no_auth, extra=flower_args
+        )
+    )
 
 
 @click.command()
@@ -103,8 +141,10 @@ def failed(ctx: click.Context, as_json: bool) -> None:
         click.echo("no parked jobs")
     for job in jobs:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(job["parked_at"]))
-        click.echo(f"{job['id']}  {when}Z  attempts {job['attempts']}  queue {job['queue']}  "
-                   f"{job['chars']} chars  {job['language']}")
+        click.echo(
+            f"{job['id']}  {when}Z  attempts {job['attempts']}  queue {job['queue']}  "
+            f"{job['chars']} chars  {job['language']}"
+        )
 
 
 @click.command()

@@ -22,47 +22,96 @@ if TYPE_CHECKING:
 
 @click.command()
 @click.argument("text", required=False)
-@click.option("-f", "--file", "text_file",
-              type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path),
-              default=None,
-              help="Read the text from this file ('-': stdin) as one document of any length: it is split into "
-                   "chunk jobs and stitched into one audio file, with a progress bar while it runs.")
-@click.option("--each-line", is_flag=True,
-              help="With -f: one ordinary job per non-blank line instead (many short clips), with a progress bar "
-                   "and a summary; --json prints one record per line.")
-@click.option("--mode", default="voice_design", show_default=True,
-              help="voice_design (a voice described in words), custom_voice (a named speaker) or "
-                   "voice_clone (a stored reference voice).")
+@click.option(
+    "-f",
+    "--file",
+    "text_file",
+    type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path),
+    default=None,
+    help="Read the text from this file ('-': stdin) as one document of any length: it is split into "
+    "chunk jobs and stitched into one audio file, with a progress bar while it runs.",
+)
+@click.option(
+    "--each-line",
+    is_flag=True,
+    help="With -f: one ordinary job per non-blank line instead (many short clips), with a progress bar "
+    "and a summary; --json prints one record per line.",
+)
+@click.option(
+    "--mode",
+    default="voice_design",
+    show_default=True,
+    help="voice_design (a voice described in words), custom_voice (a named speaker) or "
+    "voice_clone (a stored reference voice).",
+)
 @click.option("--instruct", default="", help="Voice description, in words (VoiceDesign; style for CustomVoice).")
 @click.option("--speaker", default="", help="Speaker name (custom_voice).")
 @click.option("--reference", default="", help="Voice key from `ttsq voices add` (voice_clone).")
-@click.option("--language", default="auto", show_default=True,
-              help=f"One of {', '.join(LANGUAGES)}, or a code like ko, en, ja.")
-@click.option("--format", "audio_format", default=None,
-              help=f"Output format: {', '.join(FORMATS)}. Default: from the -o extension, else wav.")
+@click.option(
+    "--language", default="auto", show_default=True, help=f"One of {', '.join(LANGUAGES)}, or a code like ko, en, ja."
+)
+@click.option(
+    "--format",
+    "audio_format",
+    default=None,
+    help=f"Output format: {', '.join(FORMATS)}. Default: from the -o extension, else wav.",
+)
 @click.option("--seed", type=int, default=None, help="Sampling seed (part of the cache key).")
 @click.option("--temperature", type=float, default=None, help="Sampling temperature (engine default if unset).")
 @click.option("--top-p", type=float, default=None, help="Nucleus sampling threshold.")
 @click.option("--top-k", type=int, default=None, help="Top-k sampling.")
 @click.option("--repetition-penalty", type=float, default=None, help="Repetition penalty.")
-@click.option("--max-new-tokens", type=int, default=None,
-              help="Frame cap (12.5 frames per second of audio); derived from the text if unset.")
-@click.option("--deadline-s", type=float, default=None,
-              help="Drop the job unsynthesized if it has not started within this many seconds.")
+@click.option(
+    "--max-new-tokens",
+    type=int,
+    default=None,
+    help="Frame cap (12.5 frames per second of audio); derived from the text if unset.",
+)
+@click.option(
+    "--deadline-s",
+    type=float,
+    default=None,
+    help="Drop the job unsynthesized if it has not started within this many seconds.",
+)
 @click.option("--wait/--no-wait", default=True, show_default=True, help="Wait for the result.")
 @click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds to wait.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the audio to this file (implies --wait).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the audio to this file (implies --wait).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@click.option("--embedded", is_flag=True,
-              help="Start a private Redis and an in-process espeak worker for this one job.")
+@click.option(
+    "--embedded", is_flag=True, help="Start a private Redis and an in-process espeak worker for this one job."
+)
 @click.pass_context
 @one_line_errors
-def submit(ctx: click.Context, text: str | None, text_file: Path | None, each_line: bool, mode: str, instruct: str,
-           speaker: str, reference: str, language: str, audio_format: str | None, seed: int | None,
-           temperature: float | None, top_p: float | None, top_k: int | None, repetition_penalty: float | None,
-           max_new_tokens: int | None, deadline_s: float | None, wait: bool, timeout: float, output: Path | None,
-           as_json: bool, embedded: bool) -> None:
+def submit(
+    ctx: click.Context,
+    text: str | None,
+    text_file: Path | None,
+    each_line: bool,
+    mode: str,
+    instruct: str,
+    speaker: str,
+    reference: str,
+    language: str,
+    audio_format: str | None,
+    seed: int | None,
+    temperature: float | None,
+    top_p: float | None,
+    top_k: int | None,
+    repetition_penalty: float | None,
+    max_new_tokens: int | None,
+    deadline_s: float | None,
+    wait: bool,
+    timeout: float,
+    output: Path | None,
+    as_json: bool,
+    embedded: bool,
+) -> None:
     """Synthesize TEXT (or '-' to read it from stdin), or a document with -f FILE."""
     if (text is None) == (text_file is None):
         raise click.UsageError("give TEXT as an argument or a file with -f FILE (one of them)")
@@ -73,10 +122,24 @@ def submit(ctx: click.Context, text: str | None, text_file: Path | None, each_li
     if embedded and not wait:
         raise click.UsageError("--embedded waits for its one job: it cannot be combined with --no-wait")
     text = _input_text(text, text_file)
-    fields = _request_fields(mode=mode, instruct=instruct, speaker=speaker, reference=reference, language=language,
-                             audio_format=audio_format, output=output, deadline_s=deadline_s,
-                             sampling={"seed": seed, "temperature": temperature, "top_p": top_p, "top_k": top_k,
-                                       "repetition_penalty": repetition_penalty, "max_new_tokens": max_new_tokens})
+    fields = _request_fields(
+        mode=mode,
+        instruct=instruct,
+        speaker=speaker,
+        reference=reference,
+        language=language,
+        audio_format=audio_format,
+        output=output,
+        deadline_s=deadline_s,
+        sampling={
+            "seed": seed,
+            "temperature": temperature,
+            "top_p": top_p,
+            "top_k": top_k,
+            "repetition_penalty": repetition_penalty,
+            "max_new_tokens": max_new_tokens,
+        },
+    )
     kind = "lines" if each_line else "document" if text_file is not None else "job"
     settings = settings_of(ctx)
     if embedded:
@@ -97,9 +160,18 @@ def _input_text(text: str | None, text_file: Path | None) -> str:
     return text
 
 
-def _request_fields(*, mode: str, instruct: str, speaker: str, reference: str, language: str,
-                    audio_format: str | None, output: Path | None, deadline_s: float | None,
-                    sampling: dict[str, Any]) -> dict[str, Any]:
+def _request_fields(
+    *,
+    mode: str,
+    instruct: str,
+    speaker: str,
+    reference: str,
+    language: str,
+    audio_format: str | None,
+    output: Path | None,
+    deadline_s: float | None,
+    sampling: dict[str, Any],
+) -> dict[str, Any]:
     """The request fields the flags give (validated later, at the edge, like any other input)."""
     if audio_format is None:
         suffix = output.suffix.lower().lstrip(".") if output else ""
@@ -114,8 +186,17 @@ def _request_fields(*, mode: str, instruct: str, speaker: str, reference: str, l
     return fields
 
 
-def _submit(client: Client, kind: str, text: str, fields: dict[str, Any], *, wait: bool, timeout: float,
-            output: Path | None, as_json: bool) -> None:
+def _submit(
+    client: Client,
+    kind: str,
+    text: str,
+    fields: dict[str, Any],
+    *,
+    wait: bool,
+    timeout: float,
+    output: Path | None,
+    as_json: bool,
+) -> None:
     """Submit one job, one document, or one job per line, and report as the flags ask."""
     if kind == "lines":
         sys.exit(_submit_lines(client, text, fields, wait=wait, timeout=timeout, as_json=as_json))
@@ -124,15 +205,26 @@ def _submit(client: Client, kind: str, text: str, fields: dict[str, Any], *, wai
         queued: dict[str, Any] = {"id": job.id, "key": job.key, "state": "PENDING"}
         if kind == "document":
             queued["chunks"] = job.chunks
-        click.echo(json.dumps(queued) if as_json
-                   else f"queued {job.id}" + (f" ({job.chunks} chunks)" if kind == "document" else ""))
+        click.echo(
+            json.dumps(queued)
+            if as_json
+            else f"queued {job.id}" + (f" ({job.chunks} chunks)" if kind == "document" else "")
+        )
         return
     result = _wait_with_progress(client, job, timeout) if kind == "document" else job.wait(timeout)
     report(result, output=output, as_json=as_json)
 
 
-def _submit_embedded(settings: Settings, kind: str, text: str, fields: dict[str, Any], *, timeout: float,
-                     output: Path | None, as_json: bool) -> None:
+def _submit_embedded(
+    settings: Settings,
+    kind: str,
+    text: str,
+    fields: dict[str, Any],
+    *,
+    timeout: float,
+    output: Path | None,
+    as_json: bool,
+) -> None:
     """The same, through a private Redis and an in-process espeak worker started for this one run."""
     import signal
 
@@ -149,11 +241,23 @@ def _submit_embedded(settings: Settings, kind: str, text: str, fields: dict[str,
     elif kind == "document":  # a document may be longer than one job; lines are checked one by one
         from ttsq.document import Document, Options
 
-        Document.parse({"text": text, **fields}, limits=limits, max_document_chars=settings.max_document_chars,
-                       default_options=Options.from_settings(settings))
+        Document.parse(
+            {"text": text, **fields},
+            limits=limits,
+            max_document_chars=settings.max_document_chars,
+            default_options=Options.from_settings(settings),
+        )
     with Embedded(settings.replace(engine="espeak")) as stack:
-        _submit(Client(stack.settings, app=stack.app), kind, text, fields, wait=True, timeout=timeout,
-                output=output, as_json=as_json)
+        _submit(
+            Client(stack.settings, app=stack.app),
+            kind,
+            text,
+            fields,
+            wait=True,
+            timeout=timeout,
+            output=output,
+            as_json=as_json,
+        )
 
 
 @click.command()
@@ -174,8 +278,10 @@ def status(ctx: click.Context, job_id: str, as_json: bool) -> None:
         click.echo(f"{info['state']} {summary(info['result'])}")
     elif "progress" in info:
         progress = info["progress"]
-        click.echo(f"{info['state']} {progress['chunks_done']}/{progress['chunks_total']} chunks, "
-                   f"{progress['audio_s']:.1f} s of audio")
+        click.echo(
+            f"{info['state']} {progress['chunks_done']}/{progress['chunks_total']} chunks, "
+            f"{progress['audio_s']:.1f} s of audio"
+        )
     else:
         click.echo(info["state"])
 
@@ -183,8 +289,13 @@ def status(ctx: click.Context, job_id: str, as_json: bool) -> None:
 @click.command()
 @click.argument("job_id")
 @click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds to wait.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the audio to this file.")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the audio to this file.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
 @one_line_errors
@@ -220,8 +331,9 @@ def _wait_with_progress(client: Client, job: Job, timeout: float) -> JobResult:
     return job.wait(max(0.1, deadline - time.monotonic()))
 
 
-def _submit_lines(client: Client, text: str, fields: dict[str, Any], *, wait: bool, timeout: float,
-                  as_json: bool) -> int:
+def _submit_lines(
+    client: Client, text: str, fields: dict[str, Any], *, wait: bool, timeout: float, as_json: bool
+) -> int:
     """One job per non-blank line; a bad line fails alone. Exit status 1 if any line failed."""
     records: list[dict[str, Any]] = []
     jobs: list[tuple[dict[str, Any], Job]] = []
@@ -238,8 +350,9 @@ def _submit_lines(client: Client, text: str, fields: dict[str, Any], *, wait: bo
             record.update(state="failed", error=str(exc))
             continue
         if job.result is not None:  # the producer answered it from the cache: nothing was queued
-            record.update(id=job.id, key=job.key, state="cached", url=job.result["url"],
-                          duration_s=job.result["duration_s"])
+            record.update(
+                id=job.id, key=job.key, state="cached", url=job.result["url"], duration_s=job.result["duration_s"]
+            )
             continue
         record.update(id=job.id, key=job.key, state="queued")
         jobs.append((record, job))
@@ -252,16 +365,22 @@ def _submit_lines(client: Client, text: str, fields: dict[str, Any], *, wait: bo
                 except TTSQError as exc:
                     record.update(state="failed", error=str(exc))
                     continue
-                record.update(state="cached" if result["cached"] else "done", key=result["key"],
-                              url=result["url"], duration_s=result["duration_s"])
+                record.update(
+                    state="cached" if result["cached"] else "done",
+                    key=result["key"],
+                    url=result["url"],
+                    duration_s=result["duration_s"],
+                )
     counts = {state: sum(1 for r in records if r["state"] == state) for state in ("done", "cached", "failed", "queued")}
     if as_json:
         for record in records:
             click.echo(json.dumps(record, ensure_ascii=False))
     else:
         click.echo(f"{'lines':>7} {'done':>7} {'cached':>7} {'failed':>7}" + (f" {'queued':>7}" if not wait else ""))
-        click.echo(f"{len(records):>7} {counts['done']:>7} {counts['cached']:>7} {counts['failed']:>7}"
-                   + (f" {counts['queued']:>7}" if not wait else ""))
+        click.echo(
+            f"{len(records):>7} {counts['done']:>7} {counts['cached']:>7} {counts['failed']:>7}"
+            + (f" {counts['queued']:>7}" if not wait else "")
+        )
         for record in records:
             if record["state"] == "failed":
                 click.echo(f"line {record['line']}: {record['error']}")

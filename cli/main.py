@@ -24,17 +24,28 @@ from .voices import voices
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ttsq")
 @click.option("--broker-url", envvar="TTSQ_BROKER_URL", help="Celery broker (redis://...). [TTSQ_BROKER_URL]")
-@click.option("--result-backend", envvar="TTSQ_RESULT_BACKEND",
-              help="Celery result backend (redis://...). [TTSQ_RESULT_BACKEND]")
+@click.option(
+    "--result-backend", envvar="TTSQ_RESULT_BACKEND", help="Celery result backend (redis://...). [TTSQ_RESULT_BACKEND]"
+)
 @click.option("--cache-url", envvar="TTSQ_CACHE_URL", help="Redis for the cache index. [TTSQ_CACHE_URL]")
-@click.option("--storage-url", envvar="TTSQ_STORAGE_URL",
-              help="s3://bucket/prefix or a local folder. [TTSQ_STORAGE_URL]")
+@click.option(
+    "--storage-url", envvar="TTSQ_STORAGE_URL", help="s3://bucket/prefix or a local folder. [TTSQ_STORAGE_URL]"
+)
 @click.pass_context
-def cli(ctx: click.Context, broker_url: str | None, result_backend: str | None, cache_url: str | None,
-        storage_url: str | None) -> None:
+def cli(
+    ctx: click.Context,
+    broker_url: str | None,
+    result_backend: str | None,
+    cache_url: str | None,
+    storage_url: str | None,
+) -> None:
     """ttsq: distributed text-to-speech on Celery and Redis."""
-    ctx.obj = {"broker_url": broker_url, "result_backend": result_backend, "cache_url": cache_url,
-               "storage_url": storage_url}
+    ctx.obj = {
+        "broker_url": broker_url,
+        "result_backend": result_backend,
+        "cache_url": cache_url,
+        "storage_url": storage_url,
+    }
 
 
 for _command in (submit, status, result, voices, failed, retry, worker, bench, stats, flower):

@@ -17,8 +17,12 @@ def voices() -> None:
 
 @voices.command("add")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--text", "transcript", default="",
-              help="What the recording says. Without it the clone uses the speaker embedding only (weaker).")
+@click.option(
+    "--text",
+    "transcript",
+    default="",
+    help="What the recording says. Without it the clone uses the speaker embedding only (weaker).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the voice as JSON.")
 @click.pass_context
 @one_line_errors

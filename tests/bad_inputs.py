@@ -44,9 +44,13 @@ def cases() -> list[dict[str, Any]]:
 
 
 def load() -> list[Any]:
-    return [pytest.param(case["request"], case["field"], id=case["name"],
-                         marks=[] if case.get("cli", True) else [pytest.mark.no_cli])
-            for case in cases() if "field" in case]
+    return [
+        pytest.param(
+            case["request"], case["field"], id=case["name"], marks=[] if case.get("cli", True) else [pytest.mark.no_cli]
+        )
+        for case in cases()
+        if "field" in case
+    ]
 
 
 #: Requests the edge refuses, with the field it names.
@@ -61,19 +65,31 @@ def send_raw(app: Celery, queue: str, case: dict[str, Any]) -> str:
     """Put one case on the broker the way a careless or hostile producer would; return its task id."""
     task_id = str(uuid.uuid4())
     if "request" in case:  # a web backend's send_task, which skips ttsq's producer checks
-        app.send_task("ttsq.synthesize", kwargs=case["request"], task_id=task_id, queue=queue,
-                      kwargsrepr="<bad input corpus>")
+        app.send_task(
+            "ttsq.synthesize", kwargs=case["request"], task_id=task_id, queue=queue, kwargsrepr="<bad input corpus>"
+        )
         return task_id
     raw = case["raw"]
     if "args" in raw:
         app.send_task("ttsq.synthesize", args=raw["args"], kwargs=raw["kwargs"], task_id=task_id, queue=queue)
         return task_id
-    headers = {"lang": "py", "task": raw.get("task", "ttsq.synthesize"), "id": task_id, "root_id": task_id,
-               "parent_id": None, "group": None, "retries": 0, "timelimit": [None, None], "eta": None,
-               "expires": None, "argsrepr": "()", "kwargsrepr": "{}", "origin": "bad-input-corpus"}
+    headers = {
+        "lang": "py",
+        "task": raw.get("task", "ttsq.synthesize"),
+        "id": task_id,
+        "root_id": task_id,
+        "parent_id": None,
+        "group": None,
+        "retries": 0,
+        "timelimit": [None, None],
+        "eta": None,
+        "expires": None,
+        "argsrepr": "()",
+        "kwargsrepr": "{}",
+        "origin": "bad-input-corpus",
+    }
     if "pickle" in raw:
-        body, content_type, encoding = pickle.dumps(((), raw["pickle"], {})), "application/x-python-serialize", \
-            "binary"
+        body, content_type, encoding = pickle.dumps(((), raw["pickle"], {})), "application/x-python-serialize", "binary"
     elif "latin1" in raw:
         body, content_type, encoding = raw["latin1"].encode("latin-1"), "application/json", "utf-8"
     else:
@@ -83,7 +99,15 @@ def send_raw(app: Celery, queue: str, case: dict[str, Any]) -> str:
     with app.producer_or_acquire() as producer:
         # Declared like Celery declares it: a message published to an exchange with no binding yet
         # (the worker may still be connecting) would be dropped by the broker, not refused by ttsq.
-        producer.publish(body, exchange=queue, routing_key=queue, headers=headers, content_type=content_type,
-                         content_encoding=encoding, correlation_id=task_id, serializer=None,
-                         declare=[Queue(queue, Exchange(queue, type="direct"), routing_key=queue)])
+        producer.publish(
+            body,
+            exchange=queue,
+            routing_key=queue,
+            headers=headers,
+            content_type=content_type,
+            content_encoding=encoding,
+            correlation_id=task_id,
+            serializer=None,
+            declare=[Queue(queue, Exchange(queue, type="direct"), routing_key=queue)],
+        )
     return task_id

@@ -35,8 +35,7 @@ def s3_endpoint() -> Iterator[str]:
     from moto.server import ThreadedMotoServer
 
     # boto3's credential chain reads these; moto accepts any.
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
-                      AWS_DEFAULT_REGION="us-east-1")
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
@@ -61,11 +60,23 @@ def settings(redis_server: RedisServer, redis_client: redis.Redis, s3_endpoint: 
     """Settings for one test: a fresh Redis, its own queue and its own S3 prefix."""
     run = uuid.uuid4().hex[:8]
     url = redis_server.url
-    return Settings(broker_url=f"{url}/0", result_backend=f"{url}/1", cache_url=f"{url}/2",
-                    storage_url=f"s3://{BUCKET}/{run}", s3_endpoint_url=s3_endpoint, s3_region="us-east-1",
-                    queue=f"ttsq-{run}", max_batch=4, max_wait_ms=50, visibility_timeout_s=210,
-                    job_timeout_s=120, storage_attempts=2, storage_timeout_s=5, storage_backoff_ms=200,
-                    metrics_port=0)  # tests that scrape metrics choose a free port
+    return Settings(
+        broker_url=f"{url}/0",
+        result_backend=f"{url}/1",
+        cache_url=f"{url}/2",
+        storage_url=f"s3://{BUCKET}/{run}",
+        s3_endpoint_url=s3_endpoint,
+        s3_region="us-east-1",
+        queue=f"ttsq-{run}",
+        max_batch=4,
+        max_wait_ms=50,
+        visibility_timeout_s=210,
+        job_timeout_s=120,
+        storage_attempts=2,
+        storage_timeout_s=5,
+        storage_backoff_ms=200,
+        metrics_port=0,
+    )  # tests that scrape metrics choose a free port
 
 
 @pytest.fixture
@@ -97,7 +108,9 @@ def qwen_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
     """
     root = tmp_path_factory.mktemp("qwen")
     kinds = ("voice_design", "custom_voice", "base")
-    script = ("import sys\nfrom ttsq.engines.qwen_checkpoint import build\n"
-              "for kind in sys.argv[2:]:\n    build(f'{sys.argv[1]}/{kind}', kind)\n")
+    script = (
+        "import sys\nfrom ttsq.engines.qwen_checkpoint import build\n"
+        "for kind in sys.argv[2:]:\n    build(f'{sys.argv[1]}/{kind}', kind)\n"
+    )
     subprocess.run([sys.executable, "-c", script, str(root), *kinds], check=True, capture_output=True, timeout=300)
     return {kind: root / kind for kind in kinds}

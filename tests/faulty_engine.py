@@ -51,6 +51,8 @@ class FaultyEngine(EspeakEngine):
         outputs = super().synthesize_batch(requests)
         flaky = os.environ.get("FAULTY_ENGINE_FLAKY")
         if flaky and os.path.exists(flaky):
-            outputs = [EngineError("flaky device fault") if "[flaky]" in request.text else output
-                       for request, output in zip(requests, outputs, strict=True)]
+            outputs = [
+                EngineError("flaky device fault") if "[flaky]" in request.text else output
+                for request, output in zip(requests, outputs, strict=True)
+            ]
         return outputs

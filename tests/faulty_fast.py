@@ -57,8 +57,9 @@ class FaultyFastEngine(QwenFastEngine):
         super().load()
         loop = self.loop
         assert loop is not None
-        self.loop = FaultyLoop(loop.model, slots=loop.slots, positions=loop.positions, max_frames=loop.max_frames,
-                               sub=loop.sub)
+        self.loop = FaultyLoop(
+            loop.model, slots=loop.slots, positions=loop.positions, max_frames=loop.max_frames, sub=loop.sub
+        )
 
     def _decode_rows(self, rows: list[Any]) -> list[Any]:
         temperatures = [request.temperature for _, request, _, _, _ in rows]

@@ -73,7 +73,10 @@ class WorkerProcess:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "ttsq.cli.main", "worker", "-n", self.hostname],
-                env=settings_env(self.settings), stdout=log, stderr=subprocess.STDOUT)
+                env=settings_env(self.settings),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + timeout
         try:
             # The worker announces its model after loading and warming the engine, just before consuming.
@@ -95,13 +98,24 @@ class WorkerProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
-def run_cli(*args: str, settings: Settings | None = None, input: bytes | None = None,
-            timeout: float = 120, cwd: Path | None = None,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+def run_cli(
+    *args: str,
+    settings: Settings | None = None,
+    input: bytes | None = None,
+    timeout: float = 120,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[bytes]:
     """``ttsq ...`` as a real subprocess (argv may hold bytes that are not UTF-8)."""
     base = settings_env(settings) if settings else {k: v for k, v in os.environ.items() if not k.startswith("TTSQ_")}
-    return subprocess.run([sys.executable, "-m", "ttsq.cli.main", *args], env={**base, **(env or {})}, input=input,
-                          capture_output=True, timeout=timeout, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "ttsq.cli.main", *args],
+        env={**base, **(env or {})},
+        input=input,
+        capture_output=True,
+        timeout=timeout,
+        cwd=cwd,
+    )
 
 
 def s3_keys(settings: Settings) -> list[str]:

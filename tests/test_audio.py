@@ -12,8 +12,7 @@ from ttsq.errors import EngineError
 TONE = (0.3 * np.sin(2 * np.pi * 220 * np.arange(22050) / 22050)).astype(np.float32)  # 1 s at 22.05 kHz
 
 
-@pytest.mark.parametrize(("fmt", "container"), [("wav", "WAV"), ("flac", "FLAC"), ("ogg", "OGG"),
-                                                ("mp3", "MP3")])
+@pytest.mark.parametrize(("fmt", "container"), [("wav", "WAV"), ("flac", "FLAC"), ("ogg", "OGG"), ("mp3", "MP3")])
 def test_every_format_decodes_back_to_the_same_duration(fmt: str, container: str) -> None:
     audio = encode(TONE, 22050, fmt)
     assert audio.content_type == CONTENT_TYPES[fmt]

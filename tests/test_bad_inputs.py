@@ -41,7 +41,8 @@ def outcome(app: Any, task_id: str, timeout: float) -> tuple[str, Any]:
 
 
 def test_bad_messages_mixed_into_a_burst_do_not_affect_their_neighbours(
-        settings: Settings, start_worker: StartWorker) -> None:
+    settings: Settings, start_worker: StartWorker
+) -> None:
     settings = settings.replace(url_expiry_s=777)  # presigned URLs must carry the expiry from settings
     worker = start_worker(settings)
     app = make_app(settings)
@@ -93,10 +94,10 @@ def test_bad_messages_mixed_into_a_burst_do_not_affect_their_neighbours(
     client.close()
 
 
-@pytest.mark.parametrize("case", [c for c in ALL_CASES if "raw" in c and "pickle" in c["raw"]],
-                         ids=lambda c: c["name"])
-def test_a_pickle_message_from_the_corpus_is_refused(settings: Settings, start_worker: StartWorker,
-                                                     case: dict[str, Any]) -> None:
+@pytest.mark.parametrize("case", [c for c in ALL_CASES if "raw" in c and "pickle" in c["raw"]], ids=lambda c: c["name"])
+def test_a_pickle_message_from_the_corpus_is_refused(
+    settings: Settings, start_worker: StartWorker, case: dict[str, Any]
+) -> None:
     worker = start_worker(settings)
     send_raw(make_app(settings), settings.queue, case)
     deadline = time.monotonic() + 30

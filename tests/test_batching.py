@@ -47,8 +47,10 @@ def test_a_burst_from_many_threads_fills_every_batch(engine: Engine) -> None:
 def test_requests_that_cannot_share_a_pass_ride_separate_batches(engine: Engine) -> None:
     batcher = started(engine, max_batch=8, max_wait_s=0.3)
     # Two seeds cannot share a pass (the seed is set once per call); two languages can.
-    futures = [batcher.submit(request("hello", seed=seed, language=lang))
-               for seed, lang in ((1, "english"), (2, "english"), (1, "korean"))]
+    futures = [
+        batcher.submit(request("hello", seed=seed, language=lang))
+        for seed, lang in ((1, "english"), (2, "english"), (1, "korean"))
+    ]
     items = [future.result(10) for future in futures]
     batcher.stop()
     assert items[0].batch_id == items[2].batch_id != items[1].batch_id

@@ -31,7 +31,7 @@ StartWorker = Callable[..., WorkerProcess]
 def table_value(table: str, name: str) -> str:
     """The value printed on the row that starts with ``name``."""
     row = next(line for line in table.splitlines() if line.strip().startswith(name))
-    return row.strip()[len(name):].split()[0]
+    return row.strip()[len(name) :].split()[0]
 
 
 def assert_consistent(data: dict[str, Any], *, jobs: int) -> None:
@@ -51,8 +51,12 @@ def assert_consistent(data: dict[str, Any], *, jobs: int) -> None:
         total_ms = sum(stage["mean_ms"] for stage in data["stages_ms"].values())
         assert total_ms == pytest.approx(latency["mean"] * 1000, rel=1e-6)
         stages = data["stages_ms"]
-        own = total_ms - stages["synthesis"]["mean_ms"] - stages["batch_wait"]["mean_ms"] - \
-            stages.get("send_delay", {"mean_ms": 0.0})["mean_ms"]
+        own = (
+            total_ms
+            - stages["synthesis"]["mean_ms"]
+            - stages["batch_wait"]["mean_ms"]
+            - stages.get("send_delay", {"mean_ms": 0.0})["mean_ms"]
+        )
         assert data["queue_overhead_ms"]["mean_ms"] == pytest.approx(own, rel=1e-6)
 
 
@@ -60,9 +64,27 @@ def test_embedded_bench_prints_the_table_and_writes_the_same_json(tmp_path: Path
     """25 jobs over a 21-sentence corpus: the repeated sentences still miss the cache (cache busting)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TTSQ_")}
     # -X importtime lists every module imported: the bench must not pull in torch.
-    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "ttsq.cli.main", "bench", "--embedded",
-                          "-n", "25", "-c", "4", "--json", "figures.json"],
-                         cwd=tmp_path, env=env, capture_output=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-X",
+            "importtime",
+            "-m",
+            "ttsq.cli.main",
+            "bench",
+            "--embedded",
+            "-n",
+            "25",
+            "-c",
+            "4",
+            "--json",
+            "figures.json",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
     stderr = out.stderr.decode()
     assert out.returncode == 0, stderr[-3000:]
     assert not re.search(r"\|\s+torch(\.|$)", stderr, re.M)
@@ -138,8 +160,9 @@ def test_bust_marker_changes_the_key_not_the_audio() -> None:
     try:
         for sentence in (bench.CORPUS[0], bench.CORPUS[4]):  # English, Korean
             plain = SynthesisRequest.from_dict({"text": sentence.text, "language": sentence.language})
-            marked = SynthesisRequest.from_dict({"text": bench.bust_marker("run", 1) + sentence.text,
-                                                 "language": sentence.language})
+            marked = SynthesisRequest.from_dict(
+                {"text": bench.bust_marker("run", 1) + sentence.text, "language": sentence.language}
+            )
             assert marked.text.endswith(plain.text) and marked.text != plain.text  # normalization keeps it
             assert content_key(marked, engine.identity) != content_key(plain, engine.identity)
             a, b = engine.synthesize_batch([plain, marked])
@@ -151,13 +174,16 @@ def test_bust_marker_changes_the_key_not_the_audio() -> None:
 
 def test_corpus_file(tmp_path: Path) -> None:
     path = tmp_path / "corpus.txt"
-    path.write_text("# comment\n\nPlain line.\nko\t안녕하세요.\n"
-                    '{"text": "JSON line.", "language": "en", "format": "mp3"}\n', encoding="utf-8")
+    path.write_text(
+        '# comment\n\nPlain line.\nko\t안녕하세요.\n{"text": "JSON line.", "language": "en", "format": "mp3"}\n',
+        encoding="utf-8",
+    )
     assert bench.load_corpus(path) == [
-        bench.Sentence("Plain line."), bench.Sentence("안녕하세요.", "ko"),
-        bench.Sentence("JSON line.", "en", fields={"format": "mp3"})]
-    requests = bench.make_requests(bench.load_corpus(path), 3, mode="cache-hit", run_id="r", seed=0,
-                                   audio_format="wav")
+        bench.Sentence("Plain line."),
+        bench.Sentence("안녕하세요.", "ko"),
+        bench.Sentence("JSON line.", "en", fields={"format": "mp3"}),
+    ]
+    requests = bench.make_requests(bench.load_corpus(path), 3, mode="cache-hit", run_id="r", seed=0, audio_format="wav")
     assert sorted(r["text"] for r in requests) == ["JSON line.", "Plain line.", "안녕하세요."]
     assert next(r for r in requests if r["text"] == "JSON line.")["format"] == "mp3"
 
@@ -171,8 +197,10 @@ def test_corpus_file(tmp_path: Path) -> None:
     path.write_text('fine\nko\thello\n{"text": "x", "temperature": 9}\n', encoding="utf-8")
     out = run_cli("bench", "--embedded", "--corpus", str(path))
     assert out.returncode == 2
-    assert out.stderr.decode().strip() == "ttsq: error: invalid corpus: entry 3: invalid temperature: 9 is out of " \
-                                          "range [0.01, 2.0]"
+    assert (
+        out.stderr.decode().strip() == "ttsq: error: invalid corpus: entry 3: invalid temperature: 9 is out of "
+        "range [0.01, 2.0]"
+    )
 
 
 def test_bench_usage_errors() -> None:
@@ -186,12 +214,23 @@ def test_bench_usage_errors() -> None:
 
 def test_report_counts_batches_not_jobs() -> None:
     """Jobs of one batch all report its size: two batches of 4 and 2 are 6 jobs, mean batch 3 (not 3.33)."""
+
     def outcome(index: int, size: int) -> bench.Outcome:
-        result = {"duration_s": 1.0, "cached": False, "batch_size": size,
-                  "timings": {"queue_wait_s": 0.01, "batch_wait_s": 0.0, "synthesis_s": 0.1, "encode_s": 0.0,
-                              "upload_s": 0.0, "index_s": 0.0, "worker_s": 0.12}}
-        return bench.Outcome(index, 0.2, result=result, client={"client_validate_hash": 0.001,
-                                                                  "client_publish": 0.002})
+        result = {
+            "duration_s": 1.0,
+            "cached": False,
+            "batch_size": size,
+            "timings": {
+                "queue_wait_s": 0.01,
+                "batch_wait_s": 0.0,
+                "synthesis_s": 0.1,
+                "encode_s": 0.0,
+                "upload_s": 0.0,
+                "index_s": 0.0,
+                "worker_s": 0.12,
+            },
+        }
+        return bench.Outcome(index, 0.2, result=result, client={"client_validate_hash": 0.001, "client_publish": 0.002})
 
     outcomes = [outcome(i, 4) for i in range(4)] + [outcome(4 + i, 2) for i in range(2)]
     outcomes.append(bench.Outcome(6, 0.5, error="JobFailed: boom"))

@@ -10,9 +10,18 @@ from ttsq.embedded import free_port
 from ttsq.errors import BrokerError
 from ttsq.request import StoredAudio
 
-ENTRY = StoredAudio(object_key="audio/ab/ab.wav", format="wav", content_type="audio/wav", sample_rate=22050,
-                   duration_s=1.5, bytes=100, engine="espeak", model="espeak-ng", model_revision="1.52.0",
-                    truncated=False)
+ENTRY = StoredAudio(
+    object_key="audio/ab/ab.wav",
+    format="wav",
+    content_type="audio/wav",
+    sample_rate=22050,
+    duration_s=1.5,
+    bytes=100,
+    engine="espeak",
+    model="espeak-ng",
+    model_revision="1.52.0",
+    truncated=False,
+)
 
 
 def test_index_round_trip_with_ttl(settings: Settings, redis_client: redis.Redis) -> None:
@@ -40,7 +49,8 @@ def test_identity_and_counters(settings: Settings) -> None:
     index.publish_identity("q", {"engine": "qwen", "revision": "2", "modes": ["voice_clone"]})
     assert index.read_identities("q") == {
         "voice_design": {"engine": "espeak", "revision": "1", "modes": ["voice_design"]},
-        "voice_clone": {"engine": "qwen", "revision": "2", "modes": ["voice_clone"]}}
+        "voice_clone": {"engine": "qwen", "revision": "2", "modes": ["voice_clone"]},
+    }
     # A worker that stopped re-announcing is gone: its modes are no longer served.
     time.sleep(1.1)
     index.publish_identity("q", {"engine": "qwen", "revision": "2", "modes": ["voice_clone"]})
@@ -59,4 +69,3 @@ def test_unreachable_redis_is_a_broker_error_without_the_password() -> None:
         assert "hunter2" not in str(exc) and "***" in str(exc)
     else:
         raise AssertionError("expected BrokerError")
-

@@ -22,6 +22,7 @@ from ttsq.embedded import free_port
 
 StartWorker = Callable[..., WorkerProcess]
 
+
 def cli_args(request: dict[str, Any]) -> tuple[list[str], bytes | None]:
     """argv for ``ttsq submit`` (text through stdin when argv cannot carry it), and stdin."""
     text = str(request.get("text", ""))
@@ -35,7 +36,8 @@ def cli_args(request: dict[str, Any]) -> tuple[list[str], bytes | None]:
 
 @pytest.mark.parametrize(("data", "field"), BAD_CLI_REQUESTS)
 def test_bad_input_is_one_line_naming_the_field_and_nothing_is_queued(
-        settings: Settings, redis_client: redis.Redis, data: dict[str, Any], field: str) -> None:
+    settings: Settings, redis_client: redis.Redis, data: dict[str, Any], field: str
+) -> None:
     args, stdin = cli_args(data) if "text" in data else (["submit"], None)
     out = run_cli(*args, settings=settings, input=stdin)
     lines = out.stderr.decode().strip().splitlines()
@@ -60,8 +62,17 @@ def test_invalid_utf8_from_argv_and_stdin(settings: Settings) -> None:
 def test_broker_down_is_one_line_not_a_traceback(settings: Settings, cache_down: bool) -> None:
     down = f"redis://127.0.0.1:{free_port()}"
     cache = ["--cache-url", f"{down}/2"] if cache_down else []
-    out = run_cli("--broker-url", f"{down}/0", "--result-backend", f"{down}/1", *cache, "submit", "hello",
-                  settings=settings, timeout=60)
+    out = run_cli(
+        "--broker-url",
+        f"{down}/0",
+        "--result-backend",
+        f"{down}/1",
+        *cache,
+        "submit",
+        "hello",
+        settings=settings,
+        timeout=60,
+    )
     assert out.returncode == 1
     assert out.stderr.decode().startswith("ttsq: error: cannot ")
     assert len(out.stderr.decode().strip().splitlines()) == 1
@@ -70,8 +81,15 @@ def test_broker_down_is_one_line_not_a_traceback(settings: Settings, cache_down:
 
 def test_storage_down_is_one_line(settings: Settings, start_worker: StartWorker, tmp_path: Path) -> None:
     start_worker(settings)
-    out = run_cli("submit", "storage test", "-o", str(tmp_path / "x.wav"), "--timeout", "20",
-                  settings=settings.replace(s3_endpoint_url=f"http://127.0.0.1:{free_port()}"))
+    out = run_cli(
+        "submit",
+        "storage test",
+        "-o",
+        str(tmp_path / "x.wav"),
+        "--timeout",
+        "20",
+        settings=settings.replace(s3_endpoint_url=f"http://127.0.0.1:{free_port()}"),
+    )
     # The worker stores fine; this producer's own endpoint is down, so the download fails.
     lines = out.stderr.decode().strip().splitlines()
     assert out.returncode == 1 and len(lines) == 1
@@ -85,12 +103,22 @@ def test_timeout_is_one_line(settings: Settings) -> None:
     assert lines[0].startswith("ttsq: error: job ") and lines[0].endswith("not done after 1.0s")
 
 
-def test_submit_output_status_and_result_through_real_processes(settings: Settings, start_worker: StartWorker,
-                                                               tmp_path: Path) -> None:
+def test_submit_output_status_and_result_through_real_processes(
+    settings: Settings, start_worker: StartWorker, tmp_path: Path
+) -> None:
     start_worker(settings)
     target = tmp_path / "hello.flac"
-    out = run_cli("submit", "안녕하세요, 반갑습니다.", "--language", "ko", "--instruct", "차분한 목소리",
-                  "-o", str(target), settings=settings)
+    out = run_cli(
+        "submit",
+        "안녕하세요, 반갑습니다.",
+        "--language",
+        "ko",
+        "--instruct",
+        "차분한 목소리",
+        "-o",
+        str(target),
+        settings=settings,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.decode().startswith(f"wrote {target}:")
     info = sf.info(io.BytesIO(target.read_bytes()))
@@ -108,8 +136,9 @@ def test_submit_output_status_and_result_through_real_processes(settings: Settin
 
 def test_json_result_reports_ignored_fields(settings: Settings, start_worker: StartWorker) -> None:
     start_worker(settings)
-    result = CliRunner().invoke(cli, ["submit", "Hello", "--instruct", "a warm voice", "--json"],
-                                env=settings_env(settings))
+    result = CliRunner().invoke(
+        cli, ["submit", "Hello", "--instruct", "a warm voice", "--json"], env=settings_env(settings)
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["ignored"] == ["instruct"]
 
@@ -144,20 +173,29 @@ def test_version() -> None:
     assert CliRunner().invoke(cli, ["--version"]).output.strip() == f"ttsq, version {__version__}"
 
 
-@pytest.mark.parametrize(("env", "code", "message"), [
-    ({"TTSQ_MAX_BATCH": "0"}, 2, "ttsq: error: TTSQ_MAX_BATCH: must be 1..256"),
-    ({"TTSQ_ENGINE": "qwen"}, 2, "ttsq: error: TTSQ_QWEN_MODEL: is required for TTSQ_ENGINE=qwen"),
-    ({"TTSQ_ENGINE": "qwen", "TTSQ_QWEN_MODEL": "/"}, 2, "ttsq: error: TTSQ_QWEN_MODEL: / is not a checkpoint"),
-    ({"TTSQ_ENGINE": "qwen", "TTSQ_QWEN_DEVICE": "tpu"}, 2, "ttsq: error: TTSQ_QWEN_DEVICE: must be auto"),
-    ({"TTSQ_ENGINE": "festival"}, 2, "ttsq: error: TTSQ_ENGINE: unknown engine 'festival'"),
-])
-def test_worker_that_cannot_start_says_why_in_one_line(settings: Settings, env: dict[str, str], code: int,
-                                                        message: str) -> None:
+@pytest.mark.parametrize(
+    ("env", "code", "message"),
+    [
+        ({"TTSQ_MAX_BATCH": "0"}, 2, "ttsq: error: TTSQ_MAX_BATCH: must be 1..256"),
+        ({"TTSQ_ENGINE": "qwen"}, 2, "ttsq: error: TTSQ_QWEN_MODEL: is required for TTSQ_ENGINE=qwen"),
+        ({"TTSQ_ENGINE": "qwen", "TTSQ_QWEN_MODEL": "/"}, 2, "ttsq: error: TTSQ_QWEN_MODEL: / is not a checkpoint"),
+        ({"TTSQ_ENGINE": "qwen", "TTSQ_QWEN_DEVICE": "tpu"}, 2, "ttsq: error: TTSQ_QWEN_DEVICE: must be auto"),
+        ({"TTSQ_ENGINE": "festival"}, 2, "ttsq: error: TTSQ_ENGINE: unknown engine 'festival'"),
+    ],
+)
+def test_worker_that_cannot_start_says_why_in_one_line(
+    settings: Settings, env: dict[str, str], code: int, message: str
+) -> None:
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "ttsq.cli.main", "worker"], env={**settings_env(settings), **env},
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "ttsq.cli.main", "worker"],
+        env={**settings_env(settings), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == code
     assert out.stderr.strip().splitlines()[-1].startswith(message)
     assert "Traceback" not in out.stderr

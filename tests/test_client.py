@@ -54,8 +54,7 @@ def test_submit_to_url_to_valid_wav(settings: Settings, start_worker: StartWorke
     assert s3_keys(settings) == [f"{settings.storage_url.split('/', 3)[3]}/{result['object_key']}"]
 
 
-def test_second_submit_is_answered_from_the_cache_with_no_worker(settings: Settings,
-                                                                  start_worker: StartWorker) -> None:
+def test_second_submit_is_answered_from_the_cache_with_no_worker(settings: Settings, start_worker: StartWorker) -> None:
     worker = start_worker(settings)
     client = Client(settings)
     first = client.submit(KOREAN, language="korean", format="mp3").wait(timeout=30)
@@ -69,8 +68,7 @@ def test_second_submit_is_answered_from_the_cache_with_no_worker(settings: Setti
     assert queue_length(settings) == 0
 
 
-def test_ten_concurrent_identical_submits_make_one_synthesis(settings: Settings,
-                                                              start_worker: StartWorker) -> None:
+def test_ten_concurrent_identical_submits_make_one_synthesis(settings: Settings, start_worker: StartWorker) -> None:
     start_worker(settings)
     client = Client(settings)
     client.submit("warm up the model announcement").wait(timeout=30)
@@ -117,8 +115,7 @@ def test_burst_fills_batches_and_bad_items_fail_alone(settings: Settings, start_
     texts = [f"Burst sentence number {i}." for i in range(15)]
     texts.insert(6, "...")
     jobs = [client.submit(text, language="english") for text in texts]
-    invalid = app.send_task("ttsq.synthesize", kwargs={"text": "fine", "language": "klingon"},
-                            queue=settings.queue)
+    invalid = app.send_task("ttsq.synthesize", kwargs={"text": "fine", "language": "klingon"}, queue=settings.queue)
     start_worker(settings)
 
     with pytest.raises(EngineError, match="no audio"):
@@ -147,8 +144,9 @@ def test_broker_down_after_a_claim_releases_it(settings: Settings, redis_client:
     from ttsq.embedded import free_port
     from ttsq.engines.base import EngineIdentity
 
-    CacheIndex(settings.cache_url, ttl_s=0).publish_identity(settings.queue, EngineIdentity(
-        engine="espeak", model="espeak-ng", revision="test", sample_rate=22050).to_dict())
+    CacheIndex(settings.cache_url, ttl_s=0).publish_identity(
+        settings.queue, EngineIdentity(engine="espeak", model="espeak-ng", revision="test", sample_rate=22050).to_dict()
+    )
     down = f"redis://127.0.0.1:{free_port()}"
     client = Client(settings.replace(broker_url=f"{down}/0"))
     with pytest.raises(BrokerError, match="enqueue"):
@@ -169,8 +167,9 @@ def test_broker_down_is_a_broker_error(settings: Settings) -> None:
 
 
 @pytest.mark.parametrize(("data", "field"), BAD_REQUESTS)
-def test_client_raises_a_typed_error_and_queues_nothing(settings: Settings, data: dict[str, object],
-                                                        field: str) -> None:
+def test_client_raises_a_typed_error_and_queues_nothing(
+    settings: Settings, data: dict[str, object], field: str
+) -> None:
     with pytest.raises(InvalidRequest) as info:
         Client(settings).submit(**data)
     assert info.value.field == field
@@ -183,8 +182,12 @@ def test_result_backend_down_while_waiting_is_a_broker_error(tmp_path: Path) -> 
     from ttsq.embedded import RedisServer
 
     server = RedisServer().start()
-    private = Settings(broker_url=f"{server.url}/0", result_backend=f"{server.url}/1", cache_url=f"{server.url}/2",
-                       storage_url=str(tmp_path))
+    private = Settings(
+        broker_url=f"{server.url}/0",
+        result_backend=f"{server.url}/1",
+        cache_url=f"{server.url}/2",
+        storage_url=str(tmp_path),
+    )
     client = Client(private)
     job = client.submit("Redis goes away while we wait.")
     server.stop()

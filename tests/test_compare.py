@@ -18,14 +18,22 @@ ROOT = Path(__file__).parent.parent
 
 def test_compare_tiny_runs_every_baseline_and_prints_its_ratios(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TTSQ_")}
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compare.py"), "--tiny", "--json",
-                          str(tmp_path / "compare.json")], cwd=tmp_path, env=env, capture_output=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "compare.py"), "--tiny", "--json", str(tmp_path / "compare.json")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr.decode()[-3000:]
     text = out.stdout.decode()
     data = json.loads((tmp_path / "compare.json").read_text())
 
-    assert data["labels"] == {"batched": "ttsq, batching on", "unbatched": "ttsq, batching off",
-                              "bare": "bare Celery task"}
+    assert data["labels"] == {
+        "batched": "ttsq, batching on",
+        "unbatched": "ttsq, batching off",
+        "bare": "bare Celery task",
+    }
     assert len(data["rounds"]) == data["config"]["rounds"] == 1
     only = data["rounds"][0]
     for name in data["labels"]:
@@ -41,15 +49,18 @@ def test_compare_tiny_runs_every_baseline_and_prints_its_ratios(tmp_path: Path) 
         assert parts[0] > 0  # the worker did the synthesis
 
     ratios = data["ratios"]
-    for key, (over, under) in {"batching_on_over_off": ("batched", "unbatched"),
-                               "ttsq_over_bare": ("batched", "bare"),
-                               "ttsq_unbatched_over_bare": ("unbatched", "bare")}.items():
+    for key, (over, under) in {
+        "batching_on_over_off": ("batched", "unbatched"),
+        "ttsq_over_bare": ("batched", "bare"),
+        "ttsq_unbatched_over_bare": ("unbatched", "bare"),
+    }.items():
         expected = only[over]["jobs_per_s"] / only[under]["jobs_per_s"]
         assert ratios[key]["jobs_per_s"]["median"] == pytest.approx(expected)
         assert f"throughput x{expected:.2f}" in text
     cache = data["cache"]
     assert cache["first_over_cached"] == pytest.approx(
-        cache["first_submit_ms"]["median"] / cache["cached_submit_ms"]["median"])
+        cache["first_submit_ms"]["median"] / cache["cached_submit_ms"]["median"]
+    )
     assert f"x{cache['first_over_cached']:.1f} faster" in text
 
     # The overhead table: every stage, for both ttsq configurations, adding up to the latency.

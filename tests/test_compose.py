@@ -17,9 +17,21 @@ COMPOSE = Path(compose.__file__).parent / "docker-compose"  # the binary; the pi
 
 
 def run_compose(*args: str, env_file: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(COMPOSE), "-f", str(ROOT / "docker-compose.yml"), "--env-file", str(env_file),
-                           "--project-directory", str(ROOT), *args],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [
+            str(COMPOSE),
+            "-f",
+            str(ROOT / "docker-compose.yml"),
+            "--env-file",
+            str(env_file),
+            "--project-directory",
+            str(ROOT),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_compose_file_is_valid_with_the_example_env() -> None:
@@ -36,8 +48,9 @@ def test_compose_refuses_to_start_without_secrets(tmp_path: Path) -> None:
 
 def rendered() -> dict[str, Any]:
     """The compose file as Compose resolves it, every profile on."""
-    out = run_compose("--profile", "cpu", "--profile", "gpu", "config", "--format", "json",
-                      env_file=ROOT / ".env.example")
+    out = run_compose(
+        "--profile", "cpu", "--profile", "gpu", "config", "--format", "json", env_file=ROOT / ".env.example"
+    )
     assert out.returncode == 0, out.stderr
     project: dict[str, Any] = json.loads(out.stdout)
     return project
@@ -66,8 +79,9 @@ def test_every_service_environment_matches_what_its_code_reads() -> None:
             assert ttsq_vars <= settings_vars, (name, ttsq_vars - settings_vars)
             flower_vars = {var for var in environment if var.startswith("FLOWER_")}
             # Flower reads FLOWER_<OPTION> (tornado keeps option names with dashes)
-            assert {v.removeprefix("FLOWER_").lower().replace("_", "-") for v in flower_vars} \
-                <= set(flower_options._options), name
+            assert {v.removeprefix("FLOWER_").lower().replace("_", "-") for v in flower_vars} <= set(
+                flower_options._options
+            ), name
             assert set(environment) - ttsq_vars - flower_vars <= CODE_READS, name
             # the values parse: the process would start with them
             settings = Settings.from_env({k: v for k, v in environment.items() if k.startswith("TTSQ_")})
@@ -82,8 +96,15 @@ def test_every_service_environment_matches_what_its_code_reads() -> None:
     assert workers == {"worker-cpu", "worker-gpu0", "worker-gpu1"}
     for name in workers:
         env = services[name]["environment"]
-        for var in ("TTSQ_BROKER_URL", "TTSQ_RESULT_BACKEND", "TTSQ_CACHE_URL", "TTSQ_STORAGE_URL",
-                    "TTSQ_S3_ENDPOINT_URL", "TTSQ_ENGINE", "TTSQ_METRICS_PORT"):
+        for var in (
+            "TTSQ_BROKER_URL",
+            "TTSQ_RESULT_BACKEND",
+            "TTSQ_CACHE_URL",
+            "TTSQ_STORAGE_URL",
+            "TTSQ_S3_ENDPOINT_URL",
+            "TTSQ_ENGINE",
+            "TTSQ_METRICS_PORT",
+        ):
             assert var in env, (name, var)
     assert services["flower"]["environment"]["FLOWER_BASIC_AUTH"].count(":") == 1
     assert not (ROOT / ".env").exists() or ".env" in (ROOT / ".gitignore").read_text().split()
@@ -124,8 +145,9 @@ def test_prometheus_scrapes_every_worker_on_its_metrics_port() -> None:
     services = rendered()["services"]
     mounted = {volume["target"]: volume["source"] for volume in services["prometheus"]["volumes"]}
     config = yaml.safe_load(Path(mounted["/etc/prometheus/prometheus.yml"]).read_text())
-    targets = {target for job in config["scrape_configs"] for group in job["static_configs"]
-               for target in group["targets"]}
+    targets = {
+        target for job in config["scrape_configs"] for group in job["static_configs"] for target in group["targets"]
+    }
     workers = {name: service for name, service in services.items() if name.startswith("worker-")}
     assert {f"{name}:{service['environment']['TTSQ_METRICS_PORT']}" for name, service in workers.items()} <= targets
     for target in targets:

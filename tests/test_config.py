@@ -19,17 +19,20 @@ def test_environment_is_read_and_flags_win() -> None:
     assert Settings.from_env(env, max_batch=2).max_batch == 2
 
 
-@pytest.mark.parametrize(("env", "variable"), [
-    ({"TTSQ_MAX_BATCH": "eight"}, "TTSQ_MAX_BATCH"),
-    ({"TTSQ_MAX_BATCH": "0"}, "TTSQ_MAX_BATCH"),
-    ({"TTSQ_MAX_WAIT_MS": "-1"}, "TTSQ_MAX_WAIT_MS"),
-    ({"TTSQ_URL_EXPIRY_S": "999999999"}, "TTSQ_URL_EXPIRY_S"),
-    ({"TTSQ_BROKER_URL": "amqp://localhost"}, "TTSQ_BROKER_URL"),
-    ({"TTSQ_STORAGE_URL": "s3://x"}, "TTSQ_STORAGE_URL"),
-    ({"TTSQ_LOG_LEVEL": "LOUD"}, "TTSQ_LOG_LEVEL"),
-    # a job still waiting when Redis redelivers it would run twice
-    ({"TTSQ_VISIBILITY_TIMEOUT_S": "60", "TTSQ_JOB_TIMEOUT_S": "60"}, "TTSQ_JOB_TIMEOUT_S"),
-])
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        ({"TTSQ_MAX_BATCH": "eight"}, "TTSQ_MAX_BATCH"),
+        ({"TTSQ_MAX_BATCH": "0"}, "TTSQ_MAX_BATCH"),
+        ({"TTSQ_MAX_WAIT_MS": "-1"}, "TTSQ_MAX_WAIT_MS"),
+        ({"TTSQ_URL_EXPIRY_S": "999999999"}, "TTSQ_URL_EXPIRY_S"),
+        ({"TTSQ_BROKER_URL": "amqp://localhost"}, "TTSQ_BROKER_URL"),
+        ({"TTSQ_STORAGE_URL": "s3://x"}, "TTSQ_STORAGE_URL"),
+        ({"TTSQ_LOG_LEVEL": "LOUD"}, "TTSQ_LOG_LEVEL"),
+        # a job still waiting when Redis redelivers it would run twice
+        ({"TTSQ_VISIBILITY_TIMEOUT_S": "60", "TTSQ_JOB_TIMEOUT_S": "60"}, "TTSQ_JOB_TIMEOUT_S"),
+    ],
+)
 def test_bad_values_name_the_variable(env: dict[str, str], variable: str) -> None:
     with pytest.raises(ConfigError) as info:
         Settings.from_env(env)
@@ -48,12 +51,15 @@ def test_log_level_is_normalized_for_logging() -> None:
     assert Settings.from_env({"TTSQ_LOG_LEVEL": "debug"}).log_level == "DEBUG"
 
 
-@pytest.mark.parametrize(("variable", "value"), [
-    ("TTSQ_CACHE_URL", "redis://host:notaport/2"),
-    ("TTSQ_RESULT_BACKEND", "redis://host:6379/one"),
-    ("TTSQ_S3_ENDPOINT_URL", "minio:9000"),
-    ("TTSQ_S3_PUBLIC_ENDPOINT_URL", "http://host:port"),
-])
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("TTSQ_CACHE_URL", "redis://host:notaport/2"),
+        ("TTSQ_RESULT_BACKEND", "redis://host:6379/one"),
+        ("TTSQ_S3_ENDPOINT_URL", "minio:9000"),
+        ("TTSQ_S3_PUBLIC_ENDPOINT_URL", "http://host:port"),
+    ],
+)
 def test_malformed_urls_are_refused_at_startup(variable: str, value: str) -> None:
     with pytest.raises(ConfigError) as info:
         Settings.from_env({variable: value})
@@ -67,8 +73,12 @@ def test_unknown_override_is_a_config_error() -> None:
 
 def test_a_visibility_timeout_a_healthy_job_could_outlive_is_refused_at_startup() -> None:
     # 60 s job timeout + 2 storage tries x (check + PUT) x (connect + read) of 10 s + 0.5 s pause = 140.5 s
-    env = {"TTSQ_JOB_TIMEOUT_S": "60", "TTSQ_STORAGE_ATTEMPTS": "2", "TTSQ_STORAGE_TIMEOUT_S": "10",
-           "TTSQ_STORAGE_BACKOFF_MS": "500"}
+    env = {
+        "TTSQ_JOB_TIMEOUT_S": "60",
+        "TTSQ_STORAGE_ATTEMPTS": "2",
+        "TTSQ_STORAGE_TIMEOUT_S": "10",
+        "TTSQ_STORAGE_BACKOFF_MS": "500",
+    }
     settings = Settings.from_env({**env, "TTSQ_VISIBILITY_TIMEOUT_S": "176"})
     assert settings.worst_unacked_s == 140.5 and settings.min_visibility_timeout_s == 176
     with pytest.raises(ConfigError) as info:

@@ -30,13 +30,16 @@ def test_a_gpu_list() -> None:
     assert plan("0, 3", {"CUDA_VISIBLE_DEVICES": "0,1,2,3"})[0] == [Slot("gpu0", "0"), Slot("gpu3", "3")]
 
 
-@pytest.mark.parametrize(("spec", "reason"), [
-    ("5", "GPU 5 is not on this machine"),
-    ("0,0", "listed twice"),
-    ("gpu0", "is not a GPU index"),
-    ("cpu:0", "1 <= N <= 64"),
-    (",", "expected all, cpu"),
-])
+@pytest.mark.parametrize(
+    ("spec", "reason"),
+    [
+        ("5", "GPU 5 is not on this machine"),
+        ("0,0", "listed twice"),
+        ("gpu0", "is not a GPU index"),
+        ("cpu:0", "1 <= N <= 64"),
+        (",", "expected all, cpu"),
+    ],
+)
 def test_bad_specs_name_the_option(spec: str, reason: str) -> None:
     with pytest.raises(ConfigError) as error:
         plan(spec, {"CUDA_VISIBLE_DEVICES": "0,1"})
@@ -47,8 +50,10 @@ def test_discovery_without_a_gpu_finds_none_and_does_not_import_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, os; os.environ.pop('CUDA_VISIBLE_DEVICES', None); from ttsq.devices import discover_gpus;"
-            "discover_gpus(os.environ); print('torch' in sys.modules)")
+    code = (
+        "import sys, os; os.environ.pop('CUDA_VISIBLE_DEVICES', None); from ttsq.devices import discover_gpus;"
+        "discover_gpus(os.environ); print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
     assert discover_gpus({"CUDA_VISIBLE_DEVICES": "-1"}) == []

@@ -26,8 +26,17 @@ EXAMPLES = DOCS / "examples"
 GENERATOR = DOCS / "config_reference.py"
 PAGES = [README, *sorted(DOCS.glob("*.md"))]
 #: What the README's table of documentation links to: one row per page.
-DOC_PAGES = {"deployment.md", "configuration.md", "qwen.md", "documents.md", "task-contract.md",
-             "guarantees.md", "security.md", "benchmarks.md", "development.md"}
+DOC_PAGES = {
+    "deployment.md",
+    "configuration.md",
+    "qwen.md",
+    "documents.md",
+    "task-contract.md",
+    "guarantees.md",
+    "security.md",
+    "benchmarks.md",
+    "development.md",
+}
 
 
 def run_generator(*args: str) -> subprocess.CompletedProcess[str]:
@@ -44,8 +53,9 @@ def test_the_configuration_reference_is_fresh() -> None:
 
 def test_the_check_names_a_stale_page(tmp_path: Path) -> None:
     stale = tmp_path / "configuration.md"
-    stale.write_text((DOCS / "configuration.md").read_text(encoding="utf-8").replace("| `8` |", "| `9` |"),
-                     encoding="utf-8")
+    stale.write_text(
+        (DOCS / "configuration.md").read_text(encoding="utf-8").replace("| `8` |", "| `9` |"), encoding="utf-8"
+    )
     out = run_generator("--check", "--output", str(stale))
     assert out.returncode == 1
     assert f"{stale} is stale" in out.stderr
@@ -81,8 +91,11 @@ def test_every_setting_has_a_row_with_its_default_and_comment() -> None:
 
 def test_every_ttsq_variable_the_docs_name_is_a_setting() -> None:
     known = {f"TTSQ_{field.name.upper()}" for field in dataclasses.fields(Settings)}
-    named = {(page.name, m.group(0)) for page in PAGES
-             for m in re.finditer(r"TTSQ_[A-Z0-9_]*[A-Z0-9](?![A-Z0-9_*])", page.read_text(encoding="utf-8"))}
+    named = {
+        (page.name, m.group(0))
+        for page in PAGES
+        for m in re.finditer(r"TTSQ_[A-Z0-9_]*[A-Z0-9](?![A-Z0-9_*])", page.read_text(encoding="utf-8"))
+    }
     assert len(named) > 30
     assert sorted(f"{page}: {name}" for page, name in named if name not in known) == []
 
@@ -91,8 +104,14 @@ def test_every_ttsq_variable_the_docs_name_is_a_setting() -> None:
 
 
 def run_example(name: str, settings: Settings, tmp_path: Path) -> str:
-    out = subprocess.run([sys.executable, str(EXAMPLES / name)], env=settings_env(settings), cwd=tmp_path,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLES / name)],
+        env=settings_env(settings),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     return out.stdout
 
@@ -107,8 +126,12 @@ def fetch_duration(output: str) -> float:
 
 
 def check_send_task(output: str) -> None:
-    line = re.search(r"^(\d+\.\d+) s of mp3 at (\d+) Hz by espeak \(batch of (\d+)\), key [0-9a-f]{12}, "
-                     r"ignored: \['instruct'\]$", output, re.M)  # espeak cannot follow a voice description
+    line = re.search(
+        r"^(\d+\.\d+) s of mp3 at (\d+) Hz by espeak \(batch of (\d+)\), key [0-9a-f]{12}, "
+        r"ignored: \['instruct'\]$",
+        output,
+        re.M,
+    )  # espeak cannot follow a voice description
     assert line, output
     assert float(line.group(1)) > 1.0 and int(line.group(3)) >= 1
     assert abs(fetch_duration(output) - float(line.group(1))) < 0.2
@@ -148,8 +171,9 @@ def test_every_example_file_is_checked_here() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(CHECKS))
-def test_the_example_runs_against_a_real_worker(name: str, settings: Settings,
-                                                start_worker: Callable[..., WorkerProcess], tmp_path: Path) -> None:
+def test_the_example_runs_against_a_real_worker(
+    name: str, settings: Settings, start_worker: Callable[..., WorkerProcess], tmp_path: Path
+) -> None:
     settings = settings.replace(queue="ttsq")  # the examples name the default queue; this Redis is the test's own
     start_worker(settings)
     CHECKS[name](run_example(name, settings, tmp_path))
@@ -159,10 +183,29 @@ def test_the_tls_override_merges_with_the_compose_file() -> None:
     import compose
 
     binary = Path(compose.__file__).parent / "docker-compose"
-    out = subprocess.run([str(binary), "-f", str(ROOT / "docker-compose.yml"), "-f", str(TLS_OVERRIDE),
-                          "--env-file", str(ROOT / ".env.example"), "--project-directory", str(ROOT),
-                          "--profile", "cpu", "--profile", "gpu", "config", "--format", "json"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            str(binary),
+            "-f",
+            str(ROOT / "docker-compose.yml"),
+            "-f",
+            str(TLS_OVERRIDE),
+            "--env-file",
+            str(ROOT / ".env.example"),
+            "--project-directory",
+            str(ROOT),
+            "--profile",
+            "cpu",
+            "--profile",
+            "gpu",
+            "config",
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     services = json.loads(out.stdout)["services"]
     assert services["redis"]["command"][:4] == ["redis-server", "--port", "0", "--tls-port"]
@@ -171,10 +214,14 @@ def test_the_tls_override_merges_with_the_compose_file() -> None:
     assert len(clients) >= 4  # worker-cpu, worker-gpu0, worker-gpu1, flower
     for name in clients:  # every ttsq service talks to Redis over verified TLS
         environment = services[name]["environment"]
-        urls = {key: value for key, value in environment.items()
-                if key in ("TTSQ_BROKER_URL", "TTSQ_RESULT_BACKEND", "TTSQ_CACHE_URL")}
-        assert urls and all(url.startswith("rediss://") and "ssl_cert_reqs=required" in url
-                            for url in urls.values()), name
+        urls = {
+            key: value
+            for key, value in environment.items()
+            if key in ("TTSQ_BROKER_URL", "TTSQ_RESULT_BACKEND", "TTSQ_CACHE_URL")
+        }
+        assert urls and all(url.startswith("rediss://") and "ssl_cert_reqs=required" in url for url in urls.values()), (
+            name
+        )
         assert "/tls/ca.crt" in {volume["target"] for volume in services[name].get("volumes", [])}, name
         Settings.from_env({key: value for key, value in environment.items() if key.startswith("TTSQ_")})
 

@@ -38,13 +38,15 @@ from ttsq.splitter import normalize
 StartWorker = Callable[..., WorkerProcess]
 TESTS = Path(__file__).parent
 
+
 def synthesized_keys(worker: WorkerProcess) -> list[str]:
     """Key prefixes of the chunks a worker synthesized (not answered from the cache), from its log."""
     return re.findall(r"job \S+: synthesized ([0-9a-f]{12}) in batch", worker.log())
 
 
-def test_a_20000_character_multilingual_document_becomes_one_file(settings: Settings,
-                                                                   start_worker: StartWorker) -> None:
+def test_a_20000_character_multilingual_document_becomes_one_file(
+    settings: Settings, start_worker: StartWorker
+) -> None:
     text = corpus(20_000)
     assert len(text) >= 20_000
     worker = start_worker(settings)
@@ -90,17 +92,20 @@ def test_a_20000_character_multilingual_document_becomes_one_file(settings: Sett
         for chunk in chunks:
             sentences = chunk["sentences"]
             assert sentences[0]["start_s"] == chunk["start_s"] and sentences[-1]["end_s"] == chunk["end_s"]
-            assert all(chunk["start_char"] <= s["start_char"] < s["end_char"] <= chunk["end_char"]
-                       for s in sentences)
+            assert all(chunk["start_char"] <= s["start_char"] < s["end_char"] <= chunk["end_char"] for s in sentences)
 
         # Every chunk is an ordinary job: its key is the one a plain submit of its text would get.
         identity = client.identities()["voice_design"]
         seed = result["document"]["seed"]  # type: ignore[typeddict-item]
-        document = Document.parse({"text": text}, limits=Limits(), max_document_chars=len(text),
-                                  default_options=Options.from_settings(settings))
+        document = Document.parse(
+            {"text": text},
+            limits=Limits(),
+            max_document_chars=len(text),
+            default_options=Options.from_settings(settings),
+        )
         assert seed == document.seed(identity)  # no seed given: derived from the document, the same every time
         for chunk in chunks[:10]:
-            piece = normalized[chunk["start_char"]:chunk["end_char"]].strip()
+            piece = normalized[chunk["start_char"] : chunk["end_char"]].strip()
             assert chunk["key"] == content_key(SynthesisRequest.from_dict({"text": piece, "seed": seed}), identity)
 
         # Submitting it again is a cache hit: no job at all.
@@ -111,8 +116,11 @@ def test_a_20000_character_multilingual_document_becomes_one_file(settings: Sett
         assert client.status(job.id)["state"] == "SUCCESS"
     # The worker does not keep listening for the results of the chunk and stitch jobs it sent.
     subscribed = redis.Redis.from_url(settings.result_backend).pubsub_channels("celery-task-meta-*")
-    wait_until(lambda: not redis.Redis.from_url(settings.result_backend).pubsub_channels("celery-task-meta-*"),
-               30, f"no result subscriptions left (there were {len(subscribed)})")
+    wait_until(
+        lambda: not redis.Redis.from_url(settings.result_backend).pubsub_channels("celery-task-meta-*"),
+        30,
+        f"no result subscriptions left (there were {len(subscribed)})",
+    )
     log = worker.log()
     assert "document" in log and "stitched" in log
     assert "old mill" not in log and "渔夫" not in log and "Signature" not in log  # no text, no signed URL
@@ -120,12 +128,16 @@ def test_a_20000_character_multilingual_document_becomes_one_file(settings: Sett
 
 def test_chunks_are_shared_with_ordinary_submits(settings: Settings, start_worker: StartWorker) -> None:
     worker = start_worker(settings)
-    text = ("First sentence of the shared test. Second sentence of the shared test. Third sentence here. "
-            "Fourth and last sentence.")
+    text = (
+        "First sentence of the shared test. Second sentence of the shared test. Third sentence here. "
+        "Fourth and last sentence."
+    )
     with Client(settings) as client:
         # One chunk per sentence; the first two were already made by ordinary submits of the same text.
-        ordinary = [client.submit(piece, seed=7).wait(timeout=60)
-                    for piece in ("First sentence of the shared test.", "Second sentence of the shared test.")]
+        ordinary = [
+            client.submit(piece, seed=7).wait(timeout=60)
+            for piece in ("First sentence of the shared test.", "Second sentence of the shared test.")
+        ]
         assert len(synthesized_keys(worker)) == 2
         client.settings = settings.replace(doc_target_chars=1)
         document = client.submit_document(text, seed=7).wait(timeout=60)
@@ -138,12 +150,20 @@ def test_chunks_are_shared_with_ordinary_submits(settings: Settings, start_worke
     assert len(made) == 4 and {key[:12] for key in (c["key"] for c in chunks[2:])} == set(made[2:])
 
 
-def test_kill_the_worker_halfway_only_missing_chunks_are_redone(settings: Settings, start_worker: StartWorker,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kill_the_worker_halfway_only_missing_chunks_are_redone(
+    settings: Settings, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
     # Slow chunks, one at a time, and a visibility timeout short enough to see redelivery in a test.
-    slow = settings.replace(engine="faulty_engine:FaultyEngine", max_batch=1, visibility_timeout_s=25,
-                            job_timeout_s=12, storage_attempts=1, storage_timeout_s=2, doc_target_chars=1)
+    slow = settings.replace(
+        engine="faulty_engine:FaultyEngine",
+        max_batch=1,
+        visibility_timeout_s=25,
+        job_timeout_s=12,
+        storage_attempts=1,
+        storage_timeout_s=2,
+        doc_target_chars=1,
+    )
     text = " ".join(f"[slow] Sentence number {n} of the resume test." for n in range(10))
     w1 = start_worker(slow, name="w1")
     client = Client(slow)
@@ -169,7 +189,8 @@ def test_kill_the_worker_halfway_only_missing_chunks_are_redone(settings: Settin
 
 
 def test_a_failed_document_resubmitted_makes_only_the_missing_chunks(
-        settings: Settings, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    settings: Settings, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
     fault = tmp_path / "device-fault"
     fault.touch()
@@ -191,8 +212,9 @@ def test_a_failed_document_resubmitted_makes_only_the_missing_chunks(
     assert len(synthesized_keys(worker)) == 3  # only the missing chunk was synthesized
 
 
-def test_status_shows_progress_rising_while_a_document_runs(settings: Settings, start_worker: StartWorker,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_status_shows_progress_rising_while_a_document_runs(
+    settings: Settings, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
     slow = settings.replace(engine="faulty_engine:FaultyEngine", max_batch=1, doc_target_chars=1)
     start_worker(slow)
@@ -227,10 +249,15 @@ def test_bad_documents_are_refused_at_the_edge_and_nothing_is_queued(settings: S
     from support import queue_length
 
     with Client(settings.replace(max_document_chars=100)) as client:
-        for text, fields, field in (("", {}, "text"), ("   \n\n  ", {}, "text"), ("a\x00b", {}, "text"),
-                                    ("x. " * 60, {}, "text"), ("Hello.", {"language": "klingon"}, "language"),
-                                    ("Hello.", {"deadline": time.time() + 60}, "deadline"),
-                                    ("Hello.", {"speed": 2}, "speed")):
+        for text, fields, field in (
+            ("", {}, "text"),
+            ("   \n\n  ", {}, "text"),
+            ("a\x00b", {}, "text"),
+            ("x. " * 60, {}, "text"),
+            ("Hello.", {"language": "klingon"}, "language"),
+            ("Hello.", {"deadline": time.time() + 60}, "deadline"),
+            ("Hello.", {"speed": 2}, "speed"),
+        ):
             with pytest.raises(InvalidRequest) as info:
                 client.submit_document(text, **fields)
             assert info.value.field.startswith(field), (text, info.value)
@@ -242,8 +269,11 @@ def test_a_raw_document_message_from_a_backend_without_ttsq(settings: Settings, 
 
     start_worker(settings)
     app = Celery(broker=settings.broker_url, backend=settings.result_backend)
-    result = app.send_task(DOCUMENT_TASK_NAME, kwargs={"text": "One. Two sentences.\n\nA paragraph.",
-                                                       "format": "mp3"}, queue=settings.queue)
+    result = app.send_task(
+        DOCUMENT_TASK_NAME,
+        kwargs={"text": "One. Two sentences.\n\nA paragraph.", "format": "mp3"},
+        queue=settings.queue,
+    )
     value = result.get(timeout=60)
     assert value["format"] == "mp3" and len(value["chunks"]) >= 2 and "text" not in value
     bad = app.send_task(DOCUMENT_TASK_NAME, kwargs={"text": "Hello.", "mode": "karaoke"}, queue=settings.queue)
@@ -252,8 +282,9 @@ def test_a_raw_document_message_from_a_backend_without_ttsq(settings: Settings, 
     app.close()
 
 
-def test_cli_document_with_a_progress_bar_and_an_output_file(settings: Settings, start_worker: StartWorker,
-                                                             tmp_path: Path) -> None:
+def test_cli_document_with_a_progress_bar_and_an_output_file(
+    settings: Settings, start_worker: StartWorker, tmp_path: Path
+) -> None:
     start_worker(settings)
     chapter = tmp_path / "chapter.txt"
     chapter.write_text(corpus(1500), encoding="utf-8")
@@ -270,14 +301,16 @@ def test_cli_document_with_a_progress_bar_and_an_output_file(settings: Settings,
     assert result["document"]["cached_chunks"] == result["document"]["chunks"]  # ...from the same chunks
 
 
-def test_cli_each_line_submits_one_job_per_line_with_a_summary(settings: Settings, start_worker: StartWorker,
-                                                              tmp_path: Path) -> None:
+def test_cli_each_line_submits_one_job_per_line_with_a_summary(
+    settings: Settings, start_worker: StartWorker, tmp_path: Path
+) -> None:
     start_worker(settings)
     with Client(settings) as client:
         client.submit("Line two is already cached.").wait(timeout=60)
     lines = tmp_path / "lines.txt"
-    lines.write_text("Line one is new.\nLine two is already cached.\n\n" + "x" * 80 + "\nLine five is new too.\n",
-                     encoding="utf-8")
+    lines.write_text(
+        "Line one is new.\nLine two is already cached.\n\n" + "x" * 80 + "\nLine five is new too.\n", encoding="utf-8"
+    )
     strict = settings.replace(max_text_chars=60)  # the producer refuses line 4 at the edge
     out = run_cli("submit", "-f", str(lines), "--each-line", "--json", settings=strict)
     assert out.returncode == 1, out.stderr  # one line failed
@@ -292,17 +325,24 @@ def test_cli_each_line_submits_one_job_per_line_with_a_summary(settings: Setting
     queued = run_cli("submit", "-f", str(lines), "--each-line", "--no-wait", "--json", settings=strict)
     # Answered by the producer from the cache: nothing is queued for those lines.
     assert [json.loads(line)["state"] for line in queued.stdout.decode().splitlines()] == [
-        "cached", "cached", "failed", "cached"], queued.stderr
+        "cached",
+        "cached",
+        "failed",
+        "cached",
+    ], queued.stderr
     # Line numbers are the file's: a Unicode line separator inside a line does not start another.
     odd = tmp_path / "odd.txt"
     odd.write_text("One line\u2028with a separator.\r\n" + "y" * 80 + "\r\n", encoding="utf-8")
     numbered = run_cli("submit", "-f", str(odd), "--each-line", "--no-wait", "--json", settings=strict)
     assert [(r["line"], r["state"]) for r in map(json.loads, numbered.stdout.decode().splitlines())] == [
-        (1, "queued"), (2, "failed")], numbered.stderr
+        (1, "queued"),
+        (2, "failed"),
+    ], numbered.stderr
 
 
-def test_flower_shows_a_document_in_progress_then_done(settings: Settings, start_worker: StartWorker,
-                                                       monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_flower_shows_a_document_in_progress_then_done(
+    settings: Settings, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from test_flower import Flower
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
@@ -341,11 +381,13 @@ def test_chunks_fit_the_frame_cap_of_the_model_that_reads_them() -> None:
     for request in document.requests(seed=1, limits=Limits()):
         identity.check(request)  # none refused
     # qwen-fast's prompt area is counted in UTF-8 bytes, beside the instruct: Hangul is 3 bytes a character.
-    fast = EngineIdentity(engine="qwen-fast", model="tiny", revision="r", sample_rate=24000, max_frames=2048,
-                          max_prompt_bytes=992)
+    fast = EngineIdentity(
+        engine="qwen-fast", model="tiny", revision="r", sample_rate=24000, max_frames=2048, max_prompt_bytes=992
+    )
     korean = "가나다라마바사아자차카타파하" * 100 + "."
-    document = Document.parse({"text": korean, "instruct": "차분한 목소리"}, limits=Limits(),
-                              max_document_chars=10_000, identity=fast)
+    document = Document.parse(
+        {"text": korean, "instruct": "차분한 목소리"}, limits=Limits(), max_document_chars=10_000, identity=fast
+    )
     assert len(document.chunks) > 4
     for request in document.requests(seed=1, limits=Limits()):
         fast.check(request)  # none refused
@@ -360,8 +402,13 @@ def test_the_document_benchmark_runs(tmp_path: Path) -> None:
 
     script = TESTS.parent / "benchmarks" / "document.py"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TTSQ_")}
-    out = subprocess.run([sys.executable, str(script), "--chars", "600", "--rounds", "1"], capture_output=True,
-                         timeout=300, cwd=tmp_path, env=env)
+    out = subprocess.run(
+        [sys.executable, str(script), "--chars", "600", "--rounds", "1"],
+        capture_output=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr.decode()[-2000:]
     lines = out.stdout.decode().splitlines()
     assert lines[0].startswith("document: ") and "baseline" in lines[1] and "overhead" in lines[2]
@@ -375,12 +422,14 @@ def test_cli_usage_errors_are_one_line_and_queue_nothing(settings: Settings, tmp
     doc.write_text("Hello there.", encoding="utf-8")
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"caf\xe9")
-    for args, message in ((["submit", "text", "-f", str(doc)], "one of them"),
-                          (["submit", "--each-line", "text"], "--each-line reads the lines of -f FILE"),
-                          (["submit", "-f", str(doc), "--each-line", "-o", str(tmp_path / "x.wav")], "--json"),
-                          (["submit", "-f", str(tmp_path / "missing.txt")], "does not exist"),
-                          (["submit", "-f", str(bad)], "invalid text: is not valid UTF-8"),
-                          (["submit", "-f", str(doc), "--deadline-s", "30"], "invalid deadline")):
+    for args, message in (
+        (["submit", "text", "-f", str(doc)], "one of them"),
+        (["submit", "--each-line", "text"], "--each-line reads the lines of -f FILE"),
+        (["submit", "-f", str(doc), "--each-line", "-o", str(tmp_path / "x.wav")], "--json"),
+        (["submit", "-f", str(tmp_path / "missing.txt")], "does not exist"),
+        (["submit", "-f", str(bad)], "invalid text: is not valid UTF-8"),
+        (["submit", "-f", str(doc), "--deadline-s", "30"], "invalid deadline"),
+    ):
         out = run_cli(*args, settings=settings)
         lines = out.stderr.decode().strip().splitlines()
         assert out.returncode == 2 and len(lines) == 1 and message in lines[0], (args, out.stderr)
@@ -408,8 +457,9 @@ def test_stop_listening_degrades_gracefully_if_celery_internals_change(settings:
         app.close()
 
 
-def test_progress_never_goes_backwards_when_chunks_finish_together(settings: Settings,
-                                                                  start_worker: StartWorker) -> None:
+def test_progress_never_goes_backwards_when_chunks_finish_together(
+    settings: Settings, start_worker: StartWorker
+) -> None:
     # Chunks of one batch finish together on several task threads, each publishing the document's
     # progress: every PROGRESS the backend publishes must count at least as many chunks as the last.
     import threading
@@ -437,8 +487,11 @@ def test_progress_never_goes_backwards_when_chunks_finish_together(settings: Set
         stop.set()
         thread.join(10)
         listener.close()
-    done = [m["result"]["chunks_done"] for m in messages  # type: ignore[index]
-            if m.get("task_id") == job.id and m.get("status") == "PROGRESS"]
+    done = [
+        m["result"]["chunks_done"]
+        for m in messages  # type: ignore[index]
+        if m.get("task_id") == job.id and m.get("status") == "PROGRESS"
+    ]
     assert len(done) >= 64 and done[-1] == 64, done
     assert done == sorted(done), done
 
@@ -455,14 +508,16 @@ def test_the_stitch_job_sends_no_signed_urls_in_its_events(settings: Settings, s
     events: list[dict[str, object]] = []
     with app.connection() as connection:
         receiver = app.events.Receiver(connection, handlers={"*": events.append})
-        thread = threading.Thread(target=lambda: receiver.capture(limit=None, timeout=None, wakeup=False),
-                                  daemon=True)
+        thread = threading.Thread(target=lambda: receiver.capture(limit=None, timeout=None, wakeup=False), daemon=True)
         thread.start()
         wait_until(lambda: bool(events), 30, "a worker heartbeat: the receiver is listening")
         with Client(settings) as client:
             result = client.submit_document("One sentence here. Another sentence there.").wait(timeout=60)
-        wait_until(lambda: any(e.get("type") == "task-sent" and e.get("name") == "ttsq.stitch" for e in events), 30,
-                   "the stitch's task-sent")
+        wait_until(
+            lambda: any(e.get("type") == "task-sent" and e.get("name") == "ttsq.stitch" for e in events),
+            30,
+            "the stitch's task-sent",
+        )
         sent = [event for event in events if event.get("type") == "task-sent"]
         receiver.should_stop = True
         thread.join(10)
@@ -496,8 +551,13 @@ def test_embedded_documents_and_line_files_are_not_held_to_one_job_limit(tmp_pat
     lines.write_text("A good first line.\n" + "x" * 80 + "\nA good third line.\n", encoding="utf-8")
 
     def submit(*args: str) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run([sys.executable, "-m", "ttsq.cli.main", "submit", *args, "--embedded", "--json"],
-                              env=env, capture_output=True, timeout=180, cwd=tmp_path)
+        return subprocess.run(
+            [sys.executable, "-m", "ttsq.cli.main", "submit", *args, "--embedded", "--json"],
+            env=env,
+            capture_output=True,
+            timeout=180,
+            cwd=tmp_path,
+        )
 
     out = submit("-f", str(doc))
     assert out.returncode == 0, out.stderr

@@ -31,8 +31,11 @@ def test_readme_first_command_speaks_from_a_fresh_copy(tmp_path: Path) -> None:
     command = first_shell_block()
     assert "ttsq submit" in command and "--embedded" in command and "pip install ." in command
     copy = tmp_path / "ttsq"
-    shutil.copytree(README.parent, copy, ignore=shutil.ignore_patterns(
-        ".venv", ".git", "*.egg-info", "__pycache__", ".*_cache", "ttsq-audio", "build"))
+    shutil.copytree(
+        README.parent,
+        copy,
+        ignore=shutil.ignore_patterns(".venv", ".git", "*.egg-info", "__pycache__", ".*_cache", "ttsq-audio", "build"),
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TTSQ_", "VIRTUAL_ENV"))}
     out = subprocess.run(["bash", "-c", command], cwd=copy, env=env, capture_output=True, timeout=600)
     assert out.returncode == 0, out.stderr.decode()[-2000:]
@@ -50,23 +53,32 @@ def test_readme_first_command_speaks_from_a_fresh_copy(tmp_path: Path) -> None:
     assert not (site / "cli").exists() and not (site / "workers").exists()
 
     # The same plain install measures itself: `ttsq bench --embedded` prints its table and its JSON.
-    bench = subprocess.run([str(copy / ".venv" / "bin" / "ttsq"), "bench", "--embedded", "-n", "6", "-c", "2",
-                            "--json", "bench.json"], cwd=copy, env=env, capture_output=True, timeout=300)
+    bench = subprocess.run(
+        [str(copy / ".venv" / "bin" / "ttsq"), "bench", "--embedded", "-n", "6", "-c", "2", "--json", "bench.json"],
+        cwd=copy,
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
     assert bench.returncode == 0, bench.stderr.decode()[-2000:]
     assert bench.stdout.decode().startswith("ttsq bench: synthesize, 6 jobs")
     assert json.loads((copy / "bench.json").read_text())["jobs"]["ok"] == 6
 
 
 def redis_servers(under: Path) -> set[int]:
-    """redis-server processes whose data folder lies under ``under`` (this test's own temporary folder):
-    never another process's Redis, whatever else runs on the machine."""
+    """redis-server processes working in a folder under ``under`` (this test's own temporary folder; Redis
+    runs in its ``--dir``): never another process's Redis, whatever else runs on the machine. Redis
+    rewrites its command line once started (Debian's binary is even a link to redis-check-rdb), so the
+    folder is read from its working directory."""
     pids = set()
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit():
-                cmdline = (entry / "cmdline").read_bytes()
-                if b"redis-server" in cmdline and str(under).encode() in cmdline:
-                    pids.add(int(entry.name))
+            if (
+                entry.name.isdigit()
+                and b"redis-server" in (entry / "cmdline").read_bytes()
+                and Path(os.readlink(entry / "cwd")).is_relative_to(under)
+            ):
+                pids.add(int(entry.name))
         except OSError:
             continue
     return pids
@@ -82,8 +94,13 @@ def private_tmp(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 
 def test_embedded_leaves_no_redis_running(tmp_path: Path) -> None:
     folder, env = private_tmp(tmp_path)
-    out = subprocess.run([sys.executable, "-m", "ttsq.cli.main", "submit", "Bye.", "--embedded", "--json"],
-                         cwd=tmp_path, env=env, capture_output=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "ttsq.cli.main", "submit", "Bye.", "--embedded", "--json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr.decode()
     assert json.loads(out.stdout)["url"].startswith(f"file://{tmp_path}/ttsq-audio/")
     assert not redis_servers(folder)
@@ -92,8 +109,13 @@ def test_embedded_leaves_no_redis_running(tmp_path: Path) -> None:
 
 def test_embedded_killed_mid_run_still_stops_its_redis(tmp_path: Path) -> None:
     folder, env = private_tmp(tmp_path)
-    process = subprocess.Popen([sys.executable, "-m", "ttsq.cli.main", "submit", "Never mind.", "--embedded"],
-                               cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ttsq.cli.main", "submit", "Never mind.", "--embedded"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     try:
         wait_until(lambda: bool(redis_servers(folder)), 30, "the embedded Redis to start")
     finally:

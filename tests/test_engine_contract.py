@@ -47,16 +47,26 @@ QWEN_FRAMES = 16
 TEXTS = ("The quick brown fox jumps.", "A second line, in order.", "The third line, at last.")
 #: Each short enough for that limit too.
 SENTENCES = {
-    "auto": "오늘 날씨 좋네요.", "chinese": "今天天气很好。", "english": "The weather is nice today.",
-    "japanese": "こんにちは。", "korean": "안녕하세요.", "german": "Heute ist schönes Wetter.",
-    "french": "Il fait beau aujourd'hui.", "russian": "Сегодня хорошая погода.",
-    "portuguese": "Hoje o tempo está bom.", "spanish": "Hoy hace buen tiempo.", "italian": "Oggi fa bel tempo.",
+    "auto": "오늘 날씨 좋네요.",
+    "chinese": "今天天气很好。",
+    "english": "The weather is nice today.",
+    "japanese": "こんにちは。",
+    "korean": "안녕하세요.",
+    "german": "Heute ist schönes Wetter.",
+    "french": "Il fait beau aujourd'hui.",
+    "russian": "Сегодня хорошая погода.",
+    "portuguese": "Hoje o tempo está bom.",
+    "spanish": "Hoy hace buen tiempo.",
+    "italian": "Oggi fa bel tempo.",
 }
 #: The languages a costly engine is tried in (every announced language on a cheap one).
 SAMPLED_LANGUAGES = ("auto", "english", "korean", "chinese")
 #: A request of each mode, for an engine that serves another (its identity refuses it before any lookup).
-OTHER_MODE = {"voice_design": {}, "custom_voice": {"mode": "custom_voice", "speaker": "vivian"},
-              "voice_clone": {"mode": "voice_clone", "reference": "voices/" + "0" * 64 + ".wav"}}
+OTHER_MODE = {
+    "voice_design": {},
+    "custom_voice": {"mode": "custom_voice", "speaker": "vivian"},
+    "voice_clone": {"mode": "voice_clone", "reference": "voices/" + "0" * 64 + ".wav"},
+}
 REQUEST_FIELDS = frozenset(f.name for f in fields(SynthesisRequest))
 
 
@@ -76,8 +86,9 @@ class Spec:
 
 
 def _qwen(engine: str, **extra: Any) -> Callable[[Path | None, str], Settings]:
-    return lambda checkpoint, store: Settings(engine=engine, qwen_model=str(checkpoint), qwen_max_frames=QWEN_FRAMES,
-                                              storage_url=store, **extra)
+    return lambda checkpoint, store: Settings(
+        engine=engine, qwen_model=str(checkpoint), qwen_max_frames=QWEN_FRAMES, storage_url=store, **extra
+    )
 
 
 def _plugin(path: str, *, from_env: bool = False) -> Callable[[Path | None, str], Settings]:
@@ -311,8 +322,10 @@ def test_every_announced_language_speaks(subject: Subject) -> None:
 @pytest.mark.parametrize("size", [1, 3])
 def test_a_batch_gives_one_output_per_request_in_order(subject: Subject, size: int) -> None:
     caps = [3, 2, 5][:size]  # each row its own frame cap: their lengths tell the rows apart
-    requests = [subject.request(text, max_new_tokens=cap, seed=1, **({"instruct": "A calm voice."} if i == 1 else {}))
-                for i, (text, cap) in enumerate(zip(TEXTS, caps, strict=False))]
+    requests = [
+        subject.request(text, max_new_tokens=cap, seed=1, **({"instruct": "A calm voice."} if i == 1 else {}))
+        for i, (text, cap) in enumerate(zip(TEXTS, caps, strict=False))
+    ]
     outputs = subject.engine.synthesize_batch(requests)
     assert isinstance(outputs, list) and len(outputs) == size
     rate = subject.identity.sample_rate
@@ -325,8 +338,9 @@ def test_a_batch_gives_one_output_per_request_in_order(subject: Subject, size: i
 
 @on(["espeak", "qwen", "qwen-custom_voice", "qwen-voice_clone", "qwen-fast", "plugin", *EXTRA])
 def test_ignored_names_exactly_the_fields_the_engine_cannot_honour(subject: Subject) -> None:
-    request = subject.request(TEXTS[0], instruct="A calm, low voice.", seed=4, temperature=0.9, top_k=50,
-                              max_new_tokens=2)
+    request = subject.request(
+        TEXTS[0], instruct="A calm, low voice.", seed=4, temperature=0.9, top_k=50, max_new_tokens=2
+    )
     (item,) = subject.engine.synthesize_batch([request])
     out = assert_output(subject.identity, item, request)
     if subject.spec.ignores is None:

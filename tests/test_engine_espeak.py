@@ -15,10 +15,16 @@ from ttsq.errors import ConfigError, EngineError
 from ttsq.request import LANGUAGES, SynthesisRequest
 
 SENTENCES = {
-    "chinese": "今天天气很好。", "english": "The weather is nice today.", "japanese": "今日はいい天気です。",
-    "korean": "오늘은 날씨가 좋네요.", "german": "Heute ist schönes Wetter.", "french": "Il fait beau aujourd'hui.",
-    "russian": "Сегодня хорошая погода.", "portuguese": "Hoje o tempo está bom.",
-    "spanish": "Hoy hace buen tiempo.", "italian": "Oggi fa bel tempo.",
+    "chinese": "今天天气很好。",
+    "english": "The weather is nice today.",
+    "japanese": "今日はいい天気です。",
+    "korean": "오늘은 날씨가 좋네요.",
+    "german": "Heute ist schönes Wetter.",
+    "french": "Il fait beau aujourd'hui.",
+    "russian": "Сегодня хорошая погода.",
+    "portuguese": "Hoje o tempo está bom.",
+    "spanish": "Hoy hace buen tiempo.",
+    "italian": "Oggi fa bel tempo.",
 }
 
 
@@ -39,8 +45,9 @@ def test_identity_names_the_library_version(engine: Engine) -> None:
 
 @pytest.mark.parametrize("language", sorted(SENTENCES))
 def test_every_qwen_language_speaks(engine: Engine, language: str) -> None:
-    (output,) = engine.synthesize_batch([SynthesisRequest.from_dict({"text": SENTENCES[language],
-                                                                      "language": language})])
+    (output,) = engine.synthesize_batch(
+        [SynthesisRequest.from_dict({"text": SENTENCES[language], "language": language})]
+    )
     assert isinstance(output, EngineOutput)
     seconds = output.samples.size / output.sample_rate
     assert 0.5 < seconds < 6
@@ -62,8 +69,9 @@ def test_one_bad_item_fails_alone(engine: Engine) -> None:
 
 
 def test_unhonoured_fields_are_reported_and_the_frame_cap_truncates(engine: Engine) -> None:
-    request = SynthesisRequest.from_dict({"text": "A sentence long enough to be cut short.",
-                                          "instruct": "a calm voice", "seed": 3, "max_new_tokens": 10})
+    request = SynthesisRequest.from_dict(
+        {"text": "A sentence long enough to be cut short.", "instruct": "a calm voice", "seed": 3, "max_new_tokens": 10}
+    )
     (output,) = engine.synthesize_batch([request])
     assert isinstance(output, EngineOutput)
     assert output.truncated

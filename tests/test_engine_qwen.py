@@ -54,10 +54,13 @@ def output(item: EngineOutput | Exception) -> EngineOutput:
     return item
 
 
-def test_identity_names_the_mode_languages_speakers_and_revision(qwen_checkpoints: dict[str, Path],
-                                                                 tmp_path: Path) -> None:
-    modes = {kind: QwenEngine(Settings(engine="qwen", qwen_model=str(path))).identity
-             for kind, path in qwen_checkpoints.items()}
+def test_identity_names_the_mode_languages_speakers_and_revision(
+    qwen_checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    modes = {
+        kind: QwenEngine(Settings(engine="qwen", qwen_model=str(path))).identity
+        for kind, path in qwen_checkpoints.items()
+    }
     assert modes["voice_design"].modes == ("voice_design",)
     assert modes["custom_voice"].modes == ("custom_voice",)
     assert modes["base"].modes == ("voice_clone",)
@@ -68,8 +71,12 @@ def test_identity_names_the_mode_languages_speakers_and_revision(qwen_checkpoint
     # The revision is the checkpoint's, plus the frame-cap policy (it shapes truncated audio).
     original = checkpoint_revision(qwen_checkpoints["voice_design"])
     assert modes["voice_design"].revision == f"{original}.cap1-2048"
-    assert QwenEngine(Settings(engine="qwen", qwen_model=str(qwen_checkpoints["voice_design"]),
-                               qwen_max_frames=512)).identity.revision == f"{original}.cap1-512"
+    assert (
+        QwenEngine(
+            Settings(engine="qwen", qwen_model=str(qwen_checkpoints["voice_design"]), qwen_max_frames=512)
+        ).identity.revision
+        == f"{original}.cap1-512"
+    )
     # A copy elsewhere is the same model; another config, or other weights of the same size, is not.
     copy = Path(shutil.copytree(qwen_checkpoints["voice_design"], tmp_path / "copy"))
     assert checkpoint_revision(copy) == original
@@ -115,9 +122,13 @@ def test_mixed_lengths_share_a_batch_and_each_is_cut_to_its_own_cap(design: Qwen
 def test_an_explicit_max_new_tokens_caps_the_item_and_the_hard_cap_caps_everything(design: QwenEngine) -> None:
     long_text = "Hello there, friend, how are you doing today?"
     assert frame_cap(long_text, 10_000) > 64
-    short, long, refused = design.synthesize_batch([
-        request("Hello there, friend.", max_new_tokens=10, seed=1), request(long_text, seed=1),
-        request("Hello there, friend.", max_new_tokens=65, seed=1)])
+    short, long, refused = design.synthesize_batch(
+        [
+            request("Hello there, friend.", max_new_tokens=10, seed=1),
+            request(long_text, seed=1),
+            request("Hello there, friend.", max_new_tokens=65, seed=1),
+        ]
+    )
     assert output(short).samples.size == 10 * SAMPLES_PER_FRAME
     assert output(long).samples.size == 64 * SAMPLES_PER_FRAME  # TTSQ_QWEN_MAX_FRAMES of this engine
     assert isinstance(refused, InvalidRequest) and refused.field == "max_new_tokens"  # above the hard cap
@@ -153,8 +164,9 @@ def test_same_seed_same_batch_is_reproducible_and_batching_changes_sampled_rows(
 def test_out_of_memory_splits_the_batch_and_remembers_what_fits(qwen_checkpoints: dict[str, Path]) -> None:
     # The test engine raises torch's real OutOfMemoryError at the device boundary for any batch above
     # 2, the way a full GPU would; the batcher must split and finish every job.
-    engine = OutOfMemoryQwen(Settings(engine="qwen", qwen_model=str(qwen_checkpoints["voice_design"]),
-                                      qwen_max_frames=24))
+    engine = OutOfMemoryQwen(
+        Settings(engine="qwen", qwen_model=str(qwen_checkpoints["voice_design"]), qwen_max_frames=24)
+    )
     metrics = Metrics(node="oom@test")
     batcher = Batcher(engine, max_batch=8, max_wait_s=0.5, observer=metrics)
     batcher.start()
@@ -181,11 +193,15 @@ def test_out_of_memory_splits_the_batch_and_remembers_what_fits(qwen_checkpoints
 
 
 def test_custom_voice_checks_speakers_per_item_and_reports_an_ignored_instruct(
-        qwen_checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    qwen_checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
     engine = loaded(qwen_checkpoints["custom_voice"], qwen_max_frames=16)
-    good, bad = engine.synthesize_batch([
-        request("안녕하세요.", mode="custom_voice", speaker="Sohee", language="korean", instruct="밝게"),
-        request("Hello.", mode="custom_voice", speaker="nobody")])
+    good, bad = engine.synthesize_batch(
+        [
+            request("안녕하세요.", mode="custom_voice", speaker="Sohee", language="korean", instruct="밝게"),
+            request("Hello.", mode="custom_voice", speaker="nobody"),
+        ]
+    )
     assert output(good).ignored == ()  # the 1.7B CustomVoice follows an instruct
     assert isinstance(bad, InvalidRequest) and bad.field == "speaker"
     engine.close()
@@ -195,9 +211,12 @@ def test_custom_voice_checks_speakers_per_item_and_reports_an_ignored_instruct(
     config = json.loads((small / "config.json").read_text())
     (small / "config.json").write_text(json.dumps({**config, "tts_model_size": "0b6"}))
     engine = loaded(small, qwen_max_frames=16)
-    with_instruct, without = engine.synthesize_batch([
-        request("Hello.", mode="custom_voice", speaker="ryan", instruct="whisper"),
-        request("Hello.", mode="custom_voice", speaker="ryan")])
+    with_instruct, without = engine.synthesize_batch(
+        [
+            request("Hello.", mode="custom_voice", speaker="ryan", instruct="whisper"),
+            request("Hello.", mode="custom_voice", speaker="ryan"),
+        ]
+    )
     assert output(with_instruct).ignored == ("instruct",)
     assert output(without).ignored == ()
     engine.close()
@@ -212,7 +231,8 @@ def reference_wav(seconds: float = 2.0, rate: int = 16_000) -> bytes:
 
 
 def test_voice_clone_loads_the_reference_itself_and_computes_its_prompt_once(
-        qwen_checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    qwen_checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
     storage_url = str(tmp_path / "store")
     storage = LocalStorage(storage_url)
     voice = add_voice(storage, reference_wav(1.5), "This is my reference voice.")
@@ -223,12 +243,22 @@ def test_voice_clone_loads_the_reference_itself_and_computes_its_prompt_once(
 
     engine = loaded(qwen_checkpoints["base"], qwen_max_frames=16, storage_url=storage_url, qwen_clone_cache=1)
     clone = {"mode": "voice_clone", "seed": 2}
-    outputs = engine.synthesize_batch([
-        request("First line.", reference=voice, **clone), request("Second line.", reference=voice, **clone),
-        request("Third.", reference="voices/" + "1" * 64 + ".wav", **clone),
-        request("Fourth.", reference=garbage, **clone), request("Fifth.", reference=plain, **clone)])
-    assert [type(o).__name__ for o in outputs] == ["EngineOutput", "EngineOutput", "InvalidRequest",
-                                                   "InvalidRequest", "EngineOutput"]
+    outputs = engine.synthesize_batch(
+        [
+            request("First line.", reference=voice, **clone),
+            request("Second line.", reference=voice, **clone),
+            request("Third.", reference="voices/" + "1" * 64 + ".wav", **clone),
+            request("Fourth.", reference=garbage, **clone),
+            request("Fifth.", reference=plain, **clone),
+        ]
+    )
+    assert [type(o).__name__ for o in outputs] == [
+        "EngineOutput",
+        "EngineOutput",
+        "InvalidRequest",
+        "InvalidRequest",
+        "EngineOutput",
+    ]
     missing, not_audio = outputs[2], outputs[3]
     assert isinstance(missing, InvalidRequest) and "no voice" in str(missing)
     assert isinstance(not_audio, InvalidRequest) and "not audio" in str(not_audio)

@@ -47,8 +47,9 @@ def faulty(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     that redelivery happens within a test (and the worst hold of a healthy job still fits in it)."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("FAULTY_ENGINE_EVENTS", str(tmp_path / "batches.log"))
-    return settings.replace(engine=FAULTY, visibility_timeout_s=25, job_timeout_s=12, storage_attempts=1,
-                            storage_timeout_s=2)
+    return settings.replace(
+        engine=FAULTY, visibility_timeout_s=25, job_timeout_s=12, storage_attempts=1, storage_timeout_s=2
+    )
 
 
 def batches_started(tmp_path: Path, pid: int) -> int:
@@ -82,7 +83,8 @@ def expected_key(client: Client, text: str) -> str:
 
 
 def test_sigkill_mid_batch_every_job_completes_once_on_another_worker(
-        faulty: Settings, start_worker: StartWorker, tmp_path: Path) -> None:
+    faulty: Settings, start_worker: StartWorker, tmp_path: Path
+) -> None:
     # max_batch 4: the worker holds 8 messages (concurrency 2 x 4): one batch in the engine, one
     # batch prefetched behind it; 4 more wait in the queue.
     w1 = start_worker(faulty, name="w1")
@@ -90,8 +92,11 @@ def test_sigkill_mid_batch_every_job_completes_once_on_another_worker(
     client = Client(faulty)
     texts = [f"[slow] Sentence number {i} of the kill test." for i in range(12)]
     jobs = [client.submit(text) for text in texts]
-    wait_until(lambda: batches_started(tmp_path, w1.process.pid) >= 1 and unacked(faulty) >= 8, 30,
-               "a batch in flight with the next one prefetched")
+    wait_until(
+        lambda: batches_started(tmp_path, w1.process.pid) >= 1 and unacked(faulty) >= 8,
+        30,
+        "a batch in flight with the next one prefetched",
+    )
     held = unacked(faulty)
     w1.process.send_signal(signal.SIGKILL)
     w1.process.wait(10)
@@ -114,7 +119,8 @@ def test_sigkill_mid_batch_every_job_completes_once_on_another_worker(
 
 
 def test_a_job_that_kills_every_worker_is_parked_and_can_be_retried(
-        faulty: Settings, start_worker: StartWorker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    faulty: Settings, start_worker: StartWorker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     armed = tmp_path / "armed"
     armed.write_text("")
     settings = faulty.replace(max_attempts=2)
@@ -155,7 +161,8 @@ def test_a_job_that_kills_every_worker_is_parked_and_can_be_retried(
 
 
 def test_a_stuck_engine_exits_the_worker_for_its_supervisor_and_its_jobs_are_redelivered(
-        faulty: Settings, start_worker: StartWorker, tmp_path: Path) -> None:
+    faulty: Settings, start_worker: StartWorker, tmp_path: Path
+) -> None:
     settings = faulty.replace(batch_timeout_s=3, max_attempts=1)
     w1 = start_worker(settings, name="w1")
     client = Client(settings)
@@ -176,13 +183,13 @@ def test_a_stuck_engine_exits_the_worker_for_its_supervisor_and_its_jobs_are_red
 
 
 def test_redis_restart_mid_burst_loses_no_accepted_job_and_workers_consume_after(
-        faulty: Settings, start_worker: StartWorker, tmp_path: Path) -> None:
+    faulty: Settings, start_worker: StartWorker, tmp_path: Path
+) -> None:
     server = RedisServer(directory=str(tmp_path / "redis"), appendonly=True)
     os.makedirs(server.directory)
     server.start()
     url = server.url
-    settings = faulty.replace(engine="espeak", broker_url=f"{url}/0", result_backend=f"{url}/1",
-                              cache_url=f"{url}/2")
+    settings = faulty.replace(engine="espeak", broker_url=f"{url}/0", result_backend=f"{url}/1", cache_url=f"{url}/2")
     try:
         workers = [start_worker(settings, name="w1"), start_worker(settings, name="w2")]
         accepted: list[tuple[str, Job]] = []
@@ -219,11 +226,15 @@ def test_redis_restart_mid_burst_loses_no_accepted_job_and_workers_consume_after
         give_up = time.monotonic() + bound
         for text, job in accepted:
             try:
-                result = client.wait(job.id or "", timeout=max(1.0, give_up - time.monotonic())) \
-                    if job.result is None else job.result
+                result = (
+                    client.wait(job.id or "", timeout=max(1.0, give_up - time.monotonic()))
+                    if job.result is None
+                    else job.result
+                )
             except Exception as exc:
-                raise AssertionError(f"accepted job {job.id} has no result ({exc}); "
-                                     f"{where_is(settings, job.id or '', workers)}") from exc
+                raise AssertionError(
+                    f"accepted job {job.id} has no result ({exc}); {where_is(settings, job.id or '', workers)}"
+                ) from exc
             assert result["key"] == expected_key(client, text)
         keys = s3_keys(settings)
         assert len(keys) == len(set(keys)) == len({text for text, _ in accepted})
@@ -238,7 +249,8 @@ def test_redis_restart_mid_burst_loses_no_accepted_job_and_workers_consume_after
 
 
 def test_storage_outage_retries_with_backoff_and_completes_when_the_store_is_back(
-        settings: Settings, start_worker: StartWorker) -> None:
+    settings: Settings, start_worker: StartWorker
+) -> None:
     from moto.server import ThreadedMotoServer
 
     port = free_port()
@@ -246,9 +258,14 @@ def test_storage_outage_retries_with_backoff_and_completes_when_the_store_is_bac
     # outage of the store as the worker sees it.
     store = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     store.start()
-    patient = settings.replace(s3_endpoint_url=f"http://127.0.0.1:{port}", storage_attempts=6,
-                               storage_backoff_ms=1000, storage_timeout_s=2, job_timeout_s=20,
-                               visibility_timeout_s=240)
+    patient = settings.replace(
+        s3_endpoint_url=f"http://127.0.0.1:{port}",
+        storage_attempts=6,
+        storage_backoff_ms=1000,
+        storage_timeout_s=2,
+        job_timeout_s=20,
+        visibility_timeout_s=240,
+    )
     worker = start_worker(patient)
     client = Client(patient)
     client.submit("Warm the producer's view of the model.").wait(timeout=30)
@@ -280,9 +297,14 @@ def test_storage_outage_retries_with_backoff_and_completes_when_the_store_is_bac
 
 
 def test_storage_retries_run_out_with_a_clear_error_and_nothing_indexed(
-        settings: Settings, start_worker: StartWorker) -> None:
-    gone = settings.replace(s3_endpoint_url=f"http://127.0.0.1:{free_port()}", storage_attempts=3,
-                            storage_backoff_ms=100, visibility_timeout_s=240)
+    settings: Settings, start_worker: StartWorker
+) -> None:
+    gone = settings.replace(
+        s3_endpoint_url=f"http://127.0.0.1:{free_port()}",
+        storage_attempts=3,
+        storage_backoff_ms=100,
+        visibility_timeout_s=240,
+    )
     start_worker(gone)
     job = Client(settings).submit("Nowhere to put this, ever.")
     with pytest.raises(StorageError, match="gave up after 3 tries"):
@@ -299,15 +321,17 @@ def test_a_deadline_in_the_past_is_refused_at_the_edge(settings: Settings) -> No
         Client(settings).submit("Relative by mistake.", deadline=30)
 
 
-def test_a_job_past_its_deadline_is_dropped_before_synthesis(faulty: Settings, start_worker: StartWorker,
-                                                              tmp_path: Path) -> None:
+def test_a_job_past_its_deadline_is_dropped_before_synthesis(
+    faulty: Settings, start_worker: StartWorker, tmp_path: Path
+) -> None:
     worker = start_worker(faulty)
     assert worker.process is not None
     client = Client(faulty)
     # Straight onto the queue with an expired deadline (a producer whose clock ran out in transit).
     app = make_app(faulty)
-    expired = app.send_task("ttsq.synthesize", kwargs={"text": "Expired in the queue.",
-                                                       "deadline": time.time() - 5}, queue=faulty.queue)
+    expired = app.send_task(
+        "ttsq.synthesize", kwargs={"text": "Expired in the queue.", "deadline": time.time() - 5}, queue=faulty.queue
+    )
     with pytest.raises(DeadlineExceeded, match="before synthesis"):
         expired.get(timeout=30)
     # A deadline that passes while the job waits behind a slow batch: dropped, not run late.

@@ -32,9 +32,11 @@ class Flower:
         self.log_path = log_path
         with open(log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "ttsq.cli.main", "flower", "--address", "127.0.0.1",
-                 "--port", str(self.port)],
-                env={**settings_env(settings), "FLOWER_BASIC_AUTH": AUTH}, stdout=log, stderr=subprocess.STDOUT)
+                [sys.executable, "-m", "ttsq.cli.main", "flower", "--address", "127.0.0.1", "--port", str(self.port)],
+                env={**settings_env(settings), "FLOWER_BASIC_AUTH": AUTH},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -69,16 +71,16 @@ def flower(settings: Settings, tmp_path: Path) -> Iterator[Flower]:
     server.stop()
 
 
-def test_flower_lists_a_burst_with_workers_and_no_text(settings: Settings, start_worker: StartWorker,
-                                                        flower: Flower) -> None:
+def test_flower_lists_a_burst_with_workers_and_no_text(
+    settings: Settings, start_worker: StartWorker, flower: Flower
+) -> None:
     start_worker(settings, name="w1")
     start_worker(settings, name="w2")
     secret = "The board approves the confidential Nightjar merger on Tuesday"
     client = Client(settings)
     jobs = [client.submit(f"{secret}, item {i}.", format="mp3") for i in range(20)]
     # A web backend's raw send_task: Celery's default kwargsrepr holds the whole text.
-    raw = make_app(settings).send_task("ttsq.synthesize", kwargs={"text": f"{secret}, sent raw."},
-                                       queue=settings.queue)
+    raw = make_app(settings).send_task("ttsq.synthesize", kwargs={"text": f"{secret}, sent raw."}, queue=settings.queue)
     ids = {job.id for job in jobs} | {raw.id}
     results = [job.wait(timeout=120) for job in jobs] + [raw.get(timeout=120)]
 
@@ -116,8 +118,16 @@ def test_flower_refuses_to_start_without_auth_unless_told(settings: Settings) ->
 
 
 def test_redaction_of_kwargs_and_results() -> None:
-    summary = describe_kwargs({"text": "Hello there, secret person", "language": "korean", "instruct": "calm",
-                               "seed": 7, "format": "mp3", "top_p": 0.9})
+    summary = describe_kwargs(
+        {
+            "text": "Hello there, secret person",
+            "language": "korean",
+            "instruct": "calm",
+            "seed": 7,
+            "format": "mp3",
+            "top_p": 0.9,
+        }
+    )
     assert summary == "format=mp3 instruct=<4 chars> language=korean seed=7 text=<26 chars> top_p=0.9"
     assert describe_kwargs(["not", "a", "dict"]) == "<redacted>"
     result = "{'key': 'ab12', 'url': 'http://s3/x.wav?X-Amz-Signature=abc', 'duration_s': 1.5}"

@@ -10,8 +10,13 @@ from ttsq.keys import content_key, object_key
 from ttsq.request import SynthesisRequest
 
 IDENTITY = EngineIdentity(engine="espeak", model="espeak-ng", revision="1.52.0", sample_rate=22050)
-REQUEST = {"text": "안녕하세요. 오늘 날씨가 좋네요.", "language": "korean",
-           "instruct": "차분하고 따뜻한 30대 여성 목소리", "seed": 7, "format": "wav"}
+REQUEST = {
+    "text": "안녕하세요. 오늘 날씨가 좋네요.",
+    "language": "korean",
+    "instruct": "차분하고 따뜻한 30대 여성 목소리",
+    "seed": 7,
+    "format": "wav",
+}
 # Pinned: if this changes, every cached object in every deployment is orphaned. Bump
 # KEY_SCHEMA_VERSION on purpose instead, and update this literal in the same commit.
 PINNED = "db3d4d8c3187c98dff61f6fe1ac69f952975568aa49efc597544c2074469bf8d"
@@ -30,8 +35,14 @@ def test_key_is_the_same_in_another_process_with_another_hash_seed() -> None:
 
     code = "from tests.test_keys import key_of; print(key_of())"
     for seed in ("0", "12345"):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                             env={"PYTHONHASHSEED": seed, "PATH": ""}, cwd=Path(__file__).parent.parent)
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONHASHSEED": seed, "PATH": ""},
+            cwd=Path(__file__).parent.parent,
+        )
         assert out.stdout.strip() == PINNED
 
 
@@ -43,9 +54,16 @@ def other_pythons() -> list[str]:
     found = {str(p) for p in Path.home().glob(".pyenv/versions/3.1[0-9]*/bin/python3")}
     found |= {w for v in range(10, 16) if (w := shutil.which(f"python3.{v}"))}
     mine = sys.version_info[:2]
-    return sorted(p for p in found if subprocess.run(
-        [p, "-c", f"import sys; print(sys.version_info[:2] >= (3, 10) and sys.version_info[:2] != {mine!r})"],
-        capture_output=True, text=True).stdout.strip() == "True")
+    return sorted(
+        p
+        for p in found
+        if subprocess.run(
+            [p, "-c", f"import sys; print(sys.version_info[:2] >= (3, 10) and sys.version_info[:2] != {mine!r})"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        == "True"
+    )
 
 
 def test_key_is_the_same_on_other_python_versions() -> None:
@@ -56,12 +74,14 @@ def test_key_is_the_same_on_other_python_versions() -> None:
     from pathlib import Path
 
     root = str(Path(__file__).parent.parent)
-    code = (f"import sys; sys.path.insert(0, {root!r})\n"
-            "from types import SimpleNamespace\n"
-            "from ttsq.keys import content_key\n"
-            "from ttsq.request import SynthesisRequest\n"
-            f"identity = SimpleNamespace(engine='espeak', model='espeak-ng', revision='1.52.0', sample_rate=22050)\n"
-            f"print(content_key(SynthesisRequest.from_dict({REQUEST!r}), identity))\n")
+    code = (
+        f"import sys; sys.path.insert(0, {root!r})\n"
+        "from types import SimpleNamespace\n"
+        "from ttsq.keys import content_key\n"
+        "from ttsq.request import SynthesisRequest\n"
+        f"identity = SimpleNamespace(engine='espeak', model='espeak-ng', revision='1.52.0', sample_rate=22050)\n"
+        f"print(content_key(SynthesisRequest.from_dict({REQUEST!r}), identity))\n"
+    )
     for python in interpreters:
         out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
@@ -73,15 +93,24 @@ def test_key_ignores_spelling_that_does_not_change_the_audio() -> None:
     assert key_of(language="ko") == PINNED
     # NFD-composed Hangul normalizes to the same NFC text
     import unicodedata
+
     assert key_of(text=unicodedata.normalize("NFD", REQUEST["text"])) == PINNED  # type: ignore[arg-type]
 
 
 def test_everything_that_shapes_the_audio_changes_the_key() -> None:
-    variants = {key_of(text="다른 문장입니다."), key_of(language="english"), key_of(instruct="낮은 남성 목소리"),
-                key_of(seed=8), key_of(format="flac"), key_of(temperature=0.5), key_of(max_new_tokens=100)}
-    other_model = content_key(SynthesisRequest.from_dict(REQUEST),
-                              EngineIdentity(engine="espeak", model="espeak-ng", revision="1.53.0",
-                                             sample_rate=22050))
+    variants = {
+        key_of(text="다른 문장입니다."),
+        key_of(language="english"),
+        key_of(instruct="낮은 남성 목소리"),
+        key_of(seed=8),
+        key_of(format="flac"),
+        key_of(temperature=0.5),
+        key_of(max_new_tokens=100),
+    }
+    other_model = content_key(
+        SynthesisRequest.from_dict(REQUEST),
+        EngineIdentity(engine="espeak", model="espeak-ng", revision="1.53.0", sample_rate=22050),
+    )
     assert len(variants | {other_model, PINNED}) == 9
 
 

@@ -17,10 +17,28 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Source folders and the package name each is installed as (pyproject.toml, [tool.setuptools]).
 PACKAGES = {"ttsq": ROOT / "ttsq", "ttsq.cli": ROOT / "cli", "ttsq.workers": ROOT / "workers"}
 
-CORE = {"ttsq", "ttsq.constants", "ttsq.errors", "ttsq.config", "ttsq.request", "ttsq.keys", "ttsq.engines.base",
-        "ttsq.audio", "ttsq.storage", "ttsq.connection", "ttsq.redaction", "ttsq.cache", "ttsq.ledger",
-        "ttsq.stats", "ttsq.broker", "ttsq.results", "ttsq.observer", "ttsq.voices", "ttsq.splitter",
-        "ttsq.document"}
+CORE = {
+    "ttsq",
+    "ttsq.constants",
+    "ttsq.errors",
+    "ttsq.config",
+    "ttsq.request",
+    "ttsq.keys",
+    "ttsq.engines.base",
+    "ttsq.audio",
+    "ttsq.storage",
+    "ttsq.connection",
+    "ttsq.redaction",
+    "ttsq.cache",
+    "ttsq.ledger",
+    "ttsq.stats",
+    "ttsq.broker",
+    "ttsq.results",
+    "ttsq.observer",
+    "ttsq.voices",
+    "ttsq.splitter",
+    "ttsq.document",
+}
 APP = {"ttsq.app"}
 #: The worker stack, top down: a module may import its own rank or lower ranks, never a higher one.
 WORKER = [
@@ -31,23 +49,49 @@ WORKER = [
     {"ttsq.batching"},
     {"ttsq.batch_scheduler", "ttsq.slot_scheduler"},
     {"ttsq.intake"},
-    {"ttsq.engines", "ttsq.engines.espeak", "ttsq.engines.qwen", "ttsq.engines.qwen_fast",
-     "ttsq.engines.qwen_decode", "ttsq.engines.qwen_layers", "ttsq.engines.qwen_sampling",
-     "ttsq.engines.qwen_checkpoint"},
+    {
+        "ttsq.engines",
+        "ttsq.engines.espeak",
+        "ttsq.engines.qwen",
+        "ttsq.engines.qwen_fast",
+        "ttsq.engines.qwen_decode",
+        "ttsq.engines.qwen_layers",
+        "ttsq.engines.qwen_sampling",
+        "ttsq.engines.qwen_checkpoint",
+    },
 ]
 PRODUCERS = {"ttsq.client", "ttsq.fleet"}
 #: What starts processes and composes both stacks (the command line, the worker entrypoint, the launcher,
 #: the embedded mode, operations tools): free to import anything below it.
 ENTRYPOINTS = {
-    "ttsq.embedded", "ttsq.supervisor", "ttsq.devices", "ttsq.flower",
-    "ttsq.ops", "ttsq.ops.bench", "ttsq.ops.corpus", "ttsq.ops.report",
-    "ttsq.cli", "ttsq.cli.main", "ttsq.cli.common", "ttsq.cli.jobs", "ttsq.cli.voices", "ttsq.cli.fleet",
-    "ttsq.cli.bench", "ttsq.workers", "ttsq.workers.celery_worker",
+    "ttsq.embedded",
+    "ttsq.supervisor",
+    "ttsq.devices",
+    "ttsq.flower",
+    "ttsq.ops",
+    "ttsq.ops.bench",
+    "ttsq.ops.corpus",
+    "ttsq.ops.report",
+    "ttsq.cli",
+    "ttsq.cli.main",
+    "ttsq.cli.common",
+    "ttsq.cli.jobs",
+    "ttsq.cli.voices",
+    "ttsq.cli.fleet",
+    "ttsq.cli.bench",
+    "ttsq.workers",
+    "ttsq.workers.celery_worker",
 }
 #: Imported only inside the qwen engines.
 HEAVY = ("torch", "transformers", "qwen_tts", "torchaudio")
-HEAVY_ALLOWED = {"ttsq.engines.qwen", "ttsq.engines.qwen_fast", "ttsq.engines.qwen_decode",
-                 "ttsq.engines.qwen_layers", "ttsq.engines.qwen_sampling", "ttsq.engines.qwen_checkpoint"}
+HEAVY_ALLOWED = {
+    "ttsq.engines.qwen",
+    "ttsq.engines.qwen_fast",
+    "ttsq.engines.qwen_decode",
+    "ttsq.engines.qwen_layers",
+    "ttsq.engines.qwen_sampling",
+    "ttsq.engines.qwen_checkpoint",
+}
 
 
 def layer_of(module: str) -> tuple[str, int]:
@@ -89,7 +133,7 @@ def imports(path: Path, module: str, known: set[str]) -> set[str]:
             base = node.module or ""
             if node.level:
                 anchor = module.split(".") if is_package else module.split(".")[:-1]
-                anchor = anchor[:len(anchor) - node.level + 1]
+                anchor = anchor[: len(anchor) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
             names = [f"{base}.{alias.name}" for alias in node.names] + [base]
         for name in names:
@@ -110,8 +154,13 @@ def graph() -> dict[str, set[str]]:
 def heavy_imports(path: Path) -> set[str]:
     out = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-            [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom) and not node.level
+            else []
+        )
         out |= {name for name in names if name.split(".")[0] in HEAVY}
     return out
 
@@ -138,7 +187,7 @@ def test_no_import_circles() -> None:
         path.append(node)
         for target in sorted(edges[node]):
             if state.get(target) == 1:
-                circles.append([*path[path.index(target):], target])
+                circles.append([*path[path.index(target) :], target])
             elif target not in state:
                 visit(target)
         path.pop()
@@ -148,12 +197,17 @@ def test_no_import_circles() -> None:
         if node not in state:
             visit(node)
     assert not circles, "import circles: " + "; ".join(
-        " -> ".join(str(names[m].relative_to(ROOT)) for m in circle) for circle in circles)
+        " -> ".join(str(names[m].relative_to(ROOT)) for m in circle) for circle in circles
+    )
 
 
 def test_imports_run_one_way() -> None:
-    allowed = {"core": {"core"}, "app": {"core", "app"}, "worker": {"core", "app", "worker"},
-               "producer": {"core", "app", "producer"}}
+    allowed = {
+        "core": {"core"},
+        "app": {"core", "app"},
+        "worker": {"core", "app", "worker"},
+        "producer": {"core", "app", "producer"},
+    }
     names = modules()
     wrong = []
     for source, targets in graph().items():
@@ -163,14 +217,19 @@ def test_imports_run_one_way() -> None:
         for target in targets:
             target_layer, target_rank = layer_of(target)
             if target_layer not in allowed[layer] or (layer == target_layer == "worker" and target_rank < rank):
-                wrong.append(f"{names[source].relative_to(ROOT)} ({layer}) imports "
-                             f"{names[target].relative_to(ROOT)} ({target_layer})")
+                wrong.append(
+                    f"{names[source].relative_to(ROOT)} ({layer}) imports "
+                    f"{names[target].relative_to(ROOT)} ({target_layer})"
+                )
     assert not wrong, "imports against the layers:\n" + "\n".join(sorted(wrong))
 
 
 def test_torch_transformers_and_qwen_tts_stay_inside_the_qwen_engines() -> None:
-    wrong = {module: sorted(heavy) for module, path in modules().items()
-             if module not in HEAVY_ALLOWED and (heavy := heavy_imports(path))}
+    wrong = {
+        module: sorted(heavy)
+        for module, path in modules().items()
+        if module not in HEAVY_ALLOWED and (heavy := heavy_imports(path))
+    }
     assert not wrong, f"heavy imports outside the qwen engines: {wrong}"
 
 

@@ -23,8 +23,11 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every sample of the endpoint: (name, sorted labels) -> value."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
-    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples}
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
 
 
 def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
@@ -42,11 +45,14 @@ def test_metrics_after_a_burst_add_up(settings: Settings, start_worker: StartWor
     results.append(client.submit(f"{secret}, cut at the frame cap.", max_new_tokens=5).wait(timeout=60))
     # Raw send_task, as a web backend would: duplicates hit the worker's cache, one is invalid.
     app = make_app(settings)
-    cached = [app.send_task("ttsq.synthesize", kwargs={"text": text}, queue=settings.queue).get(timeout=60)
-              for text in texts[:3]]
+    cached = [
+        app.send_task("ttsq.synthesize", kwargs={"text": text}, queue=settings.queue).get(timeout=60)
+        for text in texts[:3]
+    ]
     with pytest.raises(InvalidRequest):
-        app.send_task("ttsq.synthesize", kwargs={"text": secret, "format": "aiff"},
-                      queue=settings.queue).get(timeout=60)
+        app.send_task("ttsq.synthesize", kwargs={"text": secret, "format": "aiff"}, queue=settings.queue).get(
+            timeout=60
+        )
     assert all(r["cached"] for r in cached)
 
     samples = scrape(port)
@@ -68,18 +74,19 @@ def test_metrics_after_a_burst_add_up(settings: Settings, start_worker: StartWor
     assert value(samples, "ttsq_real_time_factor_count") == batches
     assert value(samples, "ttsq_truncated_items_total") == 1
     assert value(samples, "ttsq_oom_splits_total") == 0
-    assert value(samples, "ttsq_audio_seconds_total") == pytest.approx(sum(r["duration_s"] for r in synthesized),
-                                                                       rel=1e-3)
+    assert value(samples, "ttsq_audio_seconds_total") == pytest.approx(
+        sum(r["duration_s"] for r in synthesized), rel=1e-3
+    )
     # Each job's device share adds up to the device time of all batches.
     assert value(samples, "ttsq_device_seconds_total") == pytest.approx(
-        sum(r["timings"]["device_s"] for r in synthesized), abs=0.01)
+        sum(r["timings"]["device_s"] for r in synthesized), abs=0.01
+    )
     assert value(samples, "ttsq_queue_wait_seconds_count") == 13  # the raw sends carry no send time
     assert value(samples, "ttsq_jobs_in_progress") == 0
     assert value(samples, "ttsq_queue_depth", queue=settings.queue) == 0
     assert value(samples, "ttsq_unacked_messages") == 0
     assert value(samples, "ttsq_worker_restarts_total", node="w1@test") == 0
-    assert value(samples, "ttsq_worker_info", node="w1@test", engine="espeak",
-                 model=results[0]["model"]) == 1
+    assert value(samples, "ttsq_worker_info", node="w1@test", engine="espeak", model=results[0]["model"]) == 1
     # No request content in any label.
     labels = {v for (_, pairs) in samples for (_, v) in pairs}
     assert not any("Zanzibar" in label or "number" in label for label in labels)

@@ -14,6 +14,14 @@ def test_ruff() -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+def test_ruff_format() -> None:
+    """One layout for every file: ``ruff format`` would change nothing."""
+    out = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "."], cwd=ROOT, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 def test_mypy_strict() -> None:
     out = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr

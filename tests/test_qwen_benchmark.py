@@ -14,9 +14,25 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_batching_benchmark_smoke(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "qwen_batching.py"), "--size", "tiny",
-                          "--batches", "1,2", "--frames", "4", "--repeats", "1", "--json", str(tmp_path / "b.json")],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "qwen_batching.py"),
+            "--size",
+            "tiny",
+            "--batches",
+            "1,2",
+            "--frames",
+            "4",
+            "--repeats",
+            "1",
+            "--json",
+            str(tmp_path / "b.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     figures = json.loads((tmp_path / "b.json").read_text())
     assert [row["batch"] for row in figures["rows"]] == [1, 2]
@@ -30,10 +46,33 @@ def test_batching_benchmark_smoke(tmp_path: Path) -> None:
 
 def test_fast_benchmark_smoke(tmp_path: Path) -> None:
     """benchmarks/qwen_fast.py (also the GPU script) on a tiny checkpoint: both engines, both runs."""
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "qwen_fast.py"), "--batches", "1,2",
-                          "--frames", "4", "--repeats", "1", "--jobs", "4", "--rate", "20", "--min-frames", "3",
-                          "--max-frames", "6", "--slots", "2", "--json", str(tmp_path / "f.json")],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "qwen_fast.py"),
+            "--batches",
+            "1,2",
+            "--frames",
+            "4",
+            "--repeats",
+            "1",
+            "--jobs",
+            "4",
+            "--rate",
+            "20",
+            "--min-frames",
+            "3",
+            "--max-frames",
+            "6",
+            "--slots",
+            "2",
+            "--json",
+            str(tmp_path / "f.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     figures = json.loads((tmp_path / "f.json").read_text())
     assert [row["batch"] for row in figures["rows"]] == [1, 2]

@@ -23,10 +23,24 @@ from ttsq.engines.qwen_decode import DecodeLoop, Prompt
 from ttsq.engines.qwen_sampling import Sampling, SubSampling
 
 GREEDY = {"do_sample": False, "subtalker_dosample": False}
-TEXTS = ["Hello world.", "The quick brown fox jumps over the lazy dog.", "Hi", "fox",
-         "Hello world. The quick brown fox. Hello again, world.", "world world", "The", "quick brown",
-         "Hello, hello.", "A fox.", "Brown.", "The world is quick.", "Hello there, quick fox.", "Dog",
-         "Over the world.", "Jumps."]
+TEXTS = [
+    "Hello world.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Hi",
+    "fox",
+    "Hello world. The quick brown fox. Hello again, world.",
+    "world world",
+    "The",
+    "quick brown",
+    "Hello, hello.",
+    "A fox.",
+    "Brown.",
+    "The world is quick.",
+    "Hello there, quick fox.",
+    "Dog",
+    "Over the world.",
+    "Jumps.",
+]
 
 
 def load(path: Path) -> Any:
@@ -35,8 +49,7 @@ def load(path: Path) -> Any:
     import transformers
 
     transformers.logging.set_verbosity_error()
-    return Qwen3TTSModel.from_pretrained(str(path), device_map="cpu", dtype=torch.float32,
-                                         attn_implementation="sdpa")
+    return Qwen3TTSModel.from_pretrained(str(path), device_map="cpu", dtype=torch.float32, attn_implementation="sdpa")
 
 
 @pytest.fixture(scope="module")
@@ -72,14 +85,21 @@ class Case:
         languages = [self.languages[i] for i in rows]
         extra = [self.extra[i] for i in rows]
         if self.kind == "voice_design":
-            self.tts.generate_voice_design(text=texts, language=languages,
-                                           instruct=[e["instruct"] for e in extra], **kwargs)
+            self.tts.generate_voice_design(
+                text=texts, language=languages, instruct=[e["instruct"] for e in extra], **kwargs
+            )
         elif self.kind == "custom_voice":
-            self.tts.generate_custom_voice(text=texts, language=languages, speaker=[e["speaker"] for e in extra],
-                                           instruct=[e["instruct"] for e in extra], **kwargs)
+            self.tts.generate_custom_voice(
+                text=texts,
+                language=languages,
+                speaker=[e["speaker"] for e in extra],
+                instruct=[e["instruct"] for e in extra],
+                **kwargs,
+            )
         else:
-            self.tts.generate_voice_clone(text=texts, language=languages,
-                                          voice_clone_prompt=[e["voice"] for e in extra], **kwargs)
+            self.tts.generate_voice_clone(
+                text=texts, language=languages, voice_clone_prompt=[e["voice"] for e in extra], **kwargs
+            )
 
     def stock(self, caps: list[int]) -> list[Any]:
         """Stock qwen-tts's codes for every row, one batched generate, each row cut to its cap."""
@@ -106,16 +126,18 @@ class Case:
 
 
 def greedy_loop(tts: Any, slots: int, *, static: bool = False) -> DecodeLoop:
-    return DecodeLoop(tts.model, slots=slots, positions=512, max_frames=128, sub=SubSampling(do_sample=False),
-                      static=static)
+    return DecodeLoop(
+        tts.model, slots=slots, positions=512, max_frames=128, sub=SubSampling(do_sample=False), static=static
+    )
 
 
 def caps_for(size: int) -> list[int]:
     return [6 + (i * 7) % 23 for i in range(size)]
 
 
-def decode_all(loop: DecodeLoop, case: Case, caps: list[int], *,
-               on_step: Callable[[int], None] | None = None) -> dict[int, Any]:
+def decode_all(
+    loop: DecodeLoop, case: Case, caps: list[int], *, on_step: Callable[[int], None] | None = None
+) -> dict[int, Any]:
     """Run every row through the loop, admitting each as soon as a slot is free; tag -> finished row."""
     waiting = list(range(len(caps)))
     done: dict[int, Any] = {}
@@ -141,9 +163,19 @@ def assert_same(done: dict[int, Any], expected: list[Any], caps: list[int]) -> N
         assert done[row].truncated == (codes.shape[0] >= caps[row])
 
 
-@pytest.mark.parametrize(("kind", "size"), [("voice_design", 1), ("voice_design", 2), ("voice_design", 5),
-                                            ("voice_design", 16), ("custom_voice", 1), ("custom_voice", 16),
-                                            ("base", 1), ("base", 16)])
+@pytest.mark.parametrize(
+    ("kind", "size"),
+    [
+        ("voice_design", 1),
+        ("voice_design", 2),
+        ("voice_design", 5),
+        ("voice_design", 16),
+        ("custom_voice", 1),
+        ("custom_voice", 16),
+        ("base", 1),
+        ("base", 16),
+    ],
+)
 def test_greedy_codes_equal_stock_for_a_batch_of_mixed_lengths(models: dict[str, Any], kind: str, size: int) -> None:
     case = Case(kind, models[kind], size)
     caps = caps_for(size)
@@ -153,8 +185,7 @@ def test_greedy_codes_equal_stock_for_a_batch_of_mixed_lengths(models: dict[str,
 
 
 @pytest.mark.parametrize(("kind", "static"), [("voice_design", False), ("base", False), ("custom_voice", True)])
-def test_greedy_codes_equal_stock_for_rows_joining_mid_flight(models: dict[str, Any], kind: str,
-                                                              static: bool) -> None:
+def test_greedy_codes_equal_stock_for_rows_joining_mid_flight(models: dict[str, Any], kind: str, static: bool) -> None:
     """``static`` runs the shapes a CUDA graph records (rows and cache length rounded up to their
     buckets, free slots stepping along), uncaptured."""
     size = 11
@@ -201,8 +232,12 @@ def test_seeded_sampling_does_not_depend_on_the_batch(models: dict[str, Any], su
         while waiting or loop.active:
             while waiting and loop.free_slots():
                 row, seed = waiting.pop(0)
-                loop.admit(case.prompt(row), cap=20, tag=(row, seed),
-                           sampling=Sampling(temperature=0.8, top_k=40, top_p=0.95, seed=seed))
+                loop.admit(
+                    case.prompt(row),
+                    cap=20,
+                    tag=(row, seed),
+                    sampling=Sampling(temperature=0.8, top_k=40, top_p=0.95, seed=seed),
+                )
             for finished in loop.step():
                 done[finished.tag] = finished.codes
         return done
@@ -239,19 +274,25 @@ def fast(qwen_checkpoints: dict[str, Path]) -> Any:
     from ttsq.config import Settings
     from ttsq.engines.qwen_fast import QwenFastEngine
 
-    return QwenFastEngine(Settings(engine="qwen-fast", qwen_model=str(qwen_checkpoints["voice_design"]),
-                                   qwen_max_frames=256, max_batch=2))
+    return QwenFastEngine(
+        Settings(engine="qwen-fast", qwen_model=str(qwen_checkpoints["voice_design"]), qwen_max_frames=256, max_batch=2)
+    )
 
 
 def test_identity_is_the_qwen_engines_under_its_own_name(fast: Any, qwen_checkpoints: dict[str, Path]) -> None:
     from ttsq.config import Settings
     from ttsq.engines.qwen import QwenEngine
 
-    stock = QwenEngine(Settings(engine="qwen", qwen_model=str(qwen_checkpoints["voice_design"]),
-                                qwen_max_frames=256)).identity
+    stock = QwenEngine(
+        Settings(engine="qwen", qwen_model=str(qwen_checkpoints["voice_design"]), qwen_max_frames=256)
+    ).identity
     assert fast.identity.engine == "qwen-fast" and stock.engine == "qwen"
-    assert (fast.identity.model, fast.identity.revision, fast.identity.modes, fast.identity.languages) == \
-        (stock.model, stock.revision, stock.modes, stock.languages)
+    assert (fast.identity.model, fast.identity.revision, fast.identity.modes, fast.identity.languages) == (
+        stock.model,
+        stock.revision,
+        stock.modes,
+        stock.languages,
+    )
 
 
 def test_a_long_text_is_refused_at_the_edge_by_the_identity(qwen_checkpoints: dict[str, Path]) -> None:
@@ -288,13 +329,15 @@ def test_short_jobs_leave_while_a_long_one_decodes(fast: Any) -> None:
     try:
         long = batcher.submit(SynthesisRequest.from_dict({"text": "A long one.", "max_new_tokens": 250, "seed": 1}))
         long.add_done_callback(lambda _: order.append("long"))
-        shorts = [batcher.submit(SynthesisRequest.from_dict({"text": f"Short {i}.", "max_new_tokens": 4 + i,
-                                                             "seed": i}))
-                  for i in range(5)]
+        shorts = [
+            batcher.submit(SynthesisRequest.from_dict({"text": f"Short {i}.", "max_new_tokens": 4 + i, "seed": i}))
+            for i in range(5)
+        ]
         for i, future in enumerate(shorts):
             future.add_done_callback(lambda _, i=i: order.append(f"short{i}"))
-        bad = batcher.submit(SynthesisRequest.from_dict({"text": "Wrong mode.", "mode": "custom_voice",
-                                                         "speaker": "vivian"}))
+        bad = batcher.submit(
+            SynthesisRequest.from_dict({"text": "Wrong mode.", "mode": "custom_voice", "speaker": "vivian"})
+        )
         items = [future.result(120) for future in shorts]
         with pytest.raises(InvalidRequest):
             bad.result(120)
@@ -317,15 +360,17 @@ def test_an_isolated_job_decodes_alone(fast: Any) -> None:
     order: list[str] = []
 
     def job(name: str, frames: int, *, isolated: bool = False) -> Any:
-        future = batcher.submit(SynthesisRequest.from_dict({"text": name, "max_new_tokens": frames, "seed": 1}),
-                                isolated=isolated)
+        future = batcher.submit(
+            SynthesisRequest.from_dict({"text": name, "max_new_tokens": frames, "seed": 1}), isolated=isolated
+        )
         future.add_done_callback(lambda _: order.append(name))
         return future
 
     try:
         jobs = [job("first", 30), job("second", 20), job("suspect", 5, isolated=True), job("third", 5)]
-        items = {name: future.result(120) for name, future in zip(["first", "second", "suspect", "third"], jobs,
-                                                                  strict=True)}
+        items = {
+            name: future.result(120) for name, future in zip(["first", "second", "suspect", "third"], jobs, strict=True)
+        }
     finally:
         batcher.stop()
     assert order.index("suspect") > max(order.index("first"), order.index("second"))
@@ -339,9 +384,13 @@ def test_static_sampling_draws_what_the_exact_shapes_draw(models: dict[str, Any]
     tts = models["custom_voice"]
     case = Case("custom_voice", tts, 5)
     sub = SubSampling(do_sample=True, temperature=0.9, top_k=50, top_p=1.0)
-    settings = [Sampling(temperature=0.8, top_k=40, top_p=0.95, seed=3), Sampling(top_k=0, top_p=0.9, seed=4),
-                Sampling(temperature=1.2, top_k=7, top_p=1.0, seed=5), Sampling(do_sample=False),
-                Sampling(temperature=0.7, top_k=1000, top_p=0.8, seed=6)]
+    settings = [
+        Sampling(temperature=0.8, top_k=40, top_p=0.95, seed=3),
+        Sampling(top_k=0, top_p=0.9, seed=4),
+        Sampling(temperature=1.2, top_k=7, top_p=1.0, seed=5),
+        Sampling(do_sample=False),
+        Sampling(temperature=0.7, top_k=1000, top_p=0.8, seed=6),
+    ]
 
     def run(static: bool) -> dict[int, Any]:
         loop = DecodeLoop(tts.model, slots=3, positions=512, max_frames=64, sub=sub, static=static)
@@ -376,10 +425,13 @@ def test_top_k_zero_means_no_top_k(models: dict[str, Any]) -> None:
     assert top_k_of(0, 2048) == 2048 and top_k_of(5000, 2048) == 2048 and top_k_of(50, 2048) == 50
 
 
-@pytest.mark.parametrize(("temperature", "top_k", "top_p"), [(1.0, 0, 1.0), (0.7, 10, 1.0), (1.3, 0, 0.8),
-                                                            (0.9, 50, 0.9), (0.5, 5, 0.3), (2.0, 64, 0.99)])
-def test_sampling_keeps_and_weighs_what_hugging_faces_warpers_keep(temperature: float, top_k: int,
-                                                                   top_p: float) -> None:
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p"),
+    [(1.0, 0, 1.0), (0.7, 10, 1.0), (1.3, 0, 0.8), (0.9, 50, 0.9), (0.5, 5, 0.3), (2.0, 64, 0.99)],
+)
+def test_sampling_keeps_and_weighs_what_hugging_faces_warpers_keep(
+    temperature: float, top_k: int, top_p: float
+) -> None:
     """``sample``'s draws on random logits, over many seeds: only codes Hugging Face's Temperature, TopK
     and TopP warpers keep are drawn, every kept code of any weight is drawn, and at the frequencies of
     their probabilities. Deterministic (fixed logits and seeds)."""
@@ -397,9 +449,16 @@ def test_sampling_keeps_and_weighs_what_hugging_faces_warpers_keep(temperature: 
     kept = set(torch.isfinite(warped[0]).nonzero().flatten().tolist())
 
     width = top_k_of(top_k, vocab)
-    chosen = sample(logits.expand(draws, vocab), torch.full((draws,), temperature), torch.full((draws,), width),
-                     torch.full((draws,), top_p), torch.arange(draws), torch.zeros(draws, dtype=torch.long),
-                     width, nucleus=top_p < 1.0)
+    chosen = sample(
+        logits.expand(draws, vocab),
+        torch.full((draws,), temperature),
+        torch.full((draws,), width),
+        torch.full((draws,), top_p),
+        torch.arange(draws),
+        torch.zeros(draws, dtype=torch.long),
+        width,
+        nucleus=top_p < 1.0,
+    )
     frequency = chosen.bincount(minlength=vocab).float() / draws
     assert set(chosen.unique().tolist()) <= kept
     assert {code for code in kept if expected[code] > 0.002} <= set(chosen.unique().tolist())

@@ -23,8 +23,11 @@ TIMEOUT = 120
 
 
 def engine(qwen_checkpoints: dict[str, Path], slots: int) -> FaultyFastEngine:
-    return FaultyFastEngine(Settings(engine="qwen-fast", qwen_model=str(qwen_checkpoints["voice_design"]),
-                                     qwen_max_frames=256, max_batch=slots))
+    return FaultyFastEngine(
+        Settings(
+            engine="qwen-fast", qwen_model=str(qwen_checkpoints["voice_design"]), qwen_max_frames=256, max_batch=slots
+        )
+    )
 
 
 def request(text: str, frames: int, temperature: float | None = None) -> SynthesisRequest:
@@ -57,8 +60,10 @@ def batcher(qwen_checkpoints: dict[str, Path]) -> Iterator[Batcher]:
 def test_a_failed_admit_frees_its_slot_and_fails_only_its_job(loaded: FaultyFastEngine) -> None:
     outputs = loaded.synthesize_batch([request("Bad start.", 6, ADMIT), request("One.", 5), request("Two.", 7)])
     assert isinstance(outputs[0], EngineError) and "first code" in str(outputs[0])
-    assert [getattr(out, "samples", None) is not None and out.samples.size for out in outputs[1:]] == \
-        [5 * 1920, 7 * 1920]
+    assert [getattr(out, "samples", None) is not None and out.samples.size for out in outputs[1:]] == [
+        5 * 1920,
+        7 * 1920,
+    ]
     assert loaded.active == 0 and loaded.free_slots() == 2  # no orphan row kept decoding in the slot
 
 
@@ -154,7 +159,6 @@ def test_stop_while_decoding_finishes_the_jobs_in_flight(batcher: Batcher) -> No
         time.sleep(0.005)
     assert batcher.stop(TIMEOUT)
     assert [future.result(0).output.samples.size for future in futures] == [30 * 1920] * 3
-
 
 
 def test_a_job_its_caller_abandons_frees_its_slot(batcher: Batcher) -> None:

@@ -21,15 +21,21 @@ from ttsq.engines.base import frame_cap
 
 
 @pytest.mark.parametrize("kind", ["voice_design", "base"])
-def test_qwen_fast_serves_jobs_end_to_end(kind: str, settings: Settings, qwen_checkpoints: dict[str, Path],
-                                          start_worker: Callable[..., WorkerProcess], tmp_path: Path) -> None:
+def test_qwen_fast_serves_jobs_end_to_end(
+    kind: str,
+    settings: Settings,
+    qwen_checkpoints: dict[str, Path],
+    start_worker: Callable[..., WorkerProcess],
+    tmp_path: Path,
+) -> None:
     settings = qwen_settings(settings, qwen_checkpoints[kind]).replace(engine="qwen-fast", max_batch=3)
     worker = start_worker(settings, timeout=WORKER_START_S)
     fields: dict[str, str] = {"mode": "voice_design"}
     args: list[str] = []
     if kind == "base":
-        added = run_cli("voices", "add", str(reference_file(tmp_path / "me.wav")), "--text", "This is my voice.",
-                        settings=settings)
+        added = run_cli(
+            "voices", "add", str(reference_file(tmp_path / "me.wav")), "--text", "This is my voice.", settings=settings
+        )
         assert added.returncode == 0, added.stderr
         fields = {"mode": "voice_clone", "reference": added.stdout.decode().strip()}
         args = ["--mode", "voice_clone", "--reference", fields["reference"]]
@@ -44,8 +50,7 @@ def test_qwen_fast_serves_jobs_end_to_end(kind: str, settings: Settings, qwen_ch
     # More jobs than slots, of mixed lengths: each gets its own cap, whatever it decoded beside.
     caps = [3, 17, 5, 24, 8, 11, 4]
     with Client(settings) as client:
-        jobs = [client.submit(f"Line number {i}.", max_new_tokens=cap, seed=i, **fields)
-                for i, cap in enumerate(caps)]
+        jobs = [client.submit(f"Line number {i}.", max_new_tokens=cap, seed=i, **fields) for i, cap in enumerate(caps)]
         results = [job.wait(240) for job in jobs]
     for cap, done in zip(caps, results, strict=True):
         assert done["engine"] == "qwen-fast" and done["truncated"] is True

@@ -36,8 +36,9 @@ WORKER_START_S = 240.0  # torch import, load and warm-up on a busy two-core mach
 
 def qwen_settings(settings: Settings, model: Path) -> Settings:
     # Generous job limits: a busy two-core machine may take long over a batch, and timing is not under test.
-    return settings.replace(engine="qwen", qwen_model=str(model), qwen_max_frames=MAX_FRAMES, job_timeout_s=300,
-                            visibility_timeout_s=900)
+    return settings.replace(
+        engine="qwen", qwen_model=str(model), qwen_max_frames=MAX_FRAMES, job_timeout_s=300, visibility_timeout_s=900
+    )
 
 
 def reference_file(path: Path, seconds: float = 1.5) -> Path:
@@ -50,8 +51,12 @@ def reference_file(path: Path, seconds: float = 1.5) -> Path:
 def submit_cli(settings: Settings, text: str, *args: str, output: Path) -> dict[str, object]:
     """``ttsq submit`` as a subprocess; also proves the command never imports torch on the way."""
     env = {**settings_env(settings), "PYTHONPROFILEIMPORTTIME": "1"}
-    out = subprocess.run([sys.executable, "-m", "ttsq.cli.main", "submit", text, *args, "--json", "-o", str(output),
-                          "--timeout", "240"], env=env, capture_output=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "ttsq.cli.main", "submit", text, *args, "--json", "-o", str(output), "--timeout", "240"],
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
     imported = [line.rsplit("|", 1)[-1].strip() for line in out.stderr.decode().splitlines() if "|" in line]
     assert out.returncode == 0, out.stderr.decode()[-2000:]
     assert not [name for name in imported if name.split(".")[0] in {"torch", "transformers", "qwen_tts"}]
@@ -60,16 +65,24 @@ def submit_cli(settings: Settings, text: str, *args: str, output: Path) -> dict[
 
 
 @pytest.mark.parametrize("kind", ["voice_design", "custom_voice", "base"])
-def test_each_mode_is_served_end_to_end(kind: str, settings: Settings, qwen_checkpoints: dict[str, Path],
-                                        start_worker: Callable[..., WorkerProcess], tmp_path: Path) -> None:
+def test_each_mode_is_served_end_to_end(
+    kind: str,
+    settings: Settings,
+    qwen_checkpoints: dict[str, Path],
+    start_worker: Callable[..., WorkerProcess],
+    tmp_path: Path,
+) -> None:
     settings = qwen_settings(settings, qwen_checkpoints[kind])
     worker = start_worker(settings, timeout=WORKER_START_S)
     text = "안녕하세요. 반갑습니다."
-    args = {"voice_design": ["--instruct", "차분한 30대 여성 목소리"],
-            "custom_voice": ["--mode", "custom_voice", "--speaker", "Sohee"]}.get(kind, [])
+    args = {
+        "voice_design": ["--instruct", "차분한 30대 여성 목소리"],
+        "custom_voice": ["--mode", "custom_voice", "--speaker", "Sohee"],
+    }.get(kind, [])
     if kind == "base":
-        added = run_cli("voices", "add", str(reference_file(tmp_path / "me.wav")), "--text", "This is my voice.",
-                        settings=settings)
+        added = run_cli(
+            "voices", "add", str(reference_file(tmp_path / "me.wav")), "--text", "This is my voice.", settings=settings
+        )
         assert added.returncode == 0, added.stderr
         args = ["--mode", "voice_clone", "--reference", added.stdout.decode().strip()]
 
@@ -89,8 +102,8 @@ def test_each_mode_is_served_end_to_end(kind: str, settings: Settings, qwen_chec
 
 
 def test_bad_clone_requests_are_refused_clearly_and_the_worker_keeps_serving(
-        settings: Settings, qwen_checkpoints: dict[str, Path], start_worker: Callable[..., WorkerProcess],
-        tmp_path: Path) -> None:
+    settings: Settings, qwen_checkpoints: dict[str, Path], start_worker: Callable[..., WorkerProcess], tmp_path: Path
+) -> None:
     settings = qwen_settings(settings, qwen_checkpoints["base"])
     start_worker(settings, timeout=WORKER_START_S)
 
@@ -101,31 +114,39 @@ def test_bad_clone_requests_are_refused_clearly_and_the_worker_keeps_serving(
 
     missing = "voices/" + "e" * 64 + ".wav"
     assert refused("submit", "Hi.", "--mode", "voice_clone").startswith(
-        "ttsq: error: invalid reference: is required for mode voice_clone")
+        "ttsq: error: invalid reference: is required for mode voice_clone"
+    )
     assert refused("submit", "Hi.", "--mode", "voice_clone", "--reference", missing).startswith(
-        f"ttsq: error: invalid reference: no voice {missing} in storage")
+        f"ttsq: error: invalid reference: no voice {missing} in storage"
+    )
     assert refused("submit", "Hi.", "--mode", "voice_clone", "--reference", "../../secrets.wav").startswith(
-        "ttsq: error: invalid reference: expected a voice key")
+        "ttsq: error: invalid reference: expected a voice key"
+    )
     (tmp_path / "notes.txt").write_text("not audio at all")
     assert refused("voices", "add", str(tmp_path / "notes.txt"), "--text", "x").startswith(
-        "ttsq: error: invalid file: is not audio")
+        "ttsq: error: invalid file: is not audio"
+    )
     # The fleet is known (this worker announced voice_clone): another mode is refused at submit time.
     assert refused("submit", "Hi.", "--instruct", "calm").startswith(
-        "ttsq: error: invalid mode: no running worker serves voice_design; the workers online serve voice_clone")
+        "ttsq: error: invalid mode: no running worker serves voice_design; the workers online serve voice_clone"
+    )
     assert run_cli("submit", "Hi.", settings=settings).stderr.decode().count("\n") == 1  # one line, no traceback
 
     # A raw send_task skips every producer check: the worker refuses it per job and keeps serving.
     bucket, _, prefix = settings.storage_url.removeprefix("s3://").partition("/")
     corrupt = "voices/" + "c" * 64 + ".wav"
     boto3.client("s3", endpoint_url=settings.s3_endpoint_url).put_object(
-        Bucket=bucket, Key=f"{prefix}/{corrupt}", Body=b"RIFF but not really a wave file")
+        Bucket=bucket, Key=f"{prefix}/{corrupt}", Body=b"RIFF but not really a wave file"
+    )
     producer = Celery(broker=settings.broker_url, backend=settings.result_backend)
     clone_queue = queue_for(settings.queue, "voice_clone")
     sent = {
-        "reference": producer.send_task("ttsq.synthesize", queue=clone_queue,
-                                        kwargs={"text": "Hi.", "mode": "voice_clone", "reference": corrupt}),
-        "mode": producer.send_task("ttsq.synthesize", queue=clone_queue,
-                                   kwargs={"text": "Hi.", "mode": "custom_voice", "speaker": "vivian"}),
+        "reference": producer.send_task(
+            "ttsq.synthesize", queue=clone_queue, kwargs={"text": "Hi.", "mode": "voice_clone", "reference": corrupt}
+        ),
+        "mode": producer.send_task(
+            "ttsq.synthesize", queue=clone_queue, kwargs={"text": "Hi.", "mode": "custom_voice", "speaker": "vivian"}
+        ),
     }
     for field, async_result in sent.items():
         with pytest.raises(InvalidRequest) as raised:
@@ -137,10 +158,19 @@ def test_bad_clone_requests_are_refused_clearly_and_the_worker_keeps_serving(
 
 
 def test_unknown_speaker_is_refused_at_submit_when_the_fleet_is_known(settings: Settings) -> None:
-    CacheIndex(settings.cache_url, ttl_s=0).publish_identity(settings.queue, EngineIdentity(
-        engine="qwen", model="Qwen3-TTS-12Hz-1.7B-CustomVoice", revision="r", sample_rate=24_000,
-        modes=("custom_voice",), languages=("auto", "korean"), speakers=("sohee", "vivian"),
-        max_frames=250).to_dict())
+    CacheIndex(settings.cache_url, ttl_s=0).publish_identity(
+        settings.queue,
+        EngineIdentity(
+            engine="qwen",
+            model="Qwen3-TTS-12Hz-1.7B-CustomVoice",
+            revision="r",
+            sample_rate=24_000,
+            modes=("custom_voice",),
+            languages=("auto", "korean"),
+            speakers=("sohee", "vivian"),
+            max_frames=250,
+        ).to_dict(),
+    )
     # The producer needs no engine setting (its TTSQ_ENGINE is the default here): the fleet names it.
     with Client(settings) as client, pytest.raises(InvalidRequest) as raised:
         client.submit("안녕하세요.", mode="custom_voice", speaker="Nobody")
@@ -159,17 +189,20 @@ def test_unknown_speaker_is_refused_at_submit_when_the_fleet_is_known(settings: 
 
 def test_the_cpu_engine_needs_no_qwen_extra(tmp_path: Path) -> None:
     """espeak and the command line import nothing from the qwen extra (blocked here, as if absent)."""
-    code = ("import sys\n"
-            "class Block:\n"
-            "    def find_spec(self, name, path=None, target=None):\n"
-            "        if name.split('.')[0] in {'torch', 'torchaudio', 'transformers', 'qwen_tts'}:\n"
-            "            raise ImportError('not installed: ' + name)\n"
-            "sys.meta_path.insert(0, Block())\n"
-            "sys.argv = ['ttsq', 'submit', 'No torch here.', '--embedded', '-o', sys.argv[1]]\n"
-            "from ttsq.cli.main import main\n"
-            "main()\n")
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in {'torch', 'torchaudio', 'transformers', 'qwen_tts'}:\n"
+        "            raise ImportError('not installed: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "sys.argv = ['ttsq', 'submit', 'No torch here.', '--embedded', '-o', sys.argv[1]]\n"
+        "from ttsq.cli.main import main\n"
+        "main()\n"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("TTSQ_")}
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "a.wav")], env=env, capture_output=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "a.wav")], env=env, capture_output=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr.decode()
     assert soundfile.info(io.BytesIO((tmp_path / "a.wav").read_bytes())).duration > 0.5

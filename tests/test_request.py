@@ -23,8 +23,10 @@ def test_text_is_normalized_and_languages_take_codes() -> None:
     request = SynthesisRequest.from_dict({"text": "  안녕하세요,\n\n  반갑습니다. ", "language": "KO"})
     assert request.text == "안녕하세요, 반갑습니다."
     assert request.language == "korean"
-    assert {SynthesisRequest.from_dict({"text": "x", "language": code}).language
-            for code in ("zh", "en", "ja", "ko", "de", "fr", "ru", "pt", "es", "it")} == set(LANGUAGES) - {"auto"}
+    assert {
+        SynthesisRequest.from_dict({"text": "x", "language": code}).language
+        for code in ("zh", "en", "ja", "ko", "de", "fr", "ru", "pt", "es", "it")
+    } == set(LANGUAGES) - {"auto"}
 
 
 def test_to_dict_round_trips_as_plain_json() -> None:
@@ -48,8 +50,11 @@ def test_describe_never_contains_the_text() -> None:
 def test_group_separates_what_cannot_share_a_pass() -> None:
     base = SynthesisRequest.from_dict({"text": "a", "language": "korean"})
     # Language, voice, format and frame cap are per row: they share a pass.
-    for same in ({"text": "bb", "language": "ko", "format": "mp3"}, {"text": "a", "language": "english"},
-                 {"text": "a", "instruct": "calm", "max_new_tokens": 40}):
+    for same in (
+        {"text": "bb", "language": "ko", "format": "mp3"},
+        {"text": "a", "language": "english"},
+        {"text": "a", "instruct": "calm", "max_new_tokens": 40},
+    ):
         assert base.group() == SynthesisRequest.from_dict(same).group()
     # Sampling settings and the seed are per call; the mode picks the call.
     for other in ({"seed": 1}, {"temperature": 0.5}, {"top_k": 5}, {"mode": "custom_voice", "speaker": "vivian"}):

@@ -32,23 +32,34 @@ def write_certificates(folder: Path) -> tuple[Path, Path, Path]:
     now = datetime.datetime.now(datetime.timezone.utc)
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ttsq test CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-          .not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .sign(ca_key, hashes.SHA256()))
-    server = (x509.CertificateBuilder()
-              .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
-              .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-              .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-              .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                             critical=False)
-              .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    server = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     paths = folder / "ca.pem", folder / "redis.pem", folder / "redis.key"
     paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     paths[1].write_bytes(server.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    paths[2].write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return paths
 
 
@@ -59,10 +70,32 @@ def tls_redis(tmp_path: Path) -> Iterator[tuple[int, Path]]:
     log = tmp_path / "redis-tls.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            [redis_server_executable(), "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
-             "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file", str(ca),
-             "--tls-auth-clients", "no", "--requirepass", PASSWORD, "--save", "", "--dir", str(tmp_path)],
-            stdout=out, stderr=subprocess.STDOUT)
+            [
+                redis_server_executable(),
+                "--port",
+                "0",
+                "--tls-port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--tls-cert-file",
+                str(cert),
+                "--tls-key-file",
+                str(key),
+                "--tls-ca-cert-file",
+                str(ca),
+                "--tls-auth-clients",
+                "no",
+                "--requirepass",
+                PASSWORD,
+                "--save",
+                "",
+                "--dir",
+                str(tmp_path),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         url = f"rediss://:{PASSWORD}@127.0.0.1:{port}/0?ssl_cert_reqs=required&ssl_ca_certs={ca}"
         deadline = time.monotonic() + 10
@@ -85,13 +118,15 @@ def tls_redis(tmp_path: Path) -> Iterator[tuple[int, Path]]:
         process.wait(10)
 
 
-def test_redis_with_password_and_tls_works_through_rediss_urls(settings: Settings, start_worker: StartWorker,
-                                                                tls_redis: tuple[int, Path]) -> None:
+def test_redis_with_password_and_tls_works_through_rediss_urls(
+    settings: Settings, start_worker: StartWorker, tls_redis: tuple[int, Path]
+) -> None:
     port, ca = tls_redis
     tls = f"ssl_cert_reqs=required&ssl_ca_certs={ca}"
     base = f"rediss://:{PASSWORD}@127.0.0.1:{port}"
-    secure = settings.replace(broker_url=f"{base}/0?{tls}", result_backend=f"{base}/1?{tls}",
-                              cache_url=f"{base}/2?{tls}")
+    secure = settings.replace(
+        broker_url=f"{base}/0?{tls}", result_backend=f"{base}/1?{tls}", cache_url=f"{base}/2?{tls}"
+    )
     # The server really demands both: no password, or no TLS, gets nowhere.
     with pytest.raises(redis.exceptions.AuthenticationError):
         redis.Redis.from_url(f"rediss://127.0.0.1:{port}/0?{tls}").ping()

@@ -15,8 +15,12 @@ SCRIPT = Path(__file__).parent.parent / "benchmarks" / "soak.py"
 
 
 def test_a_small_soak_completes_every_job_once_and_reports_memory() -> None:
-    out = subprocess.run([sys.executable, str(SCRIPT), "--jobs", "200", "--samples", "4", "--json"],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--jobs", "200", "--samples", "4", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     summary = json.loads(out.stdout)
     assert summary["ok"] is True

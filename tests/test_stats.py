@@ -38,8 +38,11 @@ def test_stats_are_consistent_during_and_after_a_burst(settings: Settings, start
     window = during["window"]
     depth = sum(q["depth"] for q in during["queues"])
     # one queue per mode; voice_design keeps the plain name
-    assert [q["queue"] for q in during["queues"]] == [settings.queue, f"{settings.queue}.custom_voice",
-                                                      f"{settings.queue}.voice_clone"]
+    assert [q["queue"] for q in during["queues"]] == [
+        settings.queue,
+        f"{settings.queue}.custom_voice",
+        f"{settings.queue}.voice_clone",
+    ]
     assert {w["node"] for w in during["workers"]} == {"w1@test", "w2@test"}
     # A job is waiting, held by a worker, or done: never two of these at once, never more than sent.
     assert 0 <= window["jobs_done"] <= BURST and 0 <= depth <= BURST
@@ -53,8 +56,9 @@ def test_stats_are_consistent_during_and_after_a_burst(settings: Settings, start
         assert client.submit(text, format="mp3").cached
     app = make_app(settings)
     for text in texts[3:5]:
-        assert app.send_task("ttsq.synthesize", kwargs={"text": text, "format": "mp3"},
-                             queue=settings.queue).get(timeout=60)["cached"]
+        assert app.send_task("ttsq.synthesize", kwargs={"text": text, "format": "mp3"}, queue=settings.queue).get(
+            timeout=60
+        )["cached"]
 
     after = stats_json(settings)
     window = after["window"]

@@ -80,15 +80,17 @@ def test_unreachable_s3_is_a_storage_error() -> None:
 def test_open_storage_follows_the_url(tmp_path: Path) -> None:
     assert isinstance(open_storage(Settings(storage_url=str(tmp_path))), LocalStorage)
     assert isinstance(open_storage(Settings(storage_url=f"file://{tmp_path}")), LocalStorage)
-    assert isinstance(open_storage(Settings(storage_url="s3://bucket/p", s3_endpoint_url="http://127.0.0.1:1")),
-                      S3Storage)
+    assert isinstance(
+        open_storage(Settings(storage_url="s3://bucket/p", s3_endpoint_url="http://127.0.0.1:1")), S3Storage
+    )
     with pytest.raises(StorageError):
         open_storage(Settings(storage_url="ftp://host/x"))
 
 
 def test_presigned_urls_use_the_public_endpoint_when_set(s3_endpoint: str) -> None:
-    storage = S3Storage(BUCKET, "public", endpoint_url=s3_endpoint, region="us-east-1",
-                        public_endpoint_url="http://localhost:9000")
+    storage = S3Storage(
+        BUCKET, "public", endpoint_url=s3_endpoint, region="us-east-1", public_endpoint_url="http://localhost:9000"
+    )
     assert storage.url("audio/ab/x.wav", 60).startswith("http://localhost:9000/ttsq-test/public/audio/ab/x.wav?")
     storage.put("audio/ab/x.wav", b"x", "audio/wav")  # uploads still go to the private endpoint
     assert storage.exists("audio/ab/x.wav")

@@ -31,15 +31,19 @@ from ttsq.embedded import free_port
 class Launcher:
     """``ttsq worker --devices ...`` as a subprocess."""
 
-    def __init__(self, settings: Settings, devices: str, log_path: Path, *, env: dict[str, str] | None = None,
-                 host: str = "test") -> None:
+    def __init__(
+        self, settings: Settings, devices: str, log_path: Path, *, env: dict[str, str] | None = None, host: str = "test"
+    ) -> None:
         self.settings = settings
         self.log_path = log_path
         self.host = host
         with open(log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "ttsq.cli.main", "worker", "--devices", devices, "-n", host],
-                env={**settings_env(settings), **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
+                env={**settings_env(settings), **(env or {})},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
     def wait_ready(self, nodes: list[str], timeout: float = 90.0) -> dict[str, int]:
         """Wait for every node's heartbeat (written once its engine is warm); return node -> pid."""
@@ -104,10 +108,9 @@ def done_ids(client: Client, jobs: list[Job]) -> set[str]:
     return {job.id for job in jobs if job.id and client.async_result(job.id).state == "SUCCESS"}
 
 
-def test_two_workers_share_a_burst_and_a_killed_one_loses_nothing(settings: Settings,
-                                                                  launch: Callable[..., Launcher],
-                                                                  tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_workers_share_a_burst_and_a_killed_one_loses_nothing(
+    settings: Settings, launch: Callable[..., Launcher], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A short visibility timeout: the killed worker's jobs come back in seconds, not an hour. (Not
     # shorter: on a loaded machine a live worker's jobs would outlive it and run twice; harmless,
     # but slow.)
@@ -119,8 +122,14 @@ def test_two_workers_share_a_burst_and_a_killed_one_loses_nothing(settings: Sett
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
     events = tmp_path / "batches.log"
     monkeypatch.setenv("FAULTY_ENGINE_EVENTS", str(events))
-    settings = settings.replace(engine=FAULTY, visibility_timeout_s=30, job_timeout_s=15, storage_attempts=1,
-                                storage_timeout_s=2, metrics_port=free_port_pair())
+    settings = settings.replace(
+        engine=FAULTY,
+        visibility_timeout_s=30,
+        job_timeout_s=15,
+        storage_attempts=1,
+        storage_timeout_s=2,
+        metrics_port=free_port_pair(),
+    )
     launcher = launch(settings, "cpu:2")
     pids = launcher.wait_ready(["cpu0@test", "cpu1@test"])
     client = Client(settings)
@@ -185,8 +194,9 @@ def free_port_pair() -> int:
                 continue
 
 
-def test_sigterm_finishes_the_batch_in_flight_and_requeues_the_rest(settings: Settings,
-                                                                    launch: Callable[..., Launcher]) -> None:
+def test_sigterm_finishes_the_batch_in_flight_and_requeues_the_rest(
+    settings: Settings, launch: Callable[..., Launcher]
+) -> None:
     launcher = launch(settings, "cpu:1")
     launcher.wait_ready(["cpu0@test"])
     client = Client(settings)
@@ -220,8 +230,7 @@ def test_sigterm_finishes_the_batch_in_flight_and_requeues_the_rest(settings: Se
     client.close()
 
 
-def test_second_sigterm_stops_hard_and_the_jobs_come_back(settings: Settings,
-                                                          launch: Callable[..., Launcher]) -> None:
+def test_second_sigterm_stops_hard_and_the_jobs_come_back(settings: Settings, launch: Callable[..., Launcher]) -> None:
     settings = settings.replace(visibility_timeout_s=30, job_timeout_s=15, storage_attempts=1, storage_timeout_s=2)
     launcher = launch(settings, "cpu:1")
     launcher.wait_ready(["cpu0@test"])
@@ -240,8 +249,9 @@ def test_second_sigterm_stops_hard_and_the_jobs_come_back(settings: Settings,
     client.close()
 
 
-def test_a_worker_with_bad_settings_is_not_restarted_forever(settings: Settings,
-                                                             launch: Callable[..., Launcher]) -> None:
+def test_a_worker_with_bad_settings_is_not_restarted_forever(
+    settings: Settings, launch: Callable[..., Launcher]
+) -> None:
     launcher = launch(settings.replace(engine="no-such-engine"), "cpu:2")
     assert launcher.wait(timeout=120) == 2
     log = launcher.log()

@@ -23,22 +23,27 @@ def test_a_redelivered_job_is_answered_from_the_cache(settings: Settings, start_
     first = client.submit("Delivered twice.").wait(timeout=30)
     synthesized = CacheIndex(settings.cache_url, ttl_s=0).counter("items_synthesized")
     # The same message again, as Redis would redeliver it: straight onto the queue, no producer check.
-    again = make_app(settings).send_task("ttsq.synthesize", kwargs={"text": "Delivered twice."},
-                                         queue=settings.queue).get(timeout=30)
+    again = (
+        make_app(settings)
+        .send_task("ttsq.synthesize", kwargs={"text": "Delivered twice."}, queue=settings.queue)
+        .get(timeout=30)
+    )
     assert again["cached"] is True and again["key"] == first["key"] and again["batch_size"] == 0
     assert CacheIndex(settings.cache_url, ttl_s=0).counter("items_synthesized") == synthesized
 
 
-def test_pickle_messages_are_refused_not_executed(settings: Settings, start_worker: StartWorker,
-                                                  tmp_path: Path) -> None:
+def test_pickle_messages_are_refused_not_executed(
+    settings: Settings, start_worker: StartWorker, tmp_path: Path
+) -> None:
     from celery import Celery
 
     worker = start_worker(settings)
     marker = tmp_path / "pwned"
     attacker = Celery(broker=settings.broker_url, backend=settings.result_backend)
     attacker.conf.update(task_serializer="pickle", accept_content=["pickle", "json"])
-    attacker.send_task("ttsq.synthesize", kwargs={"text": Exploit(str(marker))}, queue=settings.queue,
-                       serializer="pickle")
+    attacker.send_task(
+        "ttsq.synthesize", kwargs={"text": Exploit(str(marker))}, queue=settings.queue, serializer="pickle"
+    )
     # The worker keeps serving: a normal job right after the bad message completes.
     assert Client(settings).submit("Still alive.").wait(timeout=30)["duration_s"] > 0
     assert not marker.exists()
@@ -62,8 +67,9 @@ def test_worker_logs_never_show_the_text_or_the_url(settings: Settings, start_wo
     worker = start_worker(settings)
     secret = "Confidential sentence about project Nightingale."
     result = Client(settings).submit(secret).wait(timeout=30)
-    bad = make_app(settings).send_task("ttsq.synthesize", kwargs={"text": secret, "format": "aiff"},
-                                       queue=settings.queue)
+    bad = make_app(settings).send_task(
+        "ttsq.synthesize", kwargs={"text": secret, "format": "aiff"}, queue=settings.queue
+    )
     with pytest.raises(InvalidRequest):
         bad.get(timeout=30)
     assert worker.stop() == 0  # SIGTERM: warm shutdown, clean exit
@@ -75,15 +81,19 @@ def test_worker_logs_never_show_the_text_or_the_url(settings: Settings, start_wo
 
 def test_frame_cap_truncation_is_flagged_in_the_result(settings: Settings, start_worker: StartWorker) -> None:
     start_worker(settings)
-    result = Client(settings).submit("This sentence is far longer than five frames of audio.",
-                                     max_new_tokens=5).wait(timeout=30)
+    result = (
+        Client(settings)
+        .submit("This sentence is far longer than five frames of audio.", max_new_tokens=5)
+        .wait(timeout=30)
+    )
     assert result["truncated"] is True
     assert result["duration_s"] == pytest.approx(5 / 12.5, abs=0.01)
     assert Client(settings).submit("Short.").wait(timeout=30)["truncated"] is False
 
 
-def test_storage_down_at_the_worker_fails_the_job_and_indexes_nothing(settings: Settings,
-                                                                      start_worker: StartWorker) -> None:
+def test_storage_down_at_the_worker_fails_the_job_and_indexes_nothing(
+    settings: Settings, start_worker: StartWorker
+) -> None:
     from ttsq.embedded import free_port
 
     broken = start_worker(settings.replace(s3_endpoint_url=f"http://127.0.0.1:{free_port()}"), name="broken")
@@ -111,13 +121,15 @@ def test_cache_hit_reports_what_the_first_result_did(settings: Settings, start_w
     again = client.submit("Same answer twice.", instruct="a deep voice").wait(timeout=30)
     assert again["cached"] and not first["cached"]
     assert again["ignored"] == first["ignored"] == ["instruct"]
-    assert {k: v for k, v in again.items() if k not in ("cached", "batch_size", "timings", "url", "worker")} == \
-        {k: v for k, v in first.items() if k not in ("cached", "batch_size", "timings", "url", "worker")}
+    assert {k: v for k, v in again.items() if k not in ("cached", "batch_size", "timings", "url", "worker")} == {
+        k: v for k, v in first.items() if k not in ("cached", "batch_size", "timings", "url", "worker")
+    }
     client.close()
 
 
-def test_a_job_the_worker_rejects_still_releases_the_producers_claim(settings: Settings,
-                                                                     start_worker: StartWorker) -> None:
+def test_a_job_the_worker_rejects_still_releases_the_producers_claim(
+    settings: Settings, start_worker: StartWorker
+) -> None:
     import redis
 
     start_worker(settings.replace(max_text_chars=10))  # stricter than the producer's 5000

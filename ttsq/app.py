@@ -45,8 +45,11 @@ def celery_config(settings: Settings, *, worker: bool) -> dict[str, Any]:
     visibility = settings.visibility_timeout_s
     # Workers ride out a Redis restart (about 20 s of reconnects before a result is given up);
     # producers report an unreachable result backend within a couple of seconds instead.
-    result_retry = {"max_retries": 20, "interval_start": 0, "interval_step": 1, "interval_max": 1} if worker \
+    result_retry = (
+        {"max_retries": 20, "interval_start": 0, "interval_step": 1, "interval_max": 1}
+        if worker
         else {"max_retries": 2, "interval_start": 0, "interval_step": 0.5, "interval_max": 1}
+    )
     return {
         "broker_url": settings.broker_url,
         "result_backend": settings.result_backend,
@@ -80,8 +83,7 @@ def celery_config(settings: Settings, *, worker: bool) -> dict[str, Any]:
         "redis_socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
         "redis_socket_timeout": REDIS_SOCKET_TIMEOUT_S,
         # A producer with the broker down fails within a few seconds instead of retrying for long.
-        "task_publish_retry_policy": {"max_retries": 2, "interval_start": 0, "interval_step": 0.5,
-                                      "interval_max": 1},
+        "task_publish_retry_policy": {"max_retries": 2, "interval_start": 0, "interval_step": 0.5, "interval_max": 1},
         "broker_connection_timeout": REDIS_CONNECT_TIMEOUT_S,
         "broker_connection_retry_on_startup": True,
         "task_default_queue": settings.queue,
@@ -91,8 +93,9 @@ def celery_config(settings: Settings, *, worker: bool) -> dict[str, Any]:
     }
 
 
-def _route_by_mode(base: str, name: str, args: Any, kwargs: Any, options: Any, task: Any = None,
-                   **_: Any) -> dict[str, str] | None:
+def _route_by_mode(
+    base: str, name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **_: Any
+) -> dict[str, str] | None:
     if name not in (TASK_NAME, DOCUMENT_TASK_NAME):
         return None
     mode = kwargs.get("mode") if isinstance(kwargs, dict) else None

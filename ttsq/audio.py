@@ -35,8 +35,9 @@ class EncodedAudio:
     duration_s: float
 
 
-def encode(samples: npt.NDArray[np.floating] | npt.NDArray[np.int16], sample_rate: int,
-           audio_format: str) -> EncodedAudio:
+def encode(
+    samples: npt.NDArray[np.floating] | npt.NDArray[np.int16], sample_rate: int, audio_format: str
+) -> EncodedAudio:
     """Encode mono samples (float in [-1, 1] or int16) as ``audio_format``."""
     mono = _as_float_mono(samples)
     if mono.size == 0:
@@ -74,8 +75,9 @@ def resample(samples: npt.NDArray[np.float32], source_rate: int, target_rate: in
     return np.interp(positions, np.arange(samples.size), samples).astype(np.float32)
 
 
-def join(pieces: Sequence[npt.NDArray[np.float32]], rate: int, *, crossfades_ms: Sequence[int],
-         pauses_ms: Sequence[int]) -> tuple[npt.NDArray[np.float32], list[tuple[int, int]]]:
+def join(
+    pieces: Sequence[npt.NDArray[np.float32]], rate: int, *, crossfades_ms: Sequence[int], pauses_ms: Sequence[int]
+) -> tuple[npt.NDArray[np.float32], list[tuple[int, int]]]:
     """Concatenate pieces of one sample rate; return the audio and each piece's (start, end) sample.
 
     ``crossfades_ms[i]`` overlaps piece ``i`` with the end of piece ``i - 1`` (an equal-gain linear
@@ -110,5 +112,5 @@ def _as_float_mono(samples: npt.NDArray[np.floating] | npt.NDArray[np.int16]) ->
     if array.ndim != 1:
         raise EngineError(f"expected mono samples, got shape {array.shape}")
     if array.dtype == np.int16:
-        return (array.astype(np.float32) / 32768.0)
+        return array.astype(np.float32) / 32768.0
     return np.clip(array.astype(np.float32), -1.0, 1.0)

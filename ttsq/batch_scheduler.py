@@ -89,12 +89,12 @@ class BatchScheduler:
         pending = self.intake.pending
         group = pending.pop(key)
         if len(group) > self.max_batch:
-            pending[key] = group[self.max_batch:]
+            pending[key] = group[self.max_batch :]
         # A future cancelled while waiting, or a job past its deadline, is dropped here, before any
         # work is done for it.
         now = time.time()
         batch = []
-        for waiting in group[:self.max_batch]:
+        for waiting in group[: self.max_batch]:
             if not waiting.future.set_running_or_notify_cancel():
                 continue
             if waiting.request.expired(now):
@@ -116,8 +116,14 @@ class BatchScheduler:
                 future.set_exception(output if isinstance(output, TTSQError) else EngineError(repr(output)))
             else:
                 future.set_result(BatchItem(output, batch_id, size, seconds, share))
-        logger.info("batch %d: %d items (%d failed) in %.3fs, %s", batch_id, len(group), failed, elapsed,
-                    requests[0].describe().split(" chars=")[0])
+        logger.info(
+            "batch %d: %d items (%d failed) in %.3fs, %s",
+            batch_id,
+            len(group),
+            failed,
+            elapsed,
+            requests[0].describe().split(" chars=")[0],
+        )
 
     def _call_engine(self, requests: Sequence[SynthesisRequest]) -> list[EngineOutput | Exception]:
         """One engine call, timed for the watchdog (``busy_since``)."""
@@ -135,8 +141,9 @@ class BatchScheduler:
         bucket = length_bucket(requests)
         fit = self.largest_fit.get(bucket)
         if fit is not None and len(requests) > fit:
-            return [ran for start in range(0, len(requests), fit)
-                    for ran in self._synthesize(requests[start:start + fit])]
+            return [
+                ran for start in range(0, len(requests), fit) for ran in self._synthesize(requests[start : start + fit])
+            ]
         started = time.perf_counter()
         try:
             outputs = self._call_engine(requests)
@@ -146,8 +153,7 @@ class BatchScheduler:
         except Exception as exc:
             if len(requests) == 1:
                 return [(exc, 1, time.perf_counter() - started, 0.0)]
-            logger.warning("batch of %d failed (%s); retrying its items one by one",
-                           len(requests), type(exc).__name__)
+            logger.warning("batch of %d failed (%s); retrying its items one by one", len(requests), type(exc).__name__)
             return [self._synthesize([request])[0] for request in requests]
         else:
             return self._account(outputs, time.perf_counter() - started)
@@ -159,8 +165,12 @@ class BatchScheduler:
         self.largest_fit[bucket] = min(half, self.largest_fit.get(bucket, half))
         self.oom_splits += 1
         self.observer.batch_split()
-        logger.warning("batch of %d ran out of device memory; splitting, and capping batches of texts "
-                       "up to %d characters at %d", len(requests), 2 ** bucket, self.largest_fit[bucket])
+        logger.warning(
+            "batch of %d ran out of device memory; splitting, and capping batches of texts up to %d characters at %d",
+            len(requests),
+            2**bucket,
+            self.largest_fit[bucket],
+        )
         return [*self._synthesize(requests[:half]), *self._synthesize(requests[half:])]
 
     def _account(self, outputs: list[EngineOutput | Exception], seconds: float) -> list[_Ran]:
@@ -168,13 +178,15 @@ class BatchScheduler:
         lengths = [audio_seconds(output) for output in outputs]
         audio_s = sum(lengths)
         truncated = sum(1 for output in outputs if not isinstance(output, Exception) and output.truncated)
-        self.observer.batch_finished(BatchReport(size=len(outputs), seconds=seconds, audio_s=audio_s,
-                                                 truncated=truncated))
+        self.observer.batch_finished(
+            BatchReport(size=len(outputs), seconds=seconds, audio_s=audio_s, truncated=truncated)
+        )
         # Padding makes every row of a pass cost about as much as the longest, but a longer item holds
         # the device for more decode steps: generated length is the fairest split there is.
-        return [(output, len(outputs), seconds,
-                 seconds * length / audio_s if audio_s > 0 else seconds / len(outputs))
-                for output, length in zip(outputs, lengths, strict=True)]
+        return [
+            (output, len(outputs), seconds, seconds * length / audio_s if audio_s > 0 else seconds / len(outputs))
+            for output, length in zip(outputs, lengths, strict=True)
+        ]
 
 
 def length_bucket(requests: Sequence[SynthesisRequest]) -> int:

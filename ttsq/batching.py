@@ -52,8 +52,7 @@ class Batcher:
     every call and closes it. On a GPU that keeps the device context and streams on one thread.
     """
 
-    def __init__(self, engine: Engine, *, max_batch: int, max_wait_s: float,
-                 observer: Observer | None = None) -> None:
+    def __init__(self, engine: Engine, *, max_batch: int, max_wait_s: float, observer: Observer | None = None) -> None:
         self.engine = engine
         self.observer = observer or Observer()
         self.max_batch = max_batch
@@ -79,9 +78,14 @@ class Batcher:
         if self._load_error is not None:
             raise self._load_error
 
-    def submit(self, request: SynthesisRequest, *, isolated: bool = False,
-               on_enter: Callable[[], object] | None = None,
-               on_exit: Callable[[], object] | None = None) -> Future[BatchItem]:
+    def submit(
+        self,
+        request: SynthesisRequest,
+        *,
+        isolated: bool = False,
+        on_enter: Callable[[], object] | None = None,
+        on_exit: Callable[[], object] | None = None,
+    ) -> Future[BatchItem]:
         """Queue one request; the future resolves when its batch is done.
 
         ``isolated`` runs it alone. ``on_enter`` and ``on_exit`` are called on the batcher thread just
@@ -95,8 +99,7 @@ class Batcher:
             else:
                 group = self.intake.isolated_group() if isolated else request.group()
                 # The deadline starts now: time spent queued behind a running batch counts.
-                self.intake.put(Waiting(request, future, time.monotonic() + self.max_wait_s, group,
-                                        on_enter, on_exit))
+                self.intake.put(Waiting(request, future, time.monotonic() + self.max_wait_s, group, on_enter, on_exit))
         return future
 
     def abandon(self, future: Future[BatchItem]) -> None:
@@ -148,5 +151,3 @@ class Batcher:
                 self.engine.close()
             finally:
                 self.intake.fail_all("the batcher stopped before this job ran")
-
-

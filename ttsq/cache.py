@@ -53,6 +53,7 @@ class CacheIndex:
 
     def claim(self, key: str, task_id: str, ttl_s: int) -> str | None:
         """Claim the right to produce ``key``; return None if claimed, else the owner's task id."""
+
         def attempt() -> str | None:
             if self._redis.set(INFLIGHT_PREFIX + key, task_id, nx=True, ex=ttl_s):
                 return None
@@ -61,6 +62,7 @@ class CacheIndex:
             if owner is None and self._redis.set(INFLIGHT_PREFIX + key, task_id, nx=True, ex=ttl_s):
                 return None
             return owner if isinstance(owner, str) else None
+
         return self._do(attempt)
 
     def release(self, key: str, task_id: str) -> None:

@@ -109,8 +109,7 @@ class Client:
         ``fields`` are the request fields (``language="korean"``, ``instruct="..."``, ...); they are
         validated like untrusted input, so a wrong name or value is an ``InvalidRequest``.
         """
-        request = SynthesisRequest.from_dict({"text": text, **fields} if text is not None else fields,
-                                             self.limits)
+        request = SynthesisRequest.from_dict({"text": text, **fields} if text is not None else fields, self.limits)
         return self.submit_request(request)
 
     def submit_request(self, request: SynthesisRequest) -> Job:
@@ -122,9 +121,15 @@ class Client:
             identity.check(request)
         self._check_reference(request.reference)
         key = content_key(request, identity) if identity is not None else None
-        return self._enqueue(TASK_NAME, request.to_dict(), mode=request.mode, key=key,
-                             # What logs and Flower show instead of the kwargs: never the text.
-                             kwargsrepr=request.describe(), cached=self._cached)
+        return self._enqueue(
+            TASK_NAME,
+            request.to_dict(),
+            mode=request.mode,
+            key=key,
+            # What logs and Flower show instead of the kwargs: never the text.
+            kwargsrepr=request.describe(),
+            cached=self._cached,
+        )
 
     def submit_document(self, text: str, **fields: Any) -> Job:
         """Validate and enqueue a document of any length (or answer it from the cache): one job that
@@ -139,16 +144,23 @@ class Client:
         mode = document.fields["mode"]
         identity = self._serving(mode)
         if identity is not None:  # again, with the limits of the model that will read it
-            document = Document.parse(data, limits=self.limits, max_document_chars=most, identity=identity,
-                                      default_options=options)
+            document = Document.parse(
+                data, limits=self.limits, max_document_chars=most, identity=identity, default_options=options
+            )
         self._check_reference(document.fields.get("reference") or "")
-        kwargs = {"text": document.text, **{name: value for name, value in document.fields.items()
-                                             if value is not None and value != ""},
-                  "options": asdict(document.options)}  # what it was validated and keyed with
-        job = self._enqueue(DOCUMENT_TASK_NAME, kwargs, mode=mode,
-                            key=document.key(identity) if identity is not None else None,
-                            kwargsrepr=f"document of {len(document.text)} chars in {len(document.chunks)} chunks",
-                            cached=self._cached_document)
+        kwargs = {
+            "text": document.text,
+            **{name: value for name, value in document.fields.items() if value is not None and value != ""},
+            "options": asdict(document.options),
+        }  # what it was validated and keyed with
+        job = self._enqueue(
+            DOCUMENT_TASK_NAME,
+            kwargs,
+            mode=mode,
+            key=document.key(identity) if identity is not None else None,
+            kwargsrepr=f"document of {len(document.text)} chars in {len(document.chunks)} chunks",
+            cached=self._cached_document,
+        )
         job.chunks = len(document.chunks)
         return job
 
@@ -158,16 +170,25 @@ class Client:
         fleet = self.identities()
         identity = fleet.get(mode)
         if fleet and identity is None:
-            raise InvalidRequest("mode", f"no running worker serves {mode}; the workers online serve "
-                                         f"{', '.join(sorted(fleet))}")
+            raise InvalidRequest(
+                "mode", f"no running worker serves {mode}; the workers online serve {', '.join(sorted(fleet))}"
+            )
         return identity
 
     def _check_reference(self, reference: str) -> None:
         if reference and not self.storage.exists(reference):
             raise InvalidRequest("reference", f"no voice {reference} in storage; upload it with `ttsq voices add`")
 
-    def _enqueue(self, task: str, kwargs: dict[str, Any], *, mode: str, key: str | None, kwargsrepr: str,
-                 cached: Callable[[str], Job | None]) -> Job:
+    def _enqueue(
+        self,
+        task: str,
+        kwargs: dict[str, Any],
+        *,
+        mode: str,
+        key: str | None,
+        kwargsrepr: str,
+        cached: Callable[[str], Job | None],
+    ) -> Job:
         """The one way a job is sent (design steps 3-5): answered from the cache, joined to the job
         already producing its key (single flight), or claimed and sent; a claim never outlives a send
         that failed. Without a key (no worker announced yet) it is simply sent."""
@@ -193,8 +214,14 @@ class Client:
             headers[CLAIM_HEADER] = key
         sent = False
         try:
-            self.app.send_task(task, kwargs=kwargs, task_id=task_id, queue=queue_for(self.settings.queue, mode),
-                               headers=headers, kwargsrepr=kwargsrepr)
+            self.app.send_task(
+                task,
+                kwargs=kwargs,
+                task_id=task_id,
+                queue=queue_for(self.settings.queue, mode),
+                headers=headers,
+                kwargsrepr=kwargsrepr,
+            )
             sent = True
         except Exception as exc:  # kombu raises OperationalError, redis-py its own; either way: broker down
             raise BrokerError(f"cannot reach the broker to enqueue: {type(exc).__name__}: {exc}") from exc
@@ -215,8 +242,13 @@ class Client:
         if record is None:
             return None
         self._count_hit()
-        return Job(id=None, key=key, client=self, chunks=len(record["chunks"]),
-                   result=cast("JobResult", self.results.document(record, cached=True)))
+        return Job(
+            id=None,
+            key=key,
+            client=self,
+            chunks=len(record["chunks"]),
+            result=cast("JobResult", self.results.document(record, cached=True)),
+        )
 
     def _count_hit(self) -> None:
         """A producer-side cache hit, in the all-time counter and this minute's fleet statistics."""
@@ -237,8 +269,10 @@ class Client:
         no engine setting: whatever serves a mode announced itself under that mode."""
         read_at, identities = self._identities
         if time.monotonic() - read_at > IDENTITY_TTL_S:
-            identities = {mode: EngineIdentity.from_dict(raw)
-                          for mode, raw in self.cache.read_identities(self.settings.queue).items()}
+            identities = {
+                mode: EngineIdentity.from_dict(raw)
+                for mode, raw in self.cache.read_identities(self.settings.queue).items()
+            }
             self._identities = (time.monotonic(), identities)
         return identities
 
@@ -310,8 +344,14 @@ class Client:
             try:
                 # The old FAILURE result would answer a waiter at once: clear it first.
                 self.async_result(task_id).forget()
-                self.app.send_task(TASK_NAME, kwargs=job.kwargs, task_id=task_id, queue=job.queue,
-                                   headers={SENT_AT_HEADER: time.time()}, kwargsrepr="<retried parked job>")
+                self.app.send_task(
+                    TASK_NAME,
+                    kwargs=job.kwargs,
+                    task_id=task_id,
+                    queue=job.queue,
+                    headers={SENT_AT_HEADER: time.time()},
+                    kwargsrepr="<retried parked job>",
+                )
             except Exception as exc:
                 ledger.park(job)  # not sent: keep it where the operator found it
                 raise BrokerError(f"cannot re-queue {task_id}: {type(exc).__name__}: {exc}") from exc

@@ -139,64 +139,98 @@ class Settings:
     def __post_init__(self) -> None:
         _check(self.max_batch >= 1 and self.max_batch <= 256, "max_batch", "must be 1..256")
         _check(0 <= self.max_wait_ms <= 10_000, "max_wait_ms", "must be 0..10000")
-        _check(1 <= self.url_expiry_s <= MAX_URL_EXPIRY_S, "url_expiry_s",
-               f"must be 1..{MAX_URL_EXPIRY_S} (S3 presigned URLs live at most 7 days)")
+        _check(
+            1 <= self.url_expiry_s <= MAX_URL_EXPIRY_S,
+            "url_expiry_s",
+            f"must be 1..{MAX_URL_EXPIRY_S} (S3 presigned URLs live at most 7 days)",
+        )
         _check(self.cache_ttl_s >= 0, "cache_ttl_s", "must be >= 0 (0 means no expiry)")
         _check(self.result_ttl_s >= 60, "result_ttl_s", "must be >= 60")
         _check(self.visibility_timeout_s >= 10, "visibility_timeout_s", "must be >= 10")
         _check(self.job_timeout_s >= 1, "job_timeout_s", "must be >= 1")
         # A job still waiting for its batch when the visibility timeout passes is delivered to a
         # second worker while the first one still holds it: a duplicate by construction.
-        _check(self.job_timeout_s < self.visibility_timeout_s, "job_timeout_s",
-               f"must be below TTSQ_VISIBILITY_TIMEOUT_S ({self.visibility_timeout_s}), or Redis "
-               "redelivers jobs that are still running")
-        _check(0 <= self.batch_timeout_s <= self.job_timeout_s / 2, "batch_timeout_s",
-               f"must be 0..half of TTSQ_JOB_TIMEOUT_S ({self.job_timeout_s}): a job waits for the batch "
-               "ahead of it and then for its own, and gives up after the job timeout")
+        _check(
+            self.job_timeout_s < self.visibility_timeout_s,
+            "job_timeout_s",
+            f"must be below TTSQ_VISIBILITY_TIMEOUT_S ({self.visibility_timeout_s}), or Redis "
+            "redelivers jobs that are still running",
+        )
+        _check(
+            0 <= self.batch_timeout_s <= self.job_timeout_s / 2,
+            "batch_timeout_s",
+            f"must be 0..half of TTSQ_JOB_TIMEOUT_S ({self.job_timeout_s}): a job waits for the batch "
+            "ahead of it and then for its own, and gives up after the job timeout",
+        )
         _check(1 <= self.max_attempts <= 100, "max_attempts", "must be 1..100")
         _check(1 <= self.storage_attempts <= 20, "storage_attempts", "must be 1..20")
         _check(0 <= self.storage_backoff_ms <= 60_000, "storage_backoff_ms", "must be 0..60000")
         _check(1 <= self.storage_timeout_s <= 600, "storage_timeout_s", "must be 1..600")
         # The visibility timeout must cover the longest time a healthy worker can hold a message
         # unacknowledged, or Redis hands a job that is still running to a second worker.
-        _check(self.visibility_timeout_s >= self.min_visibility_timeout_s, "visibility_timeout_s",
-               f"{self.visibility_timeout_s} s is too short: a job can stay unacknowledged for "
-               f"{self.worst_unacked_s:.0f} s (TTSQ_JOB_TIMEOUT_S {self.job_timeout_s} s waiting for its batch, "
-               f"then up to {self.storage_budget_s:.0f} s of storage tries); with a 25% margin it must be at "
-               f"least {self.min_visibility_timeout_s} s, or lower TTSQ_JOB_TIMEOUT_S / TTSQ_STORAGE_*")
+        _check(
+            self.visibility_timeout_s >= self.min_visibility_timeout_s,
+            "visibility_timeout_s",
+            f"{self.visibility_timeout_s} s is too short: a job can stay unacknowledged for "
+            f"{self.worst_unacked_s:.0f} s (TTSQ_JOB_TIMEOUT_S {self.job_timeout_s} s waiting for its batch, "
+            f"then up to {self.storage_budget_s:.0f} s of storage tries); with a 25% margin it must be at "
+            f"least {self.min_visibility_timeout_s} s, or lower TTSQ_JOB_TIMEOUT_S / TTSQ_STORAGE_*",
+        )
         _check(1 <= self.max_text_chars <= 1_000_000, "max_text_chars", "must be 1..1000000")
         _check(0 <= self.max_instruct_chars <= 100_000, "max_instruct_chars", "must be 0..100000")
         _check(0 <= self.metrics_port <= 65535, "metrics_port", "must be 0..65535 (0 turns metrics off)")
         _check(self.drain_timeout_s >= 1, "drain_timeout_s", "must be >= 1")
         _check(1 <= self.max_document_chars <= 10_000_000, "max_document_chars", "must be 1..10000000")
         _check(20 <= self.doc_max_chars <= 100_000, "doc_max_chars", "must be 20..100000")
-        _check(1 <= self.doc_target_chars <= self.doc_max_chars, "doc_target_chars",
-               f"must be 1..TTSQ_DOC_MAX_CHARS ({self.doc_max_chars})")
+        _check(
+            1 <= self.doc_target_chars <= self.doc_max_chars,
+            "doc_target_chars",
+            f"must be 1..TTSQ_DOC_MAX_CHARS ({self.doc_max_chars})",
+        )
         for name in ("doc_sentence_pause_ms", "doc_paragraph_pause_ms", "doc_crossfade_ms"):
             _check(0 <= getattr(self, name) <= 10_000, name, "must be 0..10000")
         for name in ("broker_url", "result_backend", "cache_url"):
             _check_redis_url(name, getattr(self, name))
         for name in ("s3_endpoint_url", "s3_public_endpoint_url"):
             url = getattr(self, name)
-            _check(not url or (url.startswith(("http://", "https://")) and _port_ok(url)), name,
-                   "must be an http:// or https:// URL")
+            _check(
+                not url or (url.startswith(("http://", "https://")) and _port_ok(url)),
+                name,
+                "must be an http:// or https:// URL",
+            )
         _check(bool(self.storage_url), "storage_url", "must not be empty")
         if self.storage_url.startswith("s3://"):
-            _check(len(self.storage_url[5:].split("/", 1)[0]) >= 3, "storage_url",
-                   "s3:// URL needs a bucket name of at least 3 characters")
+            _check(
+                len(self.storage_url[5:].split("/", 1)[0]) >= 3,
+                "storage_url",
+                "s3:// URL needs a bucket name of at least 3 characters",
+            )
         _check(bool(self.engine), "engine", "must not be empty")
-        _check(self.qwen_device == "auto" or self.qwen_device == "cpu"
-               or re.fullmatch(r"cuda(:\d+)?", self.qwen_device) is not None,
-               "qwen_device", "must be auto, cpu, cuda or cuda:N")
-        _check(self.qwen_dtype in ("auto", "bfloat16", "float16", "float32"), "qwen_dtype",
-               "must be auto, bfloat16, float16 or float32")
-        _check(self.qwen_attention in ("auto", "flash_attention_2", "sdpa", "eager"), "qwen_attention",
-               "must be auto, flash_attention_2, sdpa or eager")
+        _check(
+            self.qwen_device == "auto"
+            or self.qwen_device == "cpu"
+            or re.fullmatch(r"cuda(:\d+)?", self.qwen_device) is not None,
+            "qwen_device",
+            "must be auto, cpu, cuda or cuda:N",
+        )
+        _check(
+            self.qwen_dtype in ("auto", "bfloat16", "float16", "float32"),
+            "qwen_dtype",
+            "must be auto, bfloat16, float16 or float32",
+        )
+        _check(
+            self.qwen_attention in ("auto", "flash_attention_2", "sdpa", "eager"),
+            "qwen_attention",
+            "must be auto, flash_attention_2, sdpa or eager",
+        )
         _check(16 <= self.qwen_max_frames <= 8192, "qwen_max_frames", "must be 16..8192 (8192 frames is ~11 min)")
         _check(1 <= self.qwen_clone_cache <= 10_000, "qwen_clone_cache", "must be 1..10000")
         _check(bool(self.queue), "queue", "must not be empty")
-        _check(self.log_level.upper() in {"DEBUG", "INFO", "WARNING", "ERROR"}, "log_level",
-               "must be DEBUG, INFO, WARNING or ERROR")
+        _check(
+            self.log_level.upper() in {"DEBUG", "INFO", "WARNING", "ERROR"},
+            "log_level",
+            "must be DEBUG, INFO, WARNING or ERROR",
+        )
         object.__setattr__(self, "log_level", self.log_level.upper())  # logging wants "INFO", not "info"
 
     @property
@@ -277,12 +311,12 @@ def _port_ok(url: str) -> bool:
 
 
 def _check_redis_url(name: str, url: str) -> None:
-    _check(url.startswith(("redis://", "rediss://", "unix://")), name,
-           "must be a redis://, rediss:// (TLS) or unix:// URL")
+    _check(
+        url.startswith(("redis://", "rediss://", "unix://")), name, "must be a redis://, rediss:// (TLS) or unix:// URL"
+    )
     _check(_port_ok(url), name, "has a port that is not a number")
     path = urlsplit(url).path.strip("/")
-    _check(url.startswith("unix://") or path == "" or path.isdigit(), name,
-           f"database must be a number, got {path!r}")
+    _check(url.startswith("unix://") or path == "" or path.isdigit(), name, f"database must be a number, got {path!r}")
 
 
 def _parse_int(variable: str, raw: str) -> int:

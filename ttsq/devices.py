@@ -66,8 +66,10 @@ def plan(spec: str, environ: Mapping[str, str]) -> tuple[list[Slot], str]:
     if spec == "all":
         if not available:
             return [Slot("cpu0", "")], "no GPU found (no NVML, no nvidia-smi): starting one CPU worker"
-        return ([Slot(f"gpu{device}", device) for device in available],
-                f"{len(available)} GPU(s) found: {', '.join(available)}")
+        return (
+            [Slot(f"gpu{device}", device) for device in available],
+            f"{len(available)} GPU(s) found: {', '.join(available)}",
+        )
     wanted = [entry.strip() for entry in spec.split(",") if entry.strip()]
     if not wanted:
         raise ConfigError("--devices", "expected all, cpu, cpu:N or a list of GPU indexes like 0,1,3")
@@ -103,8 +105,9 @@ def _nvidia_smi_count() -> int | None:
     if exe is None:
         return None
     try:
-        out = subprocess.run([exe, "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30, check=True)
+        out = subprocess.run(
+            [exe, "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True, timeout=30, check=True
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         logger.debug("nvidia-smi: %s", exc)
         return None

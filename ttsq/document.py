@@ -66,9 +66,13 @@ class Options:
     @classmethod
     def from_settings(cls, settings: Settings) -> Options:
         """The options a producer sends (``TTSQ_DOC_*``)."""
-        return cls(target_chars=settings.doc_target_chars, max_chars=settings.doc_max_chars,
-                   sentence_pause_ms=settings.doc_sentence_pause_ms,
-                   paragraph_pause_ms=settings.doc_paragraph_pause_ms, crossfade_ms=settings.doc_crossfade_ms)
+        return cls(
+            target_chars=settings.doc_target_chars,
+            max_chars=settings.doc_max_chars,
+            sentence_pause_ms=settings.doc_sentence_pause_ms,
+            paragraph_pause_ms=settings.doc_paragraph_pause_ms,
+            crossfade_ms=settings.doc_crossfade_ms,
+        )
 
     @classmethod
     def from_dict(cls, data: Any) -> Options:
@@ -118,8 +122,15 @@ class Document:
     chunks: list[Chunk]
 
     @classmethod
-    def parse(cls, data: Mapping[str, Any], *, limits: Limits, max_document_chars: int,
-              identity: EngineIdentity | None = None, default_options: Options | None = None) -> Document:
+    def parse(
+        cls,
+        data: Mapping[str, Any],
+        *,
+        limits: Limits,
+        max_document_chars: int,
+        identity: EngineIdentity | None = None,
+        default_options: Options | None = None,
+    ) -> Document:
         """Validate a ``ttsq.document`` message or a producer's call; raise ``InvalidRequest``."""
         if not isinstance(data, Mapping):
             raise InvalidRequest("request", f"expected a JSON object, got {type(data).__name__}")
@@ -133,8 +144,10 @@ class Document:
         if not text:
             raise InvalidRequest("text", "is empty")
         if len(text) > max_document_chars:
-            raise InvalidRequest("text", f"is {len(text)} characters; the document limit is {max_document_chars} "
-                                         "(TTSQ_MAX_DOCUMENT_CHARS)")
+            raise InvalidRequest(
+                "text",
+                f"is {len(text)} characters; the document limit is {max_document_chars} (TTSQ_MAX_DOCUMENT_CHARS)",
+            )
         options = Options.from_dict(data["options"]) if "options" in data else (default_options or Options())
         other = {name: value for name, value in data.items() if name not in ("text", "options", "deadline")}
         # The fields are checked once, with a stand-in text; each chunk is checked again below.
@@ -183,8 +196,10 @@ class Document:
     def requests(self, *, seed: int, limits: Limits) -> list[SynthesisRequest]:
         """One ordinary request per chunk. Chunks are WAV (lossless, and the default format, so shared
         with ordinary submits); the document's own format applies to the stitched file."""
-        return [SynthesisRequest.from_dict({**self.fields, "text": chunk.text, "format": "wav", "seed": seed}, limits)
-                for chunk in self.chunks]
+        return [
+            SynthesisRequest.from_dict({**self.fields, "text": chunk.text, "format": "wav", "seed": seed}, limits)
+            for chunk in self.chunks
+        ]
 
 
 class SentenceSpan(TypedDict):

@@ -70,8 +70,7 @@ def parent_death_signal() -> Callable[[], None] | None:
 class RedisServer:
     """A throwaway ``redis-server`` on a free loopback port, stopped by ``stop()``."""
 
-    def __init__(self, *, port: int | None = None, directory: str | None = None,
-                 appendonly: bool = False) -> None:
+    def __init__(self, *, port: int | None = None, directory: str | None = None, appendonly: bool = False) -> None:
         self.port = port or free_port()
         self._owns_directory = directory is None
         self.directory = directory or tempfile.mkdtemp(prefix="ttsq-redis-")
@@ -85,13 +84,26 @@ class RedisServer:
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         """Start and wait until it answers PING."""
-        command = [redis_server_executable(), "--port", str(self.port), "--bind", "127.0.0.1",
-                   "--dir", self.directory, "--save", "", "--protected-mode", "yes",
-                   "--appendonly", "yes" if self.appendonly else "no", "--loglevel", "warning"]
+        command = [
+            redis_server_executable(),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            self.directory,
+            "--save",
+            "",
+            "--protected-mode",
+            "yes",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--loglevel",
+            "warning",
+        ]
         log = open(os.path.join(self.directory, "redis.log"), "ab")  # noqa: SIM115 - lives with the process
         # The server dies with the process that started it, even if that one is killed outright.
-        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                        preexec_fn=parent_death_signal())
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=parent_death_signal())
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -124,8 +136,9 @@ class RedisServer:
 class InProcessWorker:
     """A real Celery worker (threads pool) running in a thread of this process."""
 
-    def __init__(self, app: Celery, settings: Settings, *, hostname: str = "embedded@localhost",
-                 queues: list[str] | None = None) -> None:
+    def __init__(
+        self, app: Celery, settings: Settings, *, hostname: str = "embedded@localhost", queues: list[str] | None = None
+    ) -> None:
         self.app = app  # built with a started WorkerRuntime
         self.settings = settings
         self.hostname = hostname
@@ -137,6 +150,7 @@ class InProcessWorker:
 
     def start(self, timeout: float = 60.0) -> InProcessWorker:
         """Start consuming; return once the consumer is connected."""
+
         def ready(*_: Any, **__: Any) -> None:
             self._ready.set()
 
@@ -146,14 +160,21 @@ class InProcessWorker:
             self.app.set_default()
             try:
                 self._worker = self.app.WorkController(
-                    pool_cls="threads", concurrency=self.settings.concurrency, hostname=self.hostname,
-                    ready_callback=ready, without_mingle=True, without_gossip=True,
-                    queues=self.queues, loglevel=self.settings.log_level)
+                    pool_cls="threads",
+                    concurrency=self.settings.concurrency,
+                    hostname=self.hostname,
+                    ready_callback=ready,
+                    without_mingle=True,
+                    without_gossip=True,
+                    queues=self.queues,
+                    loglevel=self.settings.log_level,
+                )
                 self._worker.start()
                 # Celery catches a failed start itself, logs it and returns: tell start() it ended.
                 if not self._ready.is_set():
-                    self._error = TTSQError(f"embedded worker stopped during start-up "
-                                            f"(exit code {self._worker.exitcode})")
+                    self._error = TTSQError(
+                        f"embedded worker stopped during start-up (exit code {self._worker.exitcode})"
+                    )
             except BaseException as exc:  # surfaced by start() instead of dying silently in a thread
                 self._error = exc
             finally:
@@ -191,8 +212,9 @@ class Embedded:
 
         self.redis.start()
         url = self.redis.url
-        self.settings = self.base_settings.replace(broker_url=f"{url}/0", result_backend=f"{url}/1",
-                                                   cache_url=f"{url}/2")
+        self.settings = self.base_settings.replace(
+            broker_url=f"{url}/0", result_backend=f"{url}/1", cache_url=f"{url}/2"
+        )
         try:
             self.runtime = WorkerRuntime(self.settings)
             self.runtime.start()
@@ -204,8 +226,9 @@ class Embedded:
             raise
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         try:
             if self.worker is not None:
                 self.worker.stop()
@@ -213,4 +236,3 @@ class Embedded:
                 self.runtime.close()
         finally:
             self.redis.stop()
-

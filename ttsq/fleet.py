@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def snapshot(settings: Settings, *, minutes: int = 5, ping_timeout: float = 1.0,
-             now: float | None = None) -> dict[str, Any]:
+def snapshot(
+    settings: Settings, *, minutes: int = 5, ping_timeout: float = 1.0, now: float | None = None
+) -> dict[str, Any]:
     """What ``ttsq stats`` prints: queues, workers, throughput and cache hit ratio, as plain JSON.
 
     Workers are those with a live heartbeat in Redis; ``responding`` says whether each also
@@ -86,13 +87,16 @@ def format_table(snap: dict[str, Any]) -> str:
     workers = snap["workers"]
     lines.append(f"WORKERS ONLINE: {len(workers)}")
     if workers:
-        lines.append(f"{'NODE':<28} {'ENGINE':<8} {'DEVICE':<7} {'PID':>7} {'UPTIME':>8} {'JOBS':>6} "
-                     f"{'RESTARTS':>8}  PING")
+        lines.append(
+            f"{'NODE':<28} {'ENGINE':<8} {'DEVICE':<7} {'PID':>7} {'UPTIME':>8} {'JOBS':>6} {'RESTARTS':>8}  PING"
+        )
         for w in workers:
             ping = {True: "ok", False: "no answer", None: "-"}[w.get("responding")]
-            lines.append(f"{w.get('node', '?'):<28} {w.get('engine', '?'):<8} {w.get('device', '') or 'cpu':<7} "
-                         f"{w.get('pid', 0):>7} {_duration(w.get('uptime_s', 0.0)):>8} {w.get('jobs', 0):>6} "
-                         f"{w.get('restarts', 0):>8}  {ping}")
+            lines.append(
+                f"{w.get('node', '?'):<28} {w.get('engine', '?'):<8} {w.get('device', '') or 'cpu':<7} "
+                f"{w.get('pid', 0):>7} {_duration(w.get('uptime_s', 0.0)):>8} {w.get('jobs', 0):>6} "
+                f"{w.get('restarts', 0):>8}  {ping}"
+            )
     win = snap["window"]
     ratio = "-" if win["cache_hit_ratio"] is None else f"{win['cache_hit_ratio']:.1%}"
     lines += [

@@ -37,8 +37,9 @@ def format_task(task: Any) -> Any:
     return task
 
 
-def run_flower(settings: Settings, *, address: str, port: int, basic_auth: str | None, no_auth: bool,
-               extra: tuple[str, ...] = ()) -> int:
+def run_flower(
+    settings: Settings, *, address: str, port: int, basic_auth: str | None, no_auth: bool, extra: tuple[str, ...] = ()
+) -> int:
     """Run Flower in this process until SIGTERM; return its exit code."""
     try:
         import flower.options
@@ -47,8 +48,10 @@ def run_flower(settings: Settings, *, address: str, port: int, basic_auth: str |
     from ttsq.app import make_app
 
     if basic_auth is None and not no_auth:
-        raise ConfigError("FLOWER_BASIC_AUTH", "set user:password (or pass --no-auth to run Flower without "
-                          "authentication, on a trusted network only)")
+        raise ConfigError(
+            "FLOWER_BASIC_AUTH",
+            "set user:password (or pass --no-auth to run Flower without authentication, on a trusted network only)",
+        )
     if basic_auth is not None:
         if ":" not in basic_auth or basic_auth.startswith(":") or basic_auth.endswith(":"):
             raise ConfigError("FLOWER_BASIC_AUTH", "expected user:password")
@@ -56,8 +59,14 @@ def run_flower(settings: Settings, *, address: str, port: int, basic_auth: str |
         os.environ["FLOWER_BASIC_AUTH"] = basic_auth
     flower.options.options.format_task = format_task
     app = make_app(settings)
-    argv = ["flower", f"--address={address}", f"--port={port}",
-            # Flower keeps every task in memory: bound it, and forget workers gone for ten minutes.
-            "--max_tasks=10000", "--purge_offline_workers=600", *extra]
+    argv = [
+        "flower",
+        f"--address={address}",
+        f"--port={port}",
+        # Flower keeps every task in memory: bound it, and forget workers gone for ten minutes.
+        "--max_tasks=10000",
+        "--purge_offline_workers=600",
+        *extra,
+    ]
     code = app.start(argv=argv)
     return int(code or 0)

@@ -26,8 +26,7 @@ EXTENSIONS = {"wav": "wav", "flac": "flac", "ogg": "ogg", "mp3": "mp3"}
 
 def canonical_json(value: Any) -> bytes:
     """The one serialization that keys are computed over."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode("utf-8")
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
 def content_key(request: SynthesisRequest, identity: EngineIdentity) -> str:

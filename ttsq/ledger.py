@@ -37,9 +37,15 @@ class ParkedJob:
     def summary(self) -> dict[str, Any]:
         """What an operator sees: never the input text."""
         text = self.kwargs.get("text")
-        return {"id": self.id, "queue": self.queue, "attempts": self.attempts, "error": self.error,
-                "parked_at": self.parked_at, "chars": len(text) if isinstance(text, str) else None,
-                "language": self.kwargs.get("language", "auto")}
+        return {
+            "id": self.id,
+            "queue": self.queue,
+            "attempts": self.attempts,
+            "error": self.error,
+            "parked_at": self.parked_at,
+            "chars": len(text) if isinstance(text, str) else None,
+            "language": self.kwargs.get("language", "auto"),
+        }
 
 
 class Ledger:
@@ -57,26 +63,37 @@ class Ledger:
 
     def charge(self, task_id: str) -> int:
         """Count one more attempt (called just before the engine runs the job); return the total."""
+
         def incr() -> int:
             pipe = self._redis.pipeline()
             pipe.incr(ATTEMPTS_PREFIX + task_id)
             pipe.expire(ATTEMPTS_PREFIX + task_id, self.ttl_s)
             return int(pipe.execute()[0])
+
         return patiently(incr, self.url, self.patience_s)
 
     def refund(self, task_id: str) -> None:
         """The engine call returned: this attempt does not count against the job."""
+
         def decr() -> None:
             pipe = self._redis.pipeline()
             pipe.decr(ATTEMPTS_PREFIX + task_id)
             pipe.expire(ATTEMPTS_PREFIX + task_id, self.ttl_s)
             pipe.execute()
+
         patiently(decr, self.url, self.patience_s)
 
     def park(self, job: ParkedJob) -> None:
         """Keep a failed job for an operator."""
-        record = json.dumps({"queue": job.queue, "kwargs": job.kwargs, "attempts": job.attempts,
-                             "error": job.error, "parked_at": job.parked_at})
+        record = json.dumps(
+            {
+                "queue": job.queue,
+                "kwargs": job.kwargs,
+                "attempts": job.attempts,
+                "error": job.error,
+                "parked_at": job.parked_at,
+            }
+        )
         patiently(lambda: self._redis.hset(PARKED_KEY, job.id, record), self.url, self.patience_s)
 
     def parked(self) -> list[ParkedJob]:
@@ -87,6 +104,7 @@ class Ledger:
 
     def unpark(self, task_id: str) -> ParkedJob | None:
         """Take a job out of the parked set and clear its attempts (before it is sent again)."""
+
         def take() -> str | None:
             pipe = self._redis.pipeline()
             pipe.hget(PARKED_KEY, task_id)
@@ -94,6 +112,7 @@ class Ledger:
             pipe.delete(ATTEMPTS_PREFIX + task_id)
             record: str | None = pipe.execute()[0]
             return record
+
         record = patiently(take, self.url, self.patience_s)
         return None if record is None else _parked(task_id, record)
 
@@ -104,5 +123,11 @@ class Ledger:
 
 def _parked(task_id: str, record: str) -> ParkedJob:
     data = json.loads(record)
-    return ParkedJob(id=task_id, queue=data["queue"], kwargs=data["kwargs"], attempts=int(data["attempts"]),
-                     error=data["error"], parked_at=float(data.get("parked_at", time.time())))
+    return ParkedJob(
+        id=task_id,
+        queue=data["queue"],
+        kwargs=data["kwargs"],
+        attempts=int(data["attempts"]),
+        error=data["error"],
+        parked_at=float(data.get("parked_at", time.time())),
+    )

@@ -68,34 +68,48 @@ _RTF_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 5)
 class Metrics(Observer):
     """One worker's metrics. Recording is thread-safe; serving is optional (``serve``)."""
 
-    def __init__(self, *, node: str = "", queues: Sequence[str] = (),
-                 broker_url: str | None = None, cache_url: str | None = None,
-                 gpus: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        node: str = "",
+        queues: Sequence[str] = (),
+        broker_url: str | None = None,
+        cache_url: str | None = None,
+        gpus: Sequence[str] | None = None,
+    ) -> None:
         self.node = node
         self.registry = CollectorRegistry()
         r = self.registry
         self.batch_size = Histogram("ttsq_batch_size", "Jobs per engine call.", buckets=_BATCH_BUCKETS, registry=r)
-        self.synthesis_seconds = Histogram("ttsq_synthesis_seconds", "Engine time per batch, seconds.",
-                                           buckets=_SECONDS_BUCKETS, registry=r)
-        self.queue_wait_seconds = Histogram("ttsq_queue_wait_seconds",
-                                            "From the producer's send to the worker's start, per job.",
-                                            buckets=_SECONDS_BUCKETS, registry=r)
-        self.real_time_factor = Histogram("ttsq_real_time_factor",
-                                          "Engine seconds per second of audio, per batch (lower is faster).",
-                                          buckets=_RTF_BUCKETS, registry=r)
+        self.synthesis_seconds = Histogram(
+            "ttsq_synthesis_seconds", "Engine time per batch, seconds.", buckets=_SECONDS_BUCKETS, registry=r
+        )
+        self.queue_wait_seconds = Histogram(
+            "ttsq_queue_wait_seconds",
+            "From the producer's send to the worker's start, per job.",
+            buckets=_SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.real_time_factor = Histogram(
+            "ttsq_real_time_factor",
+            "Engine seconds per second of audio, per batch (lower is faster).",
+            buckets=_RTF_BUCKETS,
+            registry=r,
+        )
         self.audio_seconds = Counter("ttsq_audio_seconds", "Seconds of audio synthesized.", registry=r)
         self.device_seconds = Counter("ttsq_device_seconds", "Engine seconds spent in batches.", registry=r)
         self.jobs = Counter("ttsq_jobs", "Jobs this worker finished, by outcome.", ["outcome"], registry=r)
-        self.cache_lookups = Counter("ttsq_cache_lookups", "The worker's cache re-check before synthesis.",
-                                     ["result"], registry=r)
-        self.truncated_items = Counter("ttsq_truncated_items", "Items the engine cut at the frame cap.",
-                                       registry=r)
-        self.oom_splits = Counter("ttsq_oom_splits", "Batches split in two after a device out-of-memory error.",
-                                  registry=r)
-        self.in_progress = Gauge("ttsq_jobs_in_progress", "Jobs this worker holds, waiting or in a batch.",
-                                 registry=r)
-        self._info = Gauge("ttsq_worker_info", "This worker: its node name, engine and model.",
-                           ["node", "engine", "model"], registry=r)
+        self.cache_lookups = Counter(
+            "ttsq_cache_lookups", "The worker's cache re-check before synthesis.", ["result"], registry=r
+        )
+        self.truncated_items = Counter("ttsq_truncated_items", "Items the engine cut at the frame cap.", registry=r)
+        self.oom_splits = Counter(
+            "ttsq_oom_splits", "Batches split in two after a device out-of-memory error.", registry=r
+        )
+        self.in_progress = Gauge("ttsq_jobs_in_progress", "Jobs this worker holds, waiting or in a batch.", registry=r)
+        self._info = Gauge(
+            "ttsq_worker_info", "This worker: its node name, engine and model.", ["node", "engine", "model"], registry=r
+        )
         # Every label value exists from the start, so a rate() over a fresh worker is 0, not absent.
         for outcome in OUTCOMES:
             self.jobs.labels(outcome=outcome)
@@ -188,9 +202,11 @@ class _QueueCollector(Collector):
         for queue, value in depths.items():
             depth.add_metric([queue], value)
         yield depth
-        yield GaugeMetricFamily("ttsq_unacked_messages",
-                                "Messages delivered to a worker and not yet acknowledged (all queues).",
-                                value=waiting_ack)
+        yield GaugeMetricFamily(
+            "ttsq_unacked_messages",
+            "Messages delivered to a worker and not yet acknowledged (all queues).",
+            value=waiting_ack,
+        )
 
 
 class _RestartCollector(Collector):
@@ -205,8 +221,7 @@ class _RestartCollector(Collector):
             restarts = int(self._redis.hget(RESTARTS_KEY, self.node) or 0)
         except redis.exceptions.RedisError:
             return
-        family = CounterMetricFamily("ttsq_worker_restarts", "Times the launcher restarted this node.",
-                                     labels=["node"])
+        family = CounterMetricFamily("ttsq_worker_restarts", "Times the launcher restarted this node.", labels=["node"])
         family.add_metric([self.node], restarts)
         yield family
 
@@ -236,8 +251,9 @@ class _NvmlCollector(Collector):
         return cls(pynvml, handles) if handles else None
 
     def collect(self) -> Iterator[Metric]:
-        util = GaugeMetricFamily("ttsq_gpu_utilization_ratio", "GPU busy fraction over the last sample (NVML).",
-                                 labels=["device"])
+        util = GaugeMetricFamily(
+            "ttsq_gpu_utilization_ratio", "GPU busy fraction over the last sample (NVML).", labels=["device"]
+        )
         used = GaugeMetricFamily("ttsq_gpu_memory_used_bytes", "GPU memory in use (NVML).", labels=["device"])
         total = GaugeMetricFamily("ttsq_gpu_memory_total_bytes", "GPU memory (NVML).", labels=["device"])
         for device, handle in self._handles:

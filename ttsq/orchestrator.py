@@ -105,8 +105,13 @@ class Orchestrator:
 
         runtime = self.runtime
         identity = runtime.engine.identity
-        document = Document.parse(kwargs, limits=runtime.limits, max_document_chars=self.settings.max_document_chars,
-                                  identity=identity, default_options=Options.from_settings(self.settings))
+        document = Document.parse(
+            kwargs,
+            limits=runtime.limits,
+            max_document_chars=self.settings.max_document_chars,
+            identity=identity,
+            default_options=Options.from_settings(self.settings),
+        )
         key = document.key(identity)
         task_id = task.request.id
         stored = self.stored(key)
@@ -127,10 +132,14 @@ class Orchestrator:
             logger.warning("document %s: could not store progress: %s", task_id, type(exc).__name__)
         ids = [str(uuid.uuid4()) for _ in unique]
         header = [
-            self.app.signature(TASK_NAME, kwargs=request.to_dict(), queue=queue, task_id=ids[index],
-                               headers={SENT_AT_HEADER: time.time(),
-                                        DOCUMENT_HEADER: {"id": task_id, "index": index, "total": total}},
-                               kwargsrepr=f"document chunk {index + 1}/{total} {request.describe()}")
+            self.app.signature(
+                TASK_NAME,
+                kwargs=request.to_dict(),
+                queue=queue,
+                task_id=ids[index],
+                headers={SENT_AT_HEADER: time.time(), DOCUMENT_HEADER: {"id": task_id, "index": index, "total": total}},
+                kwargsrepr=f"document chunk {index + 1}/{total} {request.describe()}",
+            )
             for index, request in enumerate(unique)
         ]
         plan = {
@@ -139,17 +148,29 @@ class Orchestrator:
             "seed": seed,
             "characters": len(document.text),
             "options": asdict(document.options),
-            "chunks": [{"key": chunk_key, "start": chunk.start, "end": chunk.end, "boundary": chunk.boundary,
-                        # Sentence offsets and reading weights: enough to place them in time, no text.
-                        "sentences": [[s.start, s.end, reading_seconds(document.text[s.start:s.end])]
-                                      for s in chunk.sentences]}
-                       for chunk_key, chunk in zip(keys, document.chunks, strict=True)],
+            "chunks": [
+                {
+                    "key": chunk_key,
+                    "start": chunk.start,
+                    "end": chunk.end,
+                    "boundary": chunk.boundary,
+                    # Sentence offsets and reading weights: enough to place them in time, no text.
+                    "sentences": [
+                        [s.start, s.end, reading_seconds(document.text[s.start : s.end])] for s in chunk.sentences
+                    ],
+                }
+                for chunk_key, chunk in zip(keys, document.chunks, strict=True)
+            ],
         }
-        body = self.app.signature(STITCH_TASK_NAME, kwargs={"plan": plan}, queue=queue,
-                                  # Its argument is the chunk results, signed URLs and all: keep them out
-                                  # of its task-sent event (Flower, `celery events`).
-                                  argsrepr=f"<{total} chunk results>",
-                                  kwargsrepr=f"stitch {total} chunks into {key[:12]}")
+        body = self.app.signature(
+            STITCH_TASK_NAME,
+            kwargs={"plan": plan},
+            queue=queue,
+            # Its argument is the chunk results, signed URLs and all: keep them out
+            # of its task-sent event (Flower, `celery events`).
+            argsrepr=f"<{total} chunk results>",
+            kwargsrepr=f"stitch {total} chunks into {key[:12]}",
+        )
         logger.info("document %s: %d chunks (%d characters) for %s", task_id, total, len(document.text), key[:12])
         try:
             return task.replace(chord(header, body))
@@ -166,8 +187,12 @@ class Orchestrator:
         header = sender.request.get(DOCUMENT_HEADER) if sender is not None and sender.request is not None else None
         if header is None or not isinstance(result, Mapping):
             return
-        if not (isinstance(header, Mapping) and isinstance(header.get("id"), str)
-                and isinstance(header.get("index"), int) and isinstance(header.get("total"), int)):
+        if not (
+            isinstance(header, Mapping)
+            and isinstance(header.get("id"), str)
+            and isinstance(header.get("index"), int)
+            and isinstance(header.get("total"), int)
+        ):
             return  # not ours to trust; the chunk itself is done
         try:
             self._chunk_done(header["id"], header["total"], header["index"], float(result["duration_s"]))
@@ -208,8 +233,9 @@ class Orchestrator:
                 pipe.expire(hash_key, self.settings.result_ttl_s)
             pipe.hvals(hash_key)
             values = pipe.execute()[-1]
-            progress = Progress(chunks_done=len(values), chunks_total=total,
-                                audio_s=round(sum(float(v) for v in values), 3))
+            progress = Progress(
+                chunks_done=len(values), chunks_total=total, audio_s=round(sum(float(v) for v in values), 3)
+            )
             self._store_progress(doc_id, progress)
         return progress
 
@@ -218,8 +244,14 @@ class Orchestrator:
         redelivered after the stitch (or a stitch finishing meanwhile) never turns its result back
         into progress. The record has the shape Celery's Redis backend writes and publishes."""
         backend = self.app.backend
-        meta: dict[str, Any] = {"status": PROGRESS_STATE, "result": dict(progress), "traceback": None, "children": [],
-                "date_done": None, "task_id": doc_id}
+        meta: dict[str, Any] = {
+            "status": PROGRESS_STATE,
+            "result": dict(progress),
+            "traceback": None,
+            "children": [],
+            "date_done": None,
+            "task_id": doc_id,
+        }
         expires = int(backend.expires or 0)
         backend.client.eval(_PROGRESS_UNLESS_DONE, 1, backend.get_key_for_task(doc_id), backend.encode(meta), expires)
 
@@ -234,8 +266,11 @@ class Orchestrator:
         if stored is not None:  # a redelivered stitch, or a twin document that finished first
             runtime.cache.release(key, task_id)
             return runtime.results.document(stored, cached=True)
-        cached_keys = {r["key"] for r in results if isinstance(r, Mapping) and r.get("cached")} \
-            if isinstance(results, list) else set()
+        cached_keys = (
+            {r["key"] for r in results if isinstance(r, Mapping) and r.get("cached")}
+            if isinstance(results, list)
+            else set()
+        )
         options = Options(**plan["options"])
         started = time.perf_counter()
         pieces: list[npt.NDArray[np.float32]] = []
@@ -247,11 +282,14 @@ class Orchestrator:
             if entry is None:
                 # The chord fired without this chunk stored (a duplicate counted for it): not yet. Its
                 # own job is still queued or running, so wait as long as one job may take.
-                raise task.retry(countdown=2, max_retries=max(30, self.settings.job_timeout_s // 2 + 1),
-                                 exc=JobFailed(f"chunk {chunk['key'][:12]} of document {key[:12]} is not stored"),
-                                 # Celery drops these on retry; the arguments hold signed URLs.
-                                 argsrepr=f"<{len(plan['chunks'])} chunk results>",
-                                 kwargsrepr=f"stitch into {key[:12]}")
+                raise task.retry(
+                    countdown=2,
+                    max_retries=max(30, self.settings.job_timeout_s // 2 + 1),
+                    exc=JobFailed(f"chunk {chunk['key'][:12]} of document {key[:12]} is not stored"),
+                    # Celery drops these on retry; the arguments hold signed URLs.
+                    argsrepr=f"<{len(plan['chunks'])} chunk results>",
+                    kwargsrepr=f"stitch into {key[:12]}",
+                )
             if entry["object_key"] not in decoded:  # a repeated chunk is read once
                 decoded[entry["object_key"]] = decode(runtime.storage.get(entry["object_key"]))
             samples, chunk_rate = decoded[entry["object_key"]]
@@ -267,20 +305,42 @@ class Orchestrator:
             encoded = probe(runtime.storage.get(target), plan["format"])
         identity = runtime.engine.identity
         ignored = sorted({name for entry in entries for name in entry["ignored"]})
-        audio_entry = StoredAudio(object_key=target, format=plan["format"], content_type=encoded.content_type,
-                                  sample_rate=encoded.sample_rate, duration_s=encoded.duration_s,
-                                  bytes=len(encoded.data), engine=identity.engine, model=identity.model,
-                                  model_revision=identity.revision,
-                                  truncated=any(entry["truncated"] for entry in entries), ignored=ignored)
-        record = {"key": key, "audio": audio_entry, "chunks": spans,
-                  "document": DocumentInfo(chunks=len(spans), cached_chunks=sum(span["cached"] for span in spans),
-                                           characters=plan["characters"], seed=plan["seed"])}
+        audio_entry = StoredAudio(
+            object_key=target,
+            format=plan["format"],
+            content_type=encoded.content_type,
+            sample_rate=encoded.sample_rate,
+            duration_s=encoded.duration_s,
+            bytes=len(encoded.data),
+            engine=identity.engine,
+            model=identity.model,
+            model_revision=identity.revision,
+            truncated=any(entry["truncated"] for entry in entries),
+            ignored=ignored,
+        )
+        record = {
+            "key": key,
+            "audio": audio_entry,
+            "chunks": spans,
+            "document": DocumentInfo(
+                chunks=len(spans),
+                cached_chunks=sum(span["cached"] for span in spans),
+                characters=plan["characters"],
+                seed=plan["seed"],
+            ),
+        }
         # Last: the index never points at an object that is not there.
         self._redis.set(DOCUMENT_PREFIX + key, canonical_json(record).decode(), ex=self.settings.cache_ttl_s or None)
         runtime.cache.release(key, task_id)
         self._redis.delete(PROGRESS_PREFIX + task_id)
-        logger.info("document %s: stitched %d chunks into %s (%.2fs audio) in %.2fs", task_id, len(spans), key[:12],
-                    encoded.duration_s, time.perf_counter() - started)
+        logger.info(
+            "document %s: stitched %d chunks into %s (%.2fs audio) in %.2fs",
+            task_id,
+            len(spans),
+            key[:12],
+            encoded.duration_s,
+            time.perf_counter() - started,
+        )
         return runtime.results.document(record, cached=False)
 
     def stored(self, key: str) -> dict[str, Any] | None:
@@ -323,19 +383,33 @@ def stop_listening(backend: Any, task_ids: Sequence[str], *, unless_waited: bool
             logger.debug("could not unsubscribe from a result: %s", type(exc).__name__)
 
 
-def _join(pieces: Sequence[npt.NDArray[np.float32]], rate: int, chunks: Sequence[Mapping[str, Any]],
-          options: Options) -> tuple[npt.NDArray[np.float32], list[ChunkSpan]]:
+def _join(
+    pieces: Sequence[npt.NDArray[np.float32]], rate: int, chunks: Sequence[Mapping[str, Any]], options: Options
+) -> tuple[npt.NDArray[np.float32], list[ChunkSpan]]:
     """Concatenate chunk audio: crossfade after a ``split`` chunk, silence after a sentence or paragraph."""
     boundaries = [str(chunk["boundary"]) for chunk in chunks]
-    crossfades = [options.crossfade_ms if index and boundaries[index - 1] == "split" else 0
-                  for index in range(len(chunks))]
-    pauses = [{"sentence": options.sentence_pause_ms, "paragraph": options.paragraph_pause_ms}.get(boundary, 0)
-              for boundary in boundaries]
+    crossfades = [
+        options.crossfade_ms if index and boundaries[index - 1] == "split" else 0 for index in range(len(chunks))
+    ]
+    pauses = [
+        {"sentence": options.sentence_pause_ms, "paragraph": options.paragraph_pause_ms}.get(boundary, 0)
+        for boundary in boundaries
+    ]
     audio, edges = join(pieces, rate, crossfades_ms=crossfades, pauses_ms=pauses)
-    spans = [ChunkSpan(index=index, key=str(chunk["key"]), start_char=int(chunk["start"]), end_char=int(chunk["end"]),
-                       start_s=round(start / rate, 4), end_s=round(end / rate, 4), boundary=str(chunk["boundary"]),
-                       cached=False, sentences=_sentence_spans(chunk["sentences"], start / rate, end / rate))
-             for index, (chunk, (start, end)) in enumerate(zip(chunks, edges, strict=True))]
+    spans = [
+        ChunkSpan(
+            index=index,
+            key=str(chunk["key"]),
+            start_char=int(chunk["start"]),
+            end_char=int(chunk["end"]),
+            start_s=round(start / rate, 4),
+            end_s=round(end / rate, 4),
+            boundary=str(chunk["boundary"]),
+            cached=False,
+            sentences=_sentence_spans(chunk["sentences"], start / rate, end / rate),
+        )
+        for index, (chunk, (start, end)) in enumerate(zip(chunks, edges, strict=True))
+    ]
     return audio, spans
 
 
@@ -347,8 +421,9 @@ def _sentence_spans(sentences: Sequence[Sequence[float]], start_s: float, end_s:
     at = start_s
     for (s_start, s_end, _), weight in zip(sentences, weights, strict=True):
         until = at + (end_s - start_s) * weight / total
-        spans.append(SentenceSpan(start_char=int(s_start), end_char=int(s_end), start_s=round(at, 4),
-                                  end_s=round(until, 4)))
+        spans.append(
+            SentenceSpan(start_char=int(s_start), end_char=int(s_end), start_s=round(at, 4), end_s=round(until, 4))
+        )
         at = until
     if spans:
         spans[-1]["end_s"] = round(end_s, 4)

@@ -23,8 +23,17 @@ from urllib.parse import urlsplit, urlunsplit
 from celery.worker.request import Request
 
 #: Request fields whose value is short, fixed vocabulary or a number: shown as they are (truncated).
-_PLAIN_FIELDS = ("mode", "language", "format", "seed", "temperature", "top_p", "top_k",
-                 "repetition_penalty", "max_new_tokens")
+_PLAIN_FIELDS = (
+    "mode",
+    "language",
+    "format",
+    "seed",
+    "temperature",
+    "top_p",
+    "top_k",
+    "repetition_penalty",
+    "max_new_tokens",
+)
 _URL = re.compile(r"""(['"]url['"]:\s*)(['"])[^'"]*(\2|$)""")
 
 

@@ -29,16 +29,38 @@ FORMATS: tuple[str, ...] = get_args(AudioFormat)
 
 #: The ten languages Qwen3-TTS speaks, by the lowercase English name qwen-tts uses, plus "auto".
 LANGUAGES: tuple[str, ...] = (
-    "auto", "chinese", "english", "japanese", "korean", "german",
-    "french", "russian", "portuguese", "spanish", "italian",
+    "auto",
+    "chinese",
+    "english",
+    "japanese",
+    "korean",
+    "german",
+    "french",
+    "russian",
+    "portuguese",
+    "spanish",
+    "italian",
 )
 _LANGUAGE_ALIASES: dict[str, str] = {
-    "zh": "chinese", "zh-cn": "chinese", "cmn": "chinese", "mandarin": "chinese", "中文": "chinese",
-    "en": "english", "eng": "english",
-    "ja": "japanese", "jp": "japanese", "日本語": "japanese",
-    "ko": "korean", "kor": "korean", "한국어": "korean",
-    "de": "german", "fr": "french", "ru": "russian", "pt": "portuguese",
-    "es": "spanish", "it": "italian",
+    "zh": "chinese",
+    "zh-cn": "chinese",
+    "cmn": "chinese",
+    "mandarin": "chinese",
+    "中文": "chinese",
+    "en": "english",
+    "eng": "english",
+    "ja": "japanese",
+    "jp": "japanese",
+    "日本語": "japanese",
+    "ko": "korean",
+    "kor": "korean",
+    "한국어": "korean",
+    "de": "german",
+    "fr": "french",
+    "ru": "russian",
+    "pt": "portuguese",
+    "es": "spanish",
+    "it": "italian",
 }
 
 # Sampling ranges: wide enough for every sane use, narrow enough that a typo is caught at the edge.
@@ -119,8 +141,9 @@ class SynthesisRequest:
         speaker = _clean_text("speaker", data.get("speaker", ""), 64).lower()
         reference = _clean_text("reference", data.get("reference", ""), 1024)
         if reference and not REFERENCE_PATTERN.fullmatch(reference):
-            raise InvalidRequest("reference", "expected a voice key like voices/<64 hex digits>.wav, "
-                                              "as printed by `ttsq voices add`")
+            raise InvalidRequest(
+                "reference", "expected a voice key like voices/<64 hex digits>.wav, as printed by `ttsq voices add`"
+            )
 
         if mode == "custom_voice" and not speaker:
             raise InvalidRequest("speaker", "is required for mode custom_voice")
@@ -139,8 +162,16 @@ class SynthesisRequest:
 
         numbers["deadline"] = _deadline(data.get("deadline"))
 
-        return cls(text=text, mode=cast(Mode, mode), language=language, instruct=instruct, speaker=speaker,
-                   reference=reference, format=cast(AudioFormat, fmt), **numbers)
+        return cls(
+            text=text,
+            mode=cast(Mode, mode),
+            language=language,
+            instruct=instruct,
+            speaker=speaker,
+            reference=reference,
+            format=cast(AudioFormat, fmt),
+            **numbers,
+        )
 
     def expired(self, now: float | None = None) -> bool:
         """Whether the deadline has passed."""
@@ -231,8 +262,16 @@ class JobResult(StoredAudio):
 
 def no_timings() -> Timings:
     """All stages zero: a result answered from the cache by the producer."""
-    return Timings(queue_wait_s=0.0, batch_wait_s=0.0, synthesis_s=0.0, device_s=0.0, encode_s=0.0, upload_s=0.0,
-                   index_s=0.0, worker_s=0.0)
+    return Timings(
+        queue_wait_s=0.0,
+        batch_wait_s=0.0,
+        synthesis_s=0.0,
+        device_s=0.0,
+        encode_s=0.0,
+        upload_s=0.0,
+        index_s=0.0,
+        worker_s=0.0,
+    )
 
 
 def _clean_text(name: str, value: Any, max_chars: int, *, required: bool = False) -> str:
@@ -274,8 +313,7 @@ def _language(value: Any) -> str:
     lowered = value.strip().lower()
     language = _LANGUAGE_ALIASES.get(lowered, lowered)
     if language not in LANGUAGES:
-        raise InvalidRequest("language",
-                             f"unknown language {value[:40]!r}; expected one of {', '.join(LANGUAGES)}")
+        raise InvalidRequest("language", f"unknown language {value[:40]!r}; expected one of {', '.join(LANGUAGES)}")
     return language
 
 

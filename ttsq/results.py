@@ -39,18 +39,35 @@ class Results:
         """A URL for a stored object, valid for ``TTSQ_URL_EXPIRY_S``."""
         return self._storage().url(object_key, self.expires_s)
 
-    def job(self, key: str, stored: StoredAudio, *, cached: bool, batch_size: int = 0,
-            timings: Timings | None = None) -> JobResult:
+    def job(
+        self, key: str, stored: StoredAudio, *, cached: bool, batch_size: int = 0, timings: Timings | None = None
+    ) -> JobResult:
         """The result of ``ttsq.synthesize`` for stored audio."""
-        return JobResult(key=key, url=self.sign(stored["object_key"]), url_expires_s=self.expires_s, cached=cached,
-                         **stored, batch_size=batch_size, timings=timings or no_timings(), worker=self.worker)
+        return JobResult(
+            key=key,
+            url=self.sign(stored["object_key"]),
+            url_expires_s=self.expires_s,
+            cached=cached,
+            **stored,
+            batch_size=batch_size,
+            timings=timings or no_timings(),
+            worker=self.worker,
+        )
 
     def document(self, record: dict[str, Any], *, cached: bool) -> DocumentResult:
         """The result of ``ttsq.document`` for a stitched document's index record."""
         base: dict[str, Any] = dict(record["audio"])
-        base.update(key=record["key"], url=self.sign(record["audio"]["object_key"]), url_expires_s=self.expires_s,
-                    cached=cached, batch_size=0, timings=no_timings(), worker=self.worker,
-                    document=record["document"], chunks=record["chunks"])
+        base.update(
+            key=record["key"],
+            url=self.sign(record["audio"]["object_key"]),
+            url_expires_s=self.expires_s,
+            cached=cached,
+            batch_size=0,
+            timings=no_timings(),
+            worker=self.worker,
+            document=record["document"],
+            chunks=record["chunks"],
+        )
         return cast("DocumentResult", base)
 
     def refresh(self, result: JobResult) -> JobResult:

@@ -147,8 +147,11 @@ class SlotScheduler:
             if isinstance(output, Exception):
                 waiting.future.set_exception(output if isinstance(output, TTSQError) else EngineError(repr(output)))
             else:
-                self.observer.batch_finished(BatchReport(size=rows, seconds=charge[0], audio_s=audio_seconds(output),
-                                                         truncated=int(output.truncated)))
+                self.observer.batch_finished(
+                    BatchReport(
+                        size=rows, seconds=charge[0], audio_s=audio_seconds(output), truncated=int(output.truncated)
+                    )
+                )
                 waiting.future.set_result(BatchItem(output, batch_id, rows, seconds, charge[0]))
             bookkeep([waiting.on_exit])
 

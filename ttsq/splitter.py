@@ -53,14 +53,92 @@ _CLAUSE_MARKS = ",;:—–"
 _CJK_CLAUSE_MARKS = "，、；：﹐﹑"
 # Words that end with a dot but rarely end a sentence (English, German, Spanish, French, Italian,
 # Portuguese, Russian).
-_ABBREVIATIONS = frozenset({
-    "nr", "hr", "fr", "str", "tel", "sig", "sigg", "dott", "ing", "avv", "exmo", "exma", "ул", "им", "проф", "тов",
-    "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "al", "e.g", "i.e", "no", "nos", "vol", "fig", "figs",
-    "approx", "dept", "est", "inc", "ltd", "co", "corp", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep",
-    "sept", "oct", "nov", "dec", "mt", "ft", "cf", "ca", "p", "pp", "ed", "eds", "rev", "gen", "gov", "sen", "rep",
-    "u.s", "u.k", "a.m", "p.m", "z.b", "d.h", "usw", "bzw", "sra", "sres", "dra", "srta", "av", "ud", "uds", "a.c",
-    "d.c",
-})
+_ABBREVIATIONS = frozenset(
+    {
+        "nr",
+        "hr",
+        "fr",
+        "str",
+        "tel",
+        "sig",
+        "sigg",
+        "dott",
+        "ing",
+        "avv",
+        "exmo",
+        "exma",
+        "ул",
+        "им",
+        "проф",
+        "тов",
+        "mr",
+        "mrs",
+        "ms",
+        "dr",
+        "prof",
+        "sr",
+        "jr",
+        "st",
+        "vs",
+        "al",
+        "e.g",
+        "i.e",
+        "no",
+        "nos",
+        "vol",
+        "fig",
+        "figs",
+        "approx",
+        "dept",
+        "est",
+        "inc",
+        "ltd",
+        "co",
+        "corp",
+        "jan",
+        "feb",
+        "mar",
+        "apr",
+        "jun",
+        "jul",
+        "aug",
+        "sep",
+        "sept",
+        "oct",
+        "nov",
+        "dec",
+        "mt",
+        "ft",
+        "cf",
+        "ca",
+        "p",
+        "pp",
+        "ed",
+        "eds",
+        "rev",
+        "gen",
+        "gov",
+        "sen",
+        "rep",
+        "u.s",
+        "u.k",
+        "a.m",
+        "p.m",
+        "z.b",
+        "d.h",
+        "usw",
+        "bzw",
+        "sra",
+        "sres",
+        "dra",
+        "srta",
+        "av",
+        "ud",
+        "uds",
+        "a.c",
+        "d.c",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -108,8 +186,7 @@ def split(text: str, *, target_chars: int, max_chars: int) -> list[Chunk]:
     paragraphs = normalized.split(PARAGRAPH)
     for number, paragraph in enumerate(paragraphs):
         last_paragraph = number == len(paragraphs) - 1
-        units = [piece for start, end in _sentences(paragraph)
-                 for piece in _pieces(paragraph, start, end, max_chars)]
+        units = [piece for start, end in _sentences(paragraph) for piece in _pieces(paragraph, start, end, max_chars)]
         packed = _pack(paragraph, units, target_chars, max_chars)
         base = position  # where this paragraph starts in the normalized input
         for index, (start, end, boundary) in enumerate(packed):
@@ -118,10 +195,12 @@ def split(text: str, *, target_chars: int, max_chars: int) -> list[Chunk]:
                 boundary = "end" if last_paragraph else "paragraph"
                 if not last_paragraph:
                     raw += PARAGRAPH
-            sentences = tuple(Sentence(base + s, base + s + len(paragraph[s:e].rstrip()))
-                              for s, e, _ in units if start <= s < end)
-            chunks.append(Chunk(raw=raw, start=position, end=position + len(raw), boundary=boundary,
-                                sentences=sentences))
+            sentences = tuple(
+                Sentence(base + s, base + s + len(paragraph[s:e].rstrip())) for s, e, _ in units if start <= s < end
+            )
+            chunks.append(
+                Chunk(raw=raw, start=position, end=position + len(raw), boundary=boundary, sentences=sentences)
+            )
             position += len(raw)
     return chunks
 
@@ -148,8 +227,14 @@ def _sentences(paragraph: str) -> list[tuple[int, int]]:
             marks = _skip(paragraph, i + 1, _LATIN_ENDS)
             j = _spaced_closers(paragraph, _skip(paragraph, marks, _CLOSERS))
             run = paragraph[i:marks]
-            if (i > 0 and j < n and _is_cjk(paragraph[i - 1]) and _is_cjk(paragraph[j])
-                    and "…" not in run and ".." not in run):  # 我想……也许: an ellipsis inside a sentence
+            if (
+                i > 0
+                and j < n
+                and _is_cjk(paragraph[i - 1])
+                and _is_cjk(paragraph[j])
+                and "…" not in run
+                and ".." not in run
+            ):  # 我想……也许: an ellipsis inside a sentence
                 spans.append((start, j))  # "다.그는", "你好!我": CJK and Hangul need no space after a mark
                 start = i = j
                 continue
@@ -197,9 +282,15 @@ def _spaced_closers(text: str, i: int) -> int:
 def _is_cjk(ch: str) -> bool:
     """A Han, kana or Hangul character: scripts that need no space after a sentence mark."""
     code = ord(ch)
-    return (0x3040 <= code <= 0x30FF or 0x3400 <= code <= 0x4DBF or 0x4E00 <= code <= 0x9FFF
-            or 0xAC00 <= code <= 0xD7A3 or 0x1100 <= code <= 0x11FF or 0x3130 <= code <= 0x318F
-            or 0xF900 <= code <= 0xFAFF)
+    return (
+        0x3040 <= code <= 0x30FF
+        or 0x3400 <= code <= 0x4DBF
+        or 0x4E00 <= code <= 0x9FFF
+        or 0xAC00 <= code <= 0xD7A3
+        or 0x1100 <= code <= 0x11FF
+        or 0x3130 <= code <= 0x318F
+        or 0xF900 <= code <= 0xFAFF
+    )
 
 
 def _digit_around(text: str, i: int) -> bool:
@@ -242,8 +333,9 @@ def _best_cut(text: str, start: int, limit: int) -> int:
     return cut
 
 
-def _pack(paragraph: str, units: list[tuple[int, int, Boundary]], target_chars: int,
-          max_chars: int) -> list[tuple[int, int, Boundary]]:
+def _pack(
+    paragraph: str, units: list[tuple[int, int, Boundary]], target_chars: int, max_chars: int
+) -> list[tuple[int, int, Boundary]]:
     """Consecutive units grouped while the group stays within ``target_chars``; a unit never splits."""
     chunks: list[tuple[int, int, Boundary]] = []
     for start, end, boundary in units:

@@ -108,8 +108,15 @@ class FleetStats:
 
 def worker_info(*, node: str, engine: str, model: str, device: str, started_at: float, jobs: int) -> dict[str, Any]:
     """The heartbeat a worker publishes."""
-    return {"node": node, "engine": engine, "model": model, "device": device, "pid": os.getpid(),
-            "started_at": started_at, "jobs": jobs}
+    return {
+        "node": node,
+        "engine": engine,
+        "model": model,
+        "device": device,
+        "pid": os.getpid(),
+        "started_at": started_at,
+        "jobs": jobs,
+    }
 
 
 class FleetObserver(Observer):

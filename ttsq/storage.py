@@ -98,9 +98,18 @@ class LocalStorage:
 class S3Storage:
     """S3, MinIO, R2 or any S3-compatible store, through boto3."""
 
-    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str = "", region: str = "",
-                 public_endpoint_url: str = "", attempts: int = 3, backoff_s: Callable[[int], float] | None = None,
-                 timeout_s: float = 10) -> None:
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str = "",
+        region: str = "",
+        public_endpoint_url: str = "",
+        attempts: int = 3,
+        backoff_s: Callable[[int], float] | None = None,
+        timeout_s: float = 10,
+    ) -> None:
         import boto3
         from botocore.config import Config
 
@@ -119,11 +128,15 @@ class S3Storage:
         )
         # Credentials come from boto3's chain (environment, shared config, instance role), never
         # from ttsq settings, task arguments or results.
-        self._client: Any = boto3.client("s3", endpoint_url=endpoint_url or None,
-                                         region_name=region or None, config=config)
+        self._client: Any = boto3.client(
+            "s3", endpoint_url=endpoint_url or None, region_name=region or None, config=config
+        )
         # Presigning is offline; a second client signs for the address clients use, when it differs.
-        self._signer: Any = self._client if not public_endpoint_url else boto3.client(
-            "s3", endpoint_url=public_endpoint_url, region_name=region or None, config=config)
+        self._signer: Any = (
+            self._client
+            if not public_endpoint_url
+            else boto3.client("s3", endpoint_url=public_endpoint_url, region_name=region or None, config=config)
+        )
 
     def put(self, key: str, data: bytes, content_type: str) -> bool:
         if self.exists(key):
@@ -145,7 +158,8 @@ class S3Storage:
 
     def url(self, key: str, expires_s: int) -> str:
         url: str = self._signer.generate_presigned_url(
-            "get_object", Params={"Bucket": self.bucket, "Key": self.prefix + key}, ExpiresIn=expires_s)
+            "get_object", Params={"Bucket": self.bucket, "Key": self.prefix + key}, ExpiresIn=expires_s
+        )
         return url
 
     def _call(self, method: str, **params: Any) -> Any:
@@ -167,12 +181,20 @@ class S3Storage:
             except Exception as exc:  # botocore raises many unrelated types for one outage
                 error = exc
             if attempt == self.attempts:
-                raise StorageError(f"s3 {method} {params.get('Key', '')}: gave up after {attempt} tries in "
-                                   f"{time.monotonic() - started:.1f}s: {error}") from error
+                raise StorageError(
+                    f"s3 {method} {params.get('Key', '')}: gave up after {attempt} tries in "
+                    f"{time.monotonic() - started:.1f}s: {error}"
+                ) from error
             cap = self.backoff_s(attempt - 1)
             pause = cap / 2 + random.uniform(0, cap / 2)  # equal jitter
-            logger.warning("s3 %s failed (try %d of %d: %s); trying again in %.2fs", method, attempt,
-                           self.attempts, type(error).__name__, pause)
+            logger.warning(
+                "s3 %s failed (try %d of %d: %s); trying again in %.2fs",
+                method,
+                attempt,
+                self.attempts,
+                type(error).__name__,
+                pause,
+            )
             time.sleep(pause)
         raise AssertionError("unreachable")
 
@@ -186,10 +208,16 @@ def open_storage(settings: Settings) -> Storage:
     url = settings.storage_url
     if url.startswith("s3://"):
         parsed = urlparse(url)
-        return S3Storage(parsed.netloc, parsed.path, endpoint_url=settings.s3_endpoint_url,
-                         region=settings.s3_region, public_endpoint_url=settings.s3_public_endpoint_url,
-                         attempts=settings.storage_attempts, backoff_s=settings.storage_backoff_s,
-                         timeout_s=settings.storage_timeout_s)
+        return S3Storage(
+            parsed.netloc,
+            parsed.path,
+            endpoint_url=settings.s3_endpoint_url,
+            region=settings.s3_region,
+            public_endpoint_url=settings.s3_public_endpoint_url,
+            attempts=settings.storage_attempts,
+            backoff_s=settings.storage_backoff_s,
+            timeout_s=settings.storage_timeout_s,
+        )
     if url.startswith("file://"):
         return LocalStorage(urlparse(url).path)
     if "://" in url:

@@ -66,9 +66,18 @@ class _Child:
 class Supervisor:
     """Runs and supervises one worker process per slot until told to stop."""
 
-    def __init__(self, settings: Settings, slots: Sequence[Slot], *, host: str,
-                 environ: Mapping[str, str] | None = None, backoff_initial_s: float = 1.0,
-                 backoff_max_s: float = 30.0, stable_s: float = 60.0, kill_grace_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        slots: Sequence[Slot],
+        *,
+        host: str,
+        environ: Mapping[str, str] | None = None,
+        backoff_initial_s: float = 1.0,
+        backoff_max_s: float = 30.0,
+        stable_s: float = 60.0,
+        kill_grace_s: float = 10.0,
+    ) -> None:
         if not slots:
             raise ValueError("a supervisor needs at least one slot")
         self.settings = settings
@@ -78,8 +87,7 @@ class Supervisor:
         self.stable_s = stable_s
         self.kill_grace_s = kill_grace_s
         self.children = [
-            _Child(slot, f"{slot.name}@{host}",
-                   settings.metrics_port + index if settings.metrics_port else 0)
+            _Child(slot, f"{slot.name}@{host}", settings.metrics_port + index if settings.metrics_port else 0)
             for index, slot in enumerate(slots)
         ]
         self._signals = 0
@@ -113,16 +121,27 @@ class Supervisor:
             if self._signals and draining_since is None:
                 draining_since = now
                 live = self._send(signal.SIGTERM)
-                logger.info("draining: SIGTERM sent to %d worker(s); they finish the batches in flight "
-                            "(up to %ds; send SIGTERM again to stop harder)", live, self.settings.drain_timeout_s)
-            if draining_since is not None and hard_since is None and (
-                    self._signals >= 2 or now - draining_since >= self.settings.drain_timeout_s):
+                logger.info(
+                    "draining: SIGTERM sent to %d worker(s); they finish the batches in flight "
+                    "(up to %ds; send SIGTERM again to stop harder)",
+                    live,
+                    self.settings.drain_timeout_s,
+                )
+            if (
+                draining_since is not None
+                and hard_since is None
+                and (self._signals >= 2 or now - draining_since >= self.settings.drain_timeout_s)
+            ):
                 hard_since = now
                 why = "second signal" if self._signals >= 2 else f"drain timeout ({self.settings.drain_timeout_s}s)"
                 live = self._send(signal.SIGQUIT)
-                logger.warning("%s: cold shutdown (SIGQUIT) of %d worker(s); SIGKILL in %.0fs if still running. "
-                               "Unfinished jobs return to the queue (at once, or after the visibility timeout)",
-                               why, live, self.kill_grace_s)
+                logger.warning(
+                    "%s: cold shutdown (SIGQUIT) of %d worker(s); SIGKILL in %.0fs if still running. "
+                    "Unfinished jobs return to the queue (at once, or after the visibility timeout)",
+                    why,
+                    live,
+                    self.kill_grace_s,
+                )
                 code = 1
             if hard_since is not None and not killed and now - hard_since >= self.kill_grace_s:
                 killed = True
@@ -158,29 +177,51 @@ class Supervisor:
             logger.info("%s (pid %d) stopped: %s", child.node, process.pid, how)
             return 0 if returncode == 0 else 1
         if returncode == EXIT_CONFIG:
-            logger.error("%s (pid %d) exited with code 2 (bad settings or usage); not restarting it, "
-                         "stopping the launcher", child.node, process.pid)
+            logger.error(
+                "%s (pid %d) exited with code 2 (bad settings or usage); not restarting it, stopping the launcher",
+                child.node,
+                process.pid,
+            )
             return EXIT_CONFIG
         child.quick_exits = child.quick_exits + 1 if lived < self.stable_s else 1
         delay = min(self.backoff_max_s, self.backoff_initial_s * 2 ** (child.quick_exits - 1))
         child.restart_at = time.monotonic() + delay
         child.restarts += 1
         total = self._count_restart(child)
-        logger.warning("%s (pid %d) died: %s after %.1fs; restart #%d in %.1fs (%s restarts recorded in Redis)",
-                       child.node, process.pid, how, lived, child.restarts, delay, total)
+        logger.warning(
+            "%s (pid %d) died: %s after %.1fs; restart #%d in %.1fs (%s restarts recorded in Redis)",
+            child.node,
+            process.pid,
+            how,
+            lived,
+            child.restarts,
+            delay,
+            total,
+        )
         return 0
 
     def _spawn(self, child: _Child) -> None:
-        env = {**self.environ, **self.settings.to_env(),
-               "TTSQ_METRICS_PORT": str(child.metrics_port),
-               "CUDA_VISIBLE_DEVICES": child.slot.cuda_visible_devices}
+        env = {
+            **self.environ,
+            **self.settings.to_env(),
+            "TTSQ_METRICS_PORT": str(child.metrics_port),
+            "CUDA_VISIBLE_DEVICES": child.slot.cuda_visible_devices,
+        }
         child.process = subprocess.Popen(
             [sys.executable, "-m", "ttsq.cli.main", "worker", "-n", child.node],
-            env=env, start_new_session=True, preexec_fn=parent_death_signal())
+            env=env,
+            start_new_session=True,
+            preexec_fn=parent_death_signal(),
+        )
         child.started_at = time.monotonic()
         child.restart_at = None
-        logger.info("started %s (pid %d, CUDA_VISIBLE_DEVICES=%r, metrics port %s)", child.node,
-                    child.process.pid, child.slot.cuda_visible_devices, child.metrics_port or "off")
+        logger.info(
+            "started %s (pid %d, CUDA_VISIBLE_DEVICES=%r, metrics port %s)",
+            child.node,
+            child.process.pid,
+            child.slot.cuda_visible_devices,
+            child.metrics_port or "off",
+        )
 
     def _send(self, sig: signal.Signals) -> int:
         """Send ``sig`` to every live child; return how many there were."""

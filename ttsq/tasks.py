@@ -39,8 +39,12 @@ logger = logging.getLogger(__name__)
 #: Every ttsq task: acked after it returns (late acks), never added to other apps (``shared=False``:
 #: a second app in one process, as in tests and the embedded mode, would otherwise run the first
 #: app's closure with the first runtime), events and inspect replies redacted.
-_TASK_OPTIONS: dict[str, Any] = {"bind": True, "acks_late": True, "shared": False,
-                                 "Request": "ttsq.redaction:RedactedRequest"}
+_TASK_OPTIONS: dict[str, Any] = {
+    "bind": True,
+    "acks_late": True,
+    "shared": False,
+    "Request": "ttsq.redaction:RedactedRequest",
+}
 
 
 class GuardedTask(Task):  # type: ignore[misc]
@@ -59,9 +63,13 @@ class GuardedTask(Task):  # type: ignore[misc]
         def guarded(message: Any, body: Any, *args: Any, **kw: Any) -> Any:
             if "task" in (message.headers or {}):  # protocol 2; protocol 1 bodies are checked by Celery
                 payload = message.payload
-                if not (isinstance(payload, (list, tuple)) and len(payload) == 3
-                        and isinstance(payload[0], (list, tuple)) and isinstance(payload[1], dict)
-                        and isinstance(payload[2], (dict, type(None)))):
+                if not (
+                    isinstance(payload, (list, tuple))
+                    and len(payload) == 3
+                    and isinstance(payload[0], (list, tuple))
+                    and isinstance(payload[1], dict)
+                    and isinstance(payload[2], (dict, type(None)))
+                ):
                     raise InvalidTaskError("message body is not [args, kwargs, embed]")
             return handle(message, body, *args, **kw)
 
@@ -91,8 +99,12 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> Orchestrator:
             # A worker died holding it (or it outlived the visibility timeout): the rerun is harmless.
             logger.info("job %s: redelivered", self.request.id)
         try:
-            return runtime.run(kwargs, task_id=self.request.id, queue_wait_s=queue_wait,
-                               claimed_key=claim if isinstance(claim, str) else None)
+            return runtime.run(
+                kwargs,
+                task_id=self.request.id,
+                queue_wait_s=queue_wait,
+                claimed_key=claim if isinstance(claim, str) else None,
+            )
         except Exception as exc:
             if runtime.stopping:
                 # A cold shutdown closed this worker's connections under the job: give the message

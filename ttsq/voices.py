@@ -52,13 +52,15 @@ class Voice:
 def prepare_voice(data: bytes, transcript: str = "") -> tuple[str, bytes, bytes]:
     """Decode and normalize an uploaded recording: (object key, WAV bytes, metadata JSON bytes)."""
     if len(data) > MAX_REFERENCE_BYTES:
-        raise InvalidRequest("file", f"is {len(data) / 2**20:.0f} MiB; a reference must fit in "
-                                     f"{MAX_REFERENCE_BYTES // 2**20} MiB")
+        raise InvalidRequest(
+            "file", f"is {len(data) / 2**20:.0f} MiB; a reference must fit in {MAX_REFERENCE_BYTES // 2**20} MiB"
+        )
     samples, rate = _decode(data, field="file")
     duration = samples.size / rate
     if not MIN_REFERENCE_S <= duration <= MAX_REFERENCE_S:
-        raise InvalidRequest("file", f"is {duration:.1f}s of audio; a reference must last "
-                                     f"{MIN_REFERENCE_S:.0f}-{MAX_REFERENCE_S:.0f}s")
+        raise InvalidRequest(
+            "file", f"is {duration:.1f}s of audio; a reference must last {MIN_REFERENCE_S:.0f}-{MAX_REFERENCE_S:.0f}s"
+        )
     if not np.any(np.abs(samples) > 1e-4):
         raise InvalidRequest("file", "is silent")
     transcript = " ".join(transcript.split())
@@ -68,8 +70,11 @@ def prepare_voice(data: bytes, transcript: str = "") -> tuple[str, bytes, bytes]
     soundfile.write(buffer, samples, rate, format="WAV", subtype="PCM_16")
     wav = buffer.getvalue()
     digest = hashlib.sha256(wav + b"\0" + transcript.encode("utf-8")).hexdigest()
-    meta = json.dumps({"transcript": transcript, "sample_rate": rate, "duration_s": round(duration, 3)},
-                      ensure_ascii=False, sort_keys=True).encode("utf-8")
+    meta = json.dumps(
+        {"transcript": transcript, "sample_rate": rate, "duration_s": round(duration, 3)},
+        ensure_ascii=False,
+        sort_keys=True,
+    ).encode("utf-8")
     return f"voices/{digest}.wav", wav, meta
 
 

@@ -31,8 +31,9 @@ logger = logging.getLogger(__name__)
 class Watchdog:
     """Ends the process when the batcher is stuck past ``limit_s`` or has died."""
 
-    def __init__(self, batcher: Batcher, *, limit_s: float, interval_s: float = 1.0,
-                 exit: Callable[[int], object] = os._exit) -> None:
+    def __init__(
+        self, batcher: Batcher, *, limit_s: float, interval_s: float = 1.0, exit: Callable[[int], object] = os._exit
+    ) -> None:
         self.batcher = batcher
         self.limit_s = limit_s
         self.interval_s = interval_s
@@ -52,8 +53,10 @@ class Watchdog:
         """Why the worker must be restarted, or None while it is healthy."""
         busy = self.batcher.busy_s()
         if busy > self.limit_s:
-            return f"an engine call has run {busy:.0f}s, past the per-batch limit of {self.limit_s:.0f}s " \
-                   "(TTSQ_BATCH_TIMEOUT_S)"
+            return (
+                f"an engine call has run {busy:.0f}s, past the per-batch limit of {self.limit_s:.0f}s "
+                "(TTSQ_BATCH_TIMEOUT_S)"
+            )
         if not self.batcher.alive:
             return "the batcher thread has died"
         return None
@@ -62,8 +65,12 @@ class Watchdog:
         while not self._stopped.wait(self.interval_s):
             reason = self.check()
             if reason is not None and not self._stopped.is_set():
-                logger.critical("worker is stuck: %s; exiting with status %d so that its supervisor restarts it "
-                                "(its jobs are redelivered after the visibility timeout)", reason, EXIT_ENGINE_STUCK)
+                logger.critical(
+                    "worker is stuck: %s; exiting with status %d so that its supervisor restarts it "
+                    "(its jobs are redelivered after the visibility timeout)",
+                    reason,
+                    EXIT_ENGINE_STUCK,
+                )
                 for handler in logging.getLogger().handlers:
                     handler.flush()
                 sys.stderr.flush()

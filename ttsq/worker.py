@@ -51,8 +51,9 @@ logger = logging.getLogger(__name__)
 class WorkerRuntime:
     """Engine, batcher, storage and cache index of one worker process."""
 
-    def __init__(self, settings: Settings, *, node: str | None = None, device: str = "",
-                 gpus: list[str] | None = None) -> None:
+    def __init__(
+        self, settings: Settings, *, node: str | None = None, device: str = "", gpus: list[str] | None = None
+    ) -> None:
         self.settings = settings
         #: Celery node name; it names this worker in results, heartbeats and metrics.
         self.node = node or f"{settings.engine}@{socket.gethostname()}"
@@ -66,13 +67,13 @@ class WorkerRuntime:
         self.ledger = Ledger(settings.cache_url, ttl_s=settings.inflight_ttl_s, patience_s=WORKER_REDIS_PATIENCE_S)
         self.stats = FleetStats(settings.cache_url)
         self.results = Results(settings, lambda: self.storage, worker=self.node)
-        self.metrics = Metrics(node=self.node, broker_url=settings.broker_url, cache_url=settings.cache_url,
-                               gpus=gpus)
+        self.metrics = Metrics(node=self.node, broker_url=settings.broker_url, cache_url=settings.cache_url, gpus=gpus)
         self.fleet = FleetObserver(self.stats, self.cache)
         #: Everything that counts or exports what happens to a job listens here (``ttsq.observer``).
         self.observer = Observers([self.metrics, self.fleet])
-        self.batcher = Batcher(self.engine, max_batch=settings.max_batch, max_wait_s=settings.max_wait_ms / 1000,
-                               observer=self.observer)
+        self.batcher = Batcher(
+            self.engine, max_batch=settings.max_batch, max_wait_s=settings.max_wait_ms / 1000, observer=self.observer
+        )
         self._started_at = time.time()
         self.watchdog = Watchdog(self.batcher, limit_s=settings.batch_limit_s)
         self._stopping = threading.Event()
@@ -87,9 +88,17 @@ class WorkerRuntime:
             self._stopping.wait(HEARTBEAT_INTERVAL_S)
 
     def _send_heartbeat(self) -> None:
-        self.stats.heartbeat(self.node, worker_info(
-            node=self.node, engine=self.settings.engine, model=self.engine.identity.model, device=self.device,
-            started_at=self._started_at, jobs=self.fleet.jobs))
+        self.stats.heartbeat(
+            self.node,
+            worker_info(
+                node=self.node,
+                engine=self.settings.engine,
+                model=self.engine.identity.model,
+                device=self.device,
+                started_at=self._started_at,
+                jobs=self.fleet.jobs,
+            ),
+        )
 
     @staticmethod
     def _quietly(call: Any) -> None:
@@ -121,8 +130,14 @@ class WorkerRuntime:
         self.metrics.watch_queues(self.queues)
         self._started_at = time.time()
         self._stats_beat.start()
-        logger.info("engine %s ready in %.2fs (model %s, revision %s, max_batch %d)", self.settings.engine,
-                    time.perf_counter() - started, identity.model, identity.revision, self.settings.max_batch)
+        logger.info(
+            "engine %s ready in %.2fs (model %s, revision %s, max_batch %d)",
+            self.settings.engine,
+            time.perf_counter() - started,
+            identity.model,
+            identity.revision,
+            self.settings.max_batch,
+        )
 
     def close(self) -> None:
         """Finish queued batches, release the engine and connections."""
@@ -137,8 +152,9 @@ class WorkerRuntime:
         self.cache.close()
         self.ledger.close()
 
-    def run(self, kwargs: dict[str, Any], *, task_id: str, queue_wait_s: float | None,
-            claimed_key: str | None = None) -> JobResult:
+    def run(
+        self, kwargs: dict[str, Any], *, task_id: str, queue_wait_s: float | None, claimed_key: str | None = None
+    ) -> JobResult:
         """Run one job to a stored, indexed result.
 
         ``claimed_key`` is the key the producer claimed for this job; it is released however the job
@@ -162,13 +178,16 @@ class WorkerRuntime:
                 outcome = "cached"
             else:
                 if request.expired():
-                    raise DeadlineExceeded(f"deadline passed {time.time() - (request.deadline or 0):.1f}s before "
-                                           "synthesis; the job was dropped")
+                    raise DeadlineExceeded(
+                        f"deadline passed {time.time() - (request.deadline or 0):.1f}s before "
+                        "synthesis; the job was dropped"
+                    )
                 attempts = self.ledger.attempts(task_id)
                 if attempts >= self.settings.max_attempts:
                     self._park(kwargs, request, task_id, attempts)
-                result, written = self._synthesize(request, key, task_id=task_id, queue_wait_s=queue_wait_s,
-                                                   isolated=attempts > 0)
+                result, written = self._synthesize(
+                    request, key, task_id=task_id, queue_wait_s=queue_wait_s, isolated=attempts > 0
+                )
                 outcome = "synthesized"
             # Signed and ready: what is left (claim release, result store) belongs to the round trip.
             result["timings"]["worker_s"] = round(time.perf_counter() - started, 4)
@@ -180,30 +199,39 @@ class WorkerRuntime:
             outcome = "timeout"
             raise
         finally:
-            self.observer.job_finished(JobReport(task_id=task_id, outcome=outcome, queue_wait_s=queue_wait_s,
-                                                 result=result, written=written))
+            self.observer.job_finished(
+                JobReport(task_id=task_id, outcome=outcome, queue_wait_s=queue_wait_s, result=result, written=written)
+            )
             # Success or failure, this job no longer produces the key: let the next submit try.
             for claimed in {k for k in (key, claimed_key) if k is not None}:
                 self.cache.release(claimed, task_id)
 
     def _park(self, kwargs: dict[str, Any], request: SynthesisRequest, task_id: str, attempts: int) -> None:
-        error = (f"job {task_id} was in {attempts} engine calls that never returned (it crashed or hung its "
-                 f"worker each time); parked: `ttsq failed` lists it, `ttsq retry {task_id}` re-queues it")
+        error = (
+            f"job {task_id} was in {attempts} engine calls that never returned (it crashed or hung its "
+            f"worker each time); parked: `ttsq failed` lists it, `ttsq retry {task_id}` re-queues it"
+        )
         queue = queue_for(self.settings.queue, request.mode)  # where `ttsq retry` sends it back
-        self.ledger.park(ParkedJob(id=task_id, queue=queue, kwargs=kwargs, attempts=attempts,
-                                   error=error, parked_at=time.time()))
+        self.ledger.park(
+            ParkedJob(id=task_id, queue=queue, kwargs=kwargs, attempts=attempts, error=error, parked_at=time.time())
+        )
         self.observer.job_parked(task_id)
         logger.error("job %s parked after %d unfinished attempts", task_id, attempts)
         raise JobParked(error)
 
-    def _synthesize(self, request: SynthesisRequest, key: str, *, task_id: str,
-                    queue_wait_s: float | None, isolated: bool = False) -> tuple[JobResult, bool]:
+    def _synthesize(
+        self, request: SynthesisRequest, key: str, *, task_id: str, queue_wait_s: float | None, isolated: bool = False
+    ) -> tuple[JobResult, bool]:
         """The job's result, and whether this run wrote its object (an earlier run may have)."""
         queued = time.perf_counter()
         # A job that was in an engine call that never returned runs alone: if it is the one that
         # crashes workers, it takes no neighbour down with it this time.
-        future = self.batcher.submit(request, isolated=isolated, on_enter=lambda: self.ledger.charge(task_id),
-                                     on_exit=lambda: self.ledger.refund(task_id))
+        future = self.batcher.submit(
+            request,
+            isolated=isolated,
+            on_enter=lambda: self.ledger.charge(task_id),
+            on_exit=lambda: self.ledger.refund(task_id),
+        )
         try:
             item = future.result(timeout=self.settings.job_timeout_s)
         except FutureTimeout:
@@ -224,16 +252,37 @@ class WorkerRuntime:
         uploaded = time.perf_counter()
 
         identity = self.engine.identity
-        stored = StoredAudio(object_key=target, format=request.format, content_type=audio.content_type,
-                             sample_rate=audio.sample_rate, duration_s=audio.duration_s, bytes=len(audio.data),
-                             engine=identity.engine, model=identity.model, model_revision=identity.revision,
-                             truncated=item.output.truncated, ignored=list(item.output.ignored))
+        stored = StoredAudio(
+            object_key=target,
+            format=request.format,
+            content_type=audio.content_type,
+            sample_rate=audio.sample_rate,
+            duration_s=audio.duration_s,
+            bytes=len(audio.data),
+            engine=identity.engine,
+            model=identity.model,
+            model_revision=identity.revision,
+            truncated=item.output.truncated,
+            ignored=list(item.output.ignored),
+        )
         self.cache.put(key, stored)  # last: the index never points at an object that is not there
         indexed = time.perf_counter()
-        logger.info("job %s: synthesized %s in batch %d of %d (%.2fs audio)", task_id, key[:12],
-                    item.batch_id, item.batch_size, audio.duration_s)
-        timings = Timings(queue_wait_s=round(queue_wait_s or 0.0, 4), batch_wait_s=round(batch_wait_s, 4),
-                          synthesis_s=round(item.synthesis_s, 4), device_s=round(item.device_s, 4),
-                          encode_s=round(encoded - started, 4), upload_s=round(uploaded - encoded, 4),
-                          index_s=round(indexed - uploaded, 4), worker_s=0.0)
+        logger.info(
+            "job %s: synthesized %s in batch %d of %d (%.2fs audio)",
+            task_id,
+            key[:12],
+            item.batch_id,
+            item.batch_size,
+            audio.duration_s,
+        )
+        timings = Timings(
+            queue_wait_s=round(queue_wait_s or 0.0, 4),
+            batch_wait_s=round(batch_wait_s, 4),
+            synthesis_s=round(item.synthesis_s, 4),
+            device_s=round(item.device_s, 4),
+            encode_s=round(encoded - started, 4),
+            upload_s=round(uploaded - encoded, 4),
+            index_s=round(indexed - uploaded, 4),
+            worker_s=0.0,
+        )
         return self.results.job(key, stored, cached=False, batch_size=item.batch_size, timings=timings), written

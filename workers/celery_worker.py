@@ -70,15 +70,17 @@ class ReconnectingConsumer(Consumer):  # type: ignore[misc]
 def _dead_channel(*args: Any, **kwargs: Any) -> None:
     import redis
 
-    raise redis.exceptions.ConnectionError("the broker connection this message came on was lost; "
-                                           "Redis redelivers it after the visibility timeout")
+    raise redis.exceptions.ConnectionError(
+        "the broker connection this message came on was lost; Redis redelivers it after the visibility timeout"
+    )
 
 
 def run_worker(settings: Settings, *, hostname: str | None = None) -> int:
     """Run a worker in this process until it is told to stop; return its exit code."""
     return_large_buffers_to_the_os()
-    logging.basicConfig(level=settings.log_level,
-                        format="%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=settings.log_level, format="%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"
+    )
     node = hostname or f"{settings.engine}@{socket.gethostname()}"
     # A launcher pins each child to one GPU; NVML numbers GPUs regardless, so it needs the same list.
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -92,8 +94,9 @@ def run_worker(settings: Settings, *, hostname: str | None = None) -> int:
         try:
             runtime.metrics.serve(settings.metrics_port)
         except OSError as exc:
-            raise ConfigError("TTSQ_METRICS_PORT", f"cannot serve metrics on port {settings.metrics_port}: "
-                              f"{exc.strerror or exc}") from None
+            raise ConfigError(
+                "TTSQ_METRICS_PORT", f"cannot serve metrics on port {settings.metrics_port}: {exc.strerror or exc}"
+            ) from None
         logging.getLogger(__name__).info("metrics on :%d/metrics", settings.metrics_port)
     runtime.start()
     app = worker_app(settings, runtime)

@@ -26,9 +26,13 @@ with Client(Settings.from_env()) as client:
             shown = progress
         time.sleep(0.2)
     result = job.wait(timeout=300)  # a DocumentResult: an ordinary result plus the chunk spans
-    print(f"{result['duration_s']:.2f} s of {result['format']} from {result['document']['chunks']} chunks "
-          f"({result['document']['cached_chunks']} from the cache), key {result['key'][:12]}")
+    print(
+        f"{result['duration_s']:.2f} s of {result['format']} from {result['document']['chunks']} chunks "
+        f"({result['document']['cached_chunks']} from the cache), key {result['key'][:12]}"
+    )
     for chunk in result["chunks"]:
-        print(f"  chars {chunk['start_char']:4}-{chunk['end_char']:4}  "
-              f"{chunk['start_s']:6.2f}-{chunk['end_s']:6.2f} s  {chunk['boundary']}")
+        print(
+            f"  chars {chunk['start_char']:4}-{chunk['end_char']:4}  "
+            f"{chunk['start_s']:6.2f}-{chunk['end_s']:6.2f} s  {chunk['boundary']}"
+        )
     print(f"url: {result['url']}")

@@ -8,15 +8,26 @@ import os
 
 from celery import Celery
 
-app = Celery(broker=os.environ.get("TTSQ_BROKER_URL", "redis://localhost:6379/0"),
-             backend=os.environ.get("TTSQ_RESULT_BACKEND", "redis://localhost:6379/1"))
-result = app.send_task("ttsq.synthesize", queue="ttsq",
-                       kwargs={"text": "안녕하세요. 티티에스큐 음성 합성입니다.", "language": "korean",
-                               "instruct": "밝은 목소리", "format": "mp3"})
+app = Celery(
+    broker=os.environ.get("TTSQ_BROKER_URL", "redis://localhost:6379/0"),
+    backend=os.environ.get("TTSQ_RESULT_BACKEND", "redis://localhost:6379/1"),
+)
+result = app.send_task(
+    "ttsq.synthesize",
+    queue="ttsq",
+    kwargs={
+        "text": "안녕하세요. 티티에스큐 음성 합성입니다.",
+        "language": "korean",
+        "instruct": "밝은 목소리",
+        "format": "mp3",
+    },
+)
 job = result.get(timeout=60)  # the result JSON as a dict: no audio, no input text
 print(f"url: {job['url']}")  # presigned; valid for url_expires_s seconds
-print(f"{job['duration_s']:.2f} s of {job['format']} at {job['sample_rate']} Hz by {job['engine']} "
-      f"(batch of {job['batch_size']}), key {job['key'][:12]}, ignored: {job['ignored']}")
+print(
+    f"{job['duration_s']:.2f} s of {job['format']} at {job['sample_rate']} Hz by {job['engine']} "
+    f"(batch of {job['batch_size']}), key {job['key'][:12]}, ignored: {job['ignored']}"
+)
 
 # A bad request fails the task with InvalidRequest; its arguments are [field, reason].
 bad = app.send_task("ttsq.synthesize", queue="ttsq", kwargs={"text": "Hello", "language": "klingon"})

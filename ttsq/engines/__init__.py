@@ -30,14 +30,20 @@ def create_engine(settings: Settings) -> Engine:
     if target is None and _is_import_path(settings.engine):
         target = settings.engine
     if target is None:
-        raise ConfigError("TTSQ_ENGINE", f"unknown engine {settings.engine!r}; expected one of "
-                          f"{', '.join(sorted(REGISTRY))}, or package.module:Factory")
+        raise ConfigError(
+            "TTSQ_ENGINE",
+            f"unknown engine {settings.engine!r}; expected one of "
+            f"{', '.join(sorted(REGISTRY))}, or package.module:Factory",
+        )
     module_name, factory_name = target.split(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        hint = f"install it with: pip install 'ttsq[{settings.engine.split('-')[0]}]'" if settings.engine in REGISTRY \
+        hint = (
+            f"install it with: pip install 'ttsq[{settings.engine.split('-')[0]}]'"
+            if settings.engine in REGISTRY
             else f"is {module_name} on PYTHONPATH?"
+        )
         raise EngineUnavailable(f"engine {settings.engine!r} cannot be imported ({exc}); {hint}") from exc
     factory = getattr(module, factory_name, None)
     if not callable(factory):

@@ -93,30 +93,47 @@ class EngineIdentity:
         again on every message, since a raw ``send_task`` never met a producer.
         """
         if request.mode not in self.modes:
-            raise InvalidRequest("mode", f"{request.mode} is not served by the {self.engine} workers "
-                                         f"(model {self.model} serves {', '.join(self.modes)})")
+            raise InvalidRequest(
+                "mode",
+                f"{request.mode} is not served by the {self.engine} workers "
+                f"(model {self.model} serves {', '.join(self.modes)})",
+            )
         if self.languages and request.language not in self.languages:
-            raise InvalidRequest("language", f"{request.language} is not spoken by model {self.model}; "
-                                             f"expected one of {', '.join(self.languages)}")
+            raise InvalidRequest(
+                "language",
+                f"{request.language} is not spoken by model {self.model}; expected one of {', '.join(self.languages)}",
+            )
         if request.mode == "custom_voice" and request.speaker.lower() not in self.speakers:
-            raise InvalidRequest("speaker", f"unknown speaker {request.speaker[:40]!r} for model {self.model}; "
-                                            f"expected one of {', '.join(self.speakers) or '(none)'}")
+            raise InvalidRequest(
+                "speaker",
+                f"unknown speaker {request.speaker[:40]!r} for model {self.model}; "
+                f"expected one of {', '.join(self.speakers) or '(none)'}",
+            )
         if self.max_frames:
             limit_s = self.max_frames / FRAMES_PER_SECOND
             if request.max_new_tokens is not None and request.max_new_tokens > self.max_frames:
-                raise InvalidRequest("max_new_tokens", f"{request.max_new_tokens} is above this model's limit "
-                                                       f"of {self.max_frames} frames ({limit_s:.0f} s)")
+                raise InvalidRequest(
+                    "max_new_tokens",
+                    f"{request.max_new_tokens} is above this model's limit "
+                    f"of {self.max_frames} frames ({limit_s:.0f} s)",
+                )
             # Refuse what would certainly be cut (even read fast), instead of returning it truncated.
             if reading_seconds(request.text) / 2 > limit_s:
-                raise InvalidRequest("text", f"is about {reading_seconds(request.text) / 2:.0f}-"
-                                             f"{reading_seconds(request.text):.0f} s of speech; this model's limit "
-                                             f"is {limit_s:.0f} s per job (TTSQ_QWEN_MAX_FRAMES); split it")
+                raise InvalidRequest(
+                    "text",
+                    f"is about {reading_seconds(request.text) / 2:.0f}-"
+                    f"{reading_seconds(request.text):.0f} s of speech; this model's limit "
+                    f"is {limit_s:.0f} s per job (TTSQ_QWEN_MAX_FRAMES); split it",
+                )
 
         if self.max_prompt_bytes:
             size = len(request.text.encode()) + len(request.instruct.encode())
             if size > self.max_prompt_bytes:
-                raise InvalidRequest("text", f"with its instruct is {size} bytes of UTF-8; the {self.engine} "
-                                             f"workers take at most {self.max_prompt_bytes}; split it")
+                raise InvalidRequest(
+                    "text",
+                    f"with its instruct is {size} bytes of UTF-8; the {self.engine} "
+                    f"workers take at most {self.max_prompt_bytes}; split it",
+                )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON, as workers publish it in Redis."""
@@ -125,10 +142,17 @@ class EngineIdentity:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EngineIdentity:
         """The identity a worker published."""
-        return cls(engine=data["engine"], model=data["model"], revision=data["revision"],
-                   sample_rate=int(data["sample_rate"]), modes=tuple(data.get("modes", ())),
-                   languages=tuple(data.get("languages", ())), speakers=tuple(data.get("speakers", ())),
-                   max_frames=int(data.get("max_frames", 0)), max_prompt_bytes=int(data.get("max_prompt_bytes", 0)))
+        return cls(
+            engine=data["engine"],
+            model=data["model"],
+            revision=data["revision"],
+            sample_rate=int(data["sample_rate"]),
+            modes=tuple(data.get("modes", ())),
+            languages=tuple(data.get("languages", ())),
+            speakers=tuple(data.get("speakers", ())),
+            max_frames=int(data.get("max_frames", 0)),
+            max_prompt_bytes=int(data.get("max_prompt_bytes", 0)),
+        )
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,16 @@ logger = logging.getLogger(__name__)
 
 #: Qwen3-TTS language names -> espeak-ng voices. All ten Qwen languages exist in espeak-ng.
 VOICES = {
-    "chinese": "cmn", "english": "en-us", "japanese": "ja", "korean": "ko", "german": "de",
-    "french": "fr", "russian": "ru", "portuguese": "pt", "spanish": "es", "italian": "it",
+    "chinese": "cmn",
+    "english": "en-us",
+    "japanese": "ja",
+    "korean": "ko",
+    "german": "de",
+    "french": "fr",
+    "russian": "ru",
+    "portuguese": "pt",
+    "spanish": "es",
+    "italian": "it",
 }
 _AUDIO_OUTPUT_SYNCHRONOUS = 2
 _INITIALIZE_DONT_EXIT = 0x8000  # without it a failed init exits the whole process
@@ -35,8 +43,7 @@ _POS_CHARACTER = 1
 _CHARS_UTF8 = 1
 _IGNORED = ("instruct", "seed", "temperature", "top_p", "top_k", "repetition_penalty")
 
-_SynthCallback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int,
-                                  ctypes.c_void_p)
+_SynthCallback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
 
 
 class EspeakEngine:
@@ -46,9 +53,14 @@ class EspeakEngine:
         self._lib: Any = None
         self._chunks: list[np.ndarray[Any, np.dtype[np.int16]]] = []
         self._callback = _SynthCallback(self._collect)  # kept alive for as long as espeak holds it
-        self.identity = EngineIdentity(engine="espeak", model="espeak-ng", revision="unloaded",
-                                       sample_rate=22050, modes=("voice_design",),
-                                       languages=("auto", *VOICES))
+        self.identity = EngineIdentity(
+            engine="espeak",
+            model="espeak-ng",
+            revision="unloaded",
+            sample_rate=22050,
+            modes=("voice_design",),
+            languages=("auto", *VOICES),
+        )
 
     def load(self) -> None:
         """Load libespeak-ng from the wheel and point it at the wheel's voice data."""
@@ -59,16 +71,22 @@ class EspeakEngine:
         lib = ctypes.CDLL(espeakng_loader.get_library_path())
         lib.espeak_Info.restype = ctypes.c_char_p
         # The compiled-in data path points at the wheel's build machine: always pass ours.
-        rate = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0,
-                                     espeakng_loader.get_data_path().encode(), _INITIALIZE_DONT_EXIT)
+        rate = lib.espeak_Initialize(
+            _AUDIO_OUTPUT_SYNCHRONOUS, 0, espeakng_loader.get_data_path().encode(), _INITIALIZE_DONT_EXIT
+        )
         if rate <= 0:
             raise EngineUnavailable("espeak-ng failed to initialize (data path missing?)")
         lib.espeak_SetSynthCallback(self._callback)
         self._lib = lib
         version = lib.espeak_Info(None).decode()
-        self.identity = EngineIdentity(engine="espeak", model="espeak-ng", revision=version,
-                                       sample_rate=rate, modes=self.identity.modes,
-                                       languages=self.identity.languages)
+        self.identity = EngineIdentity(
+            engine="espeak",
+            model="espeak-ng",
+            revision=version,
+            sample_rate=rate,
+            modes=self.identity.modes,
+            languages=self.identity.languages,
+        )
         logger.info("espeak-ng %s loaded (%d Hz)", version, rate)
 
     def warmup(self) -> None:

@@ -70,25 +70,31 @@ class QwenEngine:
         config = _read_json(self.path / "config.json")
         model_type = config.get("tts_model_type")
         if model_type not in MODE_BY_MODEL_TYPE:
-            raise ConfigError("TTSQ_QWEN_MODEL", f"{self.path} is not a Qwen3-TTS checkpoint "
-                                                 f"(tts_model_type {model_type!r})")
+            raise ConfigError(
+                "TTSQ_QWEN_MODEL", f"{self.path} is not a Qwen3-TTS checkpoint (tts_model_type {model_type!r})"
+            )
         self.mode = MODE_BY_MODEL_TYPE[model_type]
         talker = config.get("talker_config") or {}
         spoken = {str(name).lower() for name in talker.get("codec_language_id") or {}}
         # Only VoiceDesign and the 1.7B CustomVoice follow an instruct; qwen-tts drops it silently on the 0.6B
         # CustomVoice, and its voice-clone call takes none at all.
-        self.ignores_instruct = model_type == "base" or (model_type == "custom_voice"
-                                                         and config.get("tts_model_size") == "0b6")
+        self.ignores_instruct = model_type == "base" or (
+            model_type == "custom_voice" and config.get("tts_model_size") == "0b6"
+        )
         speakers = tuple(sorted(str(name).lower() for name in talker.get("spk_id") or {}))
         if self.mode == "custom_voice" and not speakers:
             raise ConfigError("TTSQ_QWEN_MODEL", f"{self.path} is a CustomVoice checkpoint without speakers")
         self.identity = EngineIdentity(
-            engine=self.name, model=_model_name(self.path),
+            engine=self.name,
+            model=_model_name(self.path),
             # The frame-cap policy shapes every truncated clip, so it is part of the revision (and the key).
             revision=f"{checkpoint_revision(self.path)}.cap{FRAME_CAP_VERSION}-{settings.qwen_max_frames}",
-            sample_rate=SAMPLE_RATE, modes=(self.mode,),
+            sample_rate=SAMPLE_RATE,
+            modes=(self.mode,),
             languages=tuple(lang for lang in LANGUAGES if lang == "auto" or lang in spoken),
-            speakers=speakers, max_frames=settings.qwen_max_frames)
+            speakers=speakers,
+            max_frames=settings.qwen_max_frames,
+        )
         self._tts: Any = None
         self._torch: Any = None
         self._storage: Storage | None = None
@@ -126,26 +132,32 @@ class QwenEngine:
             dtype_name = "bfloat16" if on_cuda else "float32"
         attention = self._attention(on_cuda, dtype_name)
         try:
-            self._tts = Qwen3TTSModel.from_pretrained(str(self.path), device_map=device,
-                                                      dtype=getattr(torch, dtype_name),
-                                                      attn_implementation=attention)
+            self._tts = Qwen3TTSModel.from_pretrained(
+                str(self.path), device_map=device, dtype=getattr(torch, dtype_name), attn_implementation=attention
+            )
         except Exception as exc:
             raise EngineUnavailable(f"cannot load {self.path}: {type(exc).__name__}: {exc}") from exc
         codec = self._tts.model.speech_tokenizer
         if int(codec.get_output_sample_rate()) != SAMPLE_RATE:
-            raise EngineUnavailable(f"{self.path}: codec outputs {codec.get_output_sample_rate()} Hz, "
-                                    f"expected {SAMPLE_RATE}")
+            raise EngineUnavailable(
+                f"{self.path}: codec outputs {codec.get_output_sample_rate()} Hz, expected {SAMPLE_RATE}"
+            )
         self._samples_per_frame = int(codec.get_decode_upsample_rate())
         self._device, self._dtype_name, self._attention_name = device, dtype_name, attention
-        logger.info("qwen %s (%s) loaded on %s as %s with %s attention", self.path.name, self.mode, device,
-                    dtype_name, attention)
+        logger.info(
+            "qwen %s (%s) loaded on %s as %s with %s attention",
+            self.path.name,
+            self.mode,
+            device,
+            dtype_name,
+            attention,
+        )
 
     def _attention(self, on_cuda: bool, dtype_name: str) -> str:
         attention = self.settings.qwen_attention
         if attention == "auto":  # flash-attn kernels exist for half precision on CUDA only
             half = dtype_name in ("bfloat16", "float16")
-            attention = ("flash_attention_2" if on_cuda and half and importlib.util.find_spec("flash_attn")
-                         else "sdpa")
+            attention = "flash_attention_2" if on_cuda and half and importlib.util.find_spec("flash_attn") else "sdpa"
         return attention
 
     def warmup(self) -> None:
@@ -155,15 +167,17 @@ class QwenEngine:
             if self.mode == "voice_design":
                 self._tts.generate_voice_design(text=["Warm up."], instruct=[""], language=["auto"], **kwargs)
             elif self.mode == "custom_voice":
-                self._tts.generate_custom_voice(text=["Warm up."], speaker=[self.identity.speakers[0]],
-                                                language=["auto"], **kwargs)
+                self._tts.generate_custom_voice(
+                    text=["Warm up."], speaker=[self.identity.speakers[0]], language=["auto"], **kwargs
+                )
             else:
                 rate = SAMPLE_RATE
                 t = np.arange(rate, dtype=np.float32) / rate
                 tone = (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
                 prompt = self._tts.create_voice_clone_prompt(ref_audio=[(tone, rate)], ref_text=["Warm up."])
-                self._tts.generate_voice_clone(text=["Warm up."], language=["auto"], voice_clone_prompt=prompt,
-                                               **kwargs)
+                self._tts.generate_voice_clone(
+                    text=["Warm up."], language=["auto"], voice_clone_prompt=prompt, **kwargs
+                )
 
     def close(self) -> None:
         """Drop the model and give the device memory back."""
@@ -199,12 +213,21 @@ class QwenEngine:
 
     def _generate(self, batch: list[SynthesisRequest], voices: list[Any]) -> list[EngineOutput | Exception]:
         torch = self._torch
-        caps = [min(r.max_new_tokens or frame_cap(r.text, self.settings.qwen_max_frames),
-                    self.settings.qwen_max_frames) for r in batch]
+        caps = [
+            min(r.max_new_tokens or frame_cap(r.text, self.settings.qwen_max_frames), self.settings.qwen_max_frames)
+            for r in batch
+        ]
         first = batch[0]  # the batch shares its sampling settings and seed (SynthesisRequest.group)
-        sampling = {name: value for name, value in (
-            ("temperature", first.temperature), ("top_p", first.top_p), ("top_k", first.top_k),
-            ("repetition_penalty", first.repetition_penalty)) if value is not None}
+        sampling = {
+            name: value
+            for name, value in (
+                ("temperature", first.temperature),
+                ("top_p", first.top_p),
+                ("top_k", first.top_k),
+                ("repetition_penalty", first.repetition_penalty),
+            )
+            if value is not None
+        }
         # HF generate yields one frame fewer than max_new_tokens for a row that never stops, so ask
         # for one more than the largest cap and cut every row to its own.
         kwargs: dict[str, Any] = {"max_new_tokens": max(caps) + 1, **sampling}
@@ -224,8 +247,10 @@ class QwenEngine:
             # activations) are released before the batcher retries the halves.
             release_device_memory(torch)
             raise EngineOutOfMemory(out_of_memory)
-        return [self._output(request, np.asarray(wav, dtype=np.float32), int(rate), cap)
-                for request, wav, cap in zip(batch, wavs, caps, strict=True)]
+        return [
+            self._output(request, np.asarray(wav, dtype=np.float32), int(rate), cap)
+            for request, wav, cap in zip(batch, wavs, caps, strict=True)
+        ]
 
     def _run_model(self, batch: list[SynthesisRequest], voices: list[Any], kwargs: dict[str, Any]) -> tuple[Any, int]:
         """One padded qwen-tts ``generate_*`` call for the batch: the device boundary."""
@@ -233,16 +258,23 @@ class QwenEngine:
         languages = [r.language for r in batch]
         if self.mode == "voice_design":
             return self._tts.generate_voice_design(  # type: ignore[no-any-return]
-                text=texts, instruct=[r.instruct for r in batch], language=languages, **kwargs)
+                text=texts, instruct=[r.instruct for r in batch], language=languages, **kwargs
+            )
         if self.mode == "custom_voice":
             return self._tts.generate_custom_voice(  # type: ignore[no-any-return]
-                text=texts, speaker=[r.speaker for r in batch], language=languages,
-                instruct=[r.instruct for r in batch], **kwargs)
+                text=texts,
+                speaker=[r.speaker for r in batch],
+                language=languages,
+                instruct=[r.instruct for r in batch],
+                **kwargs,
+            )
         return self._tts.generate_voice_clone(  # type: ignore[no-any-return]
-            text=texts, language=languages, voice_clone_prompt=voices, **kwargs)
+            text=texts, language=languages, voice_clone_prompt=voices, **kwargs
+        )
 
-    def _output(self, request: SynthesisRequest, wav: np.ndarray[Any, Any], rate: int,
-                cap: int) -> EngineOutput | Exception:
+    def _output(
+        self, request: SynthesisRequest, wav: np.ndarray[Any, Any], rate: int, cap: int
+    ) -> EngineOutput | Exception:
         limit = cap * self._samples_per_frame
         truncated = wav.size >= limit  # it ran to its cap without sampling its end token
         samples = wav[:limit]
@@ -276,16 +308,19 @@ class QwenEngine:
         while len(self._prompts) > self.settings.qwen_clone_cache:
             self._prompts.popitem(last=False)
         self.prompts_computed += 1
-        logger.info("clone prompt computed for %s (%.1fs of reference audio)", reference,
-                    voice.samples.size / voice.sample_rate)
+        logger.info(
+            "clone prompt computed for %s (%.1fs of reference audio)", reference, voice.samples.size / voice.sample_rate
+        )
         return prompt
 
     def _compute_prompt(self, voice: Voice) -> Any:
         # Always an array and its rate: a string would be fetched as a URL or decoded as base64.
         with self._torch.inference_mode():
             items = self._tts.create_voice_clone_prompt(
-                ref_audio=[(voice.samples, voice.sample_rate)], ref_text=[voice.transcript or None],
-                x_vector_only_mode=[not voice.transcript])
+                ref_audio=[(voice.samples, voice.sample_rate)],
+                ref_text=[voice.transcript or None],
+                x_vector_only_mode=[not voice.transcript],
+            )
         return items[0]
 
     def _open_storage(self) -> Storage:
@@ -332,8 +367,10 @@ def _model_name(path: Path) -> str:
 
 def _checkpoint_folder(value: str) -> Path:
     if not value:
-        raise ConfigError("TTSQ_QWEN_MODEL", "is required for TTSQ_ENGINE=qwen: a local Qwen3-TTS checkpoint "
-                                             "folder (workers never download weights)")
+        raise ConfigError(
+            "TTSQ_QWEN_MODEL",
+            "is required for TTSQ_ENGINE=qwen: a local Qwen3-TTS checkpoint folder (workers never download weights)",
+        )
     path = Path(value).expanduser()
     if not (path / "config.json").is_file():
         raise ConfigError("TTSQ_QWEN_MODEL", f"{value} is not a checkpoint folder (no config.json)")

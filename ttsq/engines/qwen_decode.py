@@ -108,8 +108,17 @@ class _Row:
 class DecodeLoop:
     """A fixed set of slots decoding one Qwen3-TTS checkpoint frame by frame. One thread owns it."""
 
-    def __init__(self, model: Any, *, slots: int, positions: int, max_frames: int, sub: SubSampling,
-                 graphs: bool = False, static: bool | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        slots: int,
+        positions: int,
+        max_frames: int,
+        sub: SubSampling,
+        graphs: bool = False,
+        static: bool | None = None,
+    ) -> None:
         self.model = model
         self.talker = model.talker
         self.predictor = model.talker.code_predictor
@@ -128,8 +137,10 @@ class DecodeLoop:
             attention = layers[0].self_attn
             heads = attention.config.num_key_value_heads
             shape = (slots, heads, length, attention.head_dim)
-            return ([torch.zeros(shape, device=device, dtype=dtype) for _ in layers],
-                    [torch.zeros(shape, device=device, dtype=dtype) for _ in layers])
+            return (
+                [torch.zeros(shape, device=device, dtype=dtype) for _ in layers],
+                [torch.zeros(shape, device=device, dtype=dtype) for _ in layers],
+            )
 
         self._talker_cache = SlotCache(*cache(self.talker.model.layers, positions))
         self._predictor_cache = SlotCache(*cache(self.predictor.model.layers, CODE_GROUPS))
@@ -156,7 +167,7 @@ class DecodeLoop:
         self._sub_top_k = torch.full((slots,), top_k_of(sub.top_k, self.vocab), **ids)
         self._sub_top_p = torch.full((slots,), sub.top_p, device=device)
         self._suppress = torch.zeros(self.vocab, device=device, dtype=torch.bool)
-        self._suppress[self.vocab - 1024:] = True  # codec control ids, as qwen-tts suppresses them
+        self._suppress[self.vocab - 1024 :] = True  # codec control ids, as qwen-tts suppresses them
         self._suppress[self.eos] = False
         self._talker_rope = talker_rope(self.talker.model.rotary_emb, config.rope_scaling, positions, dtype, device)
         self._predictor_rope = predictor_rope(self.predictor.model.rotary_emb, dtype, device)
@@ -179,8 +190,11 @@ class DecodeLoop:
 
     def fits(self, prompt: Prompt, cap: int) -> bool:
         """Whether a prompt and its frames fit a slot's cache."""
-        return (prompt.embeds.shape[1] + cap + 1 <= self.positions and prompt.trailing.shape[1] < self.positions
-                and cap <= self.max_frames)
+        return (
+            prompt.embeds.shape[1] + cap + 1 <= self.positions
+            and prompt.trailing.shape[1] < self.positions
+            and cap <= self.max_frames
+        )
 
     def admit(self, prompt: Prompt, *, cap: int, sampling: Sampling, tag: Any = None) -> int:
         """Prefill one row into the lowest free slot; it decodes from the next ``step`` on."""
@@ -189,17 +203,23 @@ class DecodeLoop:
 
     def _admit(self, prompt: Prompt, cap: int, sampling: Sampling, tag: Any) -> int:
         if not self.fits(prompt, cap):
-            raise ValueError(f"a prompt of {prompt.embeds.shape[1]} positions with {cap} frames does not fit "
-                             f"a slot of {self.positions} positions")
+            raise ValueError(
+                f"a prompt of {prompt.embeds.shape[1]} positions with {cap} frames does not fit "
+                f"a slot of {self.positions} positions"
+            )
         slot = next(index for index in range(self.slots) if index not in self._rows)
         length = prompt.embeds.shape[1]
         # Prefill exactly as stock qwen-tts does for a batch of one: the talker's own forward, with
         # its own mask and rope index, into a fresh dynamic cache.
-        out = self.talker(inputs_embeds=prompt.embeds, attention_mask=torch.ones(1, length, dtype=torch.long,
-                                                                                  device=self.device),
-                          past_key_values=DynamicCache(), use_cache=True,
-                          cache_position=torch.arange(length, device=self.device),
-                          trailing_text_hidden=prompt.trailing, tts_pad_embed=prompt.pad)
+        out = self.talker(
+            inputs_embeds=prompt.embeds,
+            attention_mask=torch.ones(1, length, dtype=torch.long, device=self.device),
+            past_key_values=DynamicCache(),
+            use_cache=True,
+            cache_position=torch.arange(length, device=self.device),
+            trailing_text_hidden=prompt.trailing,
+            tts_pad_embed=prompt.pad,
+        )
         for layer, cached in enumerate(out.past_key_values.layers):
             self._talker_cache.keys[layer][slot, :, :length] = cached.keys[0]
             self._talker_cache.values[layer][slot, :, :length] = cached.values[0]
@@ -217,10 +237,11 @@ class DecodeLoop:
         self._top_p[slot] = sampling.top_p
         self._penalty[slot] = sampling.repetition_penalty
         self._seed[slot] = sampling.seed & MASK32
-        self._rows[slot] = _Row(cap=cap, tag=tag, prompt_length=length, do_sample=sampling.do_sample, top_k=top_k,
-                                top_p=sampling.top_p)
+        self._rows[slot] = _Row(
+            cap=cap, tag=tag, prompt_length=length, do_sample=sampling.do_sample, top_k=top_k, top_p=sampling.top_p
+        )
         try:  # the row is in (``_choose`` reads its settings); if its first code fails, it must not stay
-            rows = self._slot_index[slot:slot + 1]
+            rows = self._slot_index[slot : slot + 1]
             token = self._choose(out.logits[:, -1], rows, generated=0)
             self._token[slot] = token[0]
             self._seen[slot, token[0]] = True
@@ -261,8 +282,11 @@ class DecodeLoop:
             ended = tokens[slot] == self.eos
             if ended or row.frames >= row.cap:
                 del self._rows[slot]
-                finished.append(Finished(slot, self._codes[slot, :row.frames].clone(),
-                                         truncated=row.frames >= row.cap, tag=row.tag))
+                finished.append(
+                    Finished(
+                        slot, self._codes[slot, : row.frames].clone(), truncated=row.frames >= row.cap, tag=row.tag
+                    )
+                )
         return finished
 
     def capture(self, rows: int, length: int) -> None:
@@ -291,12 +315,15 @@ class DecodeLoop:
         return [(rows, length) for rows in _powers(self.slots, 1) for length in _powers(self.positions, 128)]
 
     def _state(self) -> list[torch.Tensor]:
-        return [tensor.clone() for tensor in (self._position, self._step, self._token, self._hidden, self._seen,
-                                              self._codes)]
+        return [
+            tensor.clone()
+            for tensor in (self._position, self._step, self._token, self._hidden, self._seen, self._codes)
+        ]
 
     def _restore(self, saved: list[torch.Tensor]) -> None:
-        for tensor, value in zip((self._position, self._step, self._token, self._hidden, self._seen, self._codes),
-                                 saved, strict=True):
+        for tensor, value in zip(
+            (self._position, self._step, self._token, self._hidden, self._seen, self._codes), saved, strict=True
+        ):
             tensor.copy_(value)
 
     def _frame(self, rows: int, length: int) -> None:
@@ -313,8 +340,9 @@ class DecodeLoop:
         frame = torch.cat((token[:, None], codes), dim=1)
         self._codes[slots, step.clamp(max=self.max_frames)] = frame
         # The talker's next input, summed as qwen-tts sums it (same order, same reduction).
-        embedded = [first] + [self.predictor.get_input_embeddings()[i](codes[:, i:i + 1])
-                              for i in range(CODE_GROUPS - 1)]
+        embedded = [first] + [
+            self.predictor.get_input_embeddings()[i](codes[:, i : i + 1]) for i in range(CODE_GROUPS - 1)
+        ]
         inputs = torch.cat(embedded, dim=1).sum(1, keepdim=True)
         inputs = inputs + self._trailing[slots, step.clamp(max=self.positions - 1)].unsqueeze(1)
         hidden = self._talker_forward(inputs, slots, length)
@@ -335,7 +363,7 @@ class DecodeLoop:
         cache.rows, cache.length, cache.write_at = rows, length, None
         cache.write_rows, cache.write_positions = slots, position
         cos, sin = (table[position].view(rows, 1, 1, -1) for table in self._talker_rope)
-        mask = (self._key_index[:length].view(1, 1, 1, length) <= position.view(rows, 1, 1, 1))
+        mask = self._key_index[:length].view(1, 1, 1, length) <= position.view(rows, 1, 1, 1)
         hidden = inputs
         for index, layer in enumerate(self.talker.model.layers):
             hidden = decoder_layer(layer, index, hidden, cos, sin, cache, mask)
@@ -356,7 +384,7 @@ class DecodeLoop:
         for group in range(CODE_GROUPS - 1):
             width = hidden.shape[1]
             cache.write_at, cache.length = start, start + width
-            cos, sin = (table[:, :, start:start + width] for table in self._predictor_rope)
+            cos, sin = (table[:, :, start : start + width] for table in self._predictor_rope)
             for index, layer in enumerate(model.layers):
                 hidden = decoder_layer(layer, index, hidden, cos, sin, cache, None)
             head = predictor.lm_head[group]
@@ -387,8 +415,16 @@ class DecodeLoop:
         if widest == 0:  # every row is greedy (known on the host; a captured frame always samples)
             return greedy
         nucleus = self._static or any(row.top_p < 1.0 for row in self._rows.values() if row.do_sample)
-        drawn = sample(scores, self._temperature[slots], self._top_k[slots], self._top_p[slots],
-                        self._seed[slots], generated_t * CODE_GROUPS, widest, nucleus=nucleus)
+        drawn = sample(
+            scores,
+            self._temperature[slots],
+            self._top_k[slots],
+            self._top_p[slots],
+            self._seed[slots],
+            generated_t * CODE_GROUPS,
+            widest,
+            nucleus=nucleus,
+        )
         return torch.where(self._do_sample[slots], drawn, greedy)
 
     def _sub_race(self, slots: torch.Tensor, step: torch.Tensor) -> torch.Tensor | None:
@@ -405,8 +441,14 @@ class DecodeLoop:
         rank = torch.arange(widest, device=self.device).expand(counter.shape[0], widest)
         return torch.log(-torch.log(uniform(seed, counter, rank))).view(-1, CODE_GROUPS - 1, widest)
 
-    def _sub_choose(self, logits: torch.Tensor, slots: torch.Tensor, step: torch.Tensor, group: int,
-                    race: torch.Tensor | None = None) -> torch.Tensor:
+    def _sub_choose(
+        self,
+        logits: torch.Tensor,
+        slots: torch.Tensor,
+        step: torch.Tensor,
+        group: int,
+        race: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         scores = logits.float()
         if not self.sub.do_sample:
             return scores.argmax(dim=-1)
@@ -418,9 +460,17 @@ class DecodeLoop:
             return candidates.gather(1, chosen).squeeze(1)
         rows = scores.shape[0]
         widest = top_k_of(self.sub.top_k, scores.shape[-1])
-        return sample(scores, self._sub_temperature[:rows], self._sub_top_k[:rows], self._sub_top_p[:rows],
-                       self._seed[slots], step * CODE_GROUPS + group, widest, nucleus=self.sub.top_p < 1.0,
-                       ragged=False)
+        return sample(
+            scores,
+            self._sub_temperature[:rows],
+            self._sub_top_k[:rows],
+            self._sub_top_p[:rows],
+            self._seed[slots],
+            step * CODE_GROUPS + group,
+            widest,
+            nucleus=self.sub.top_p < 1.0,
+            ragged=False,
+        )
 
     def _widest(self) -> int:
         """How many candidates the talker's sampling sorts: every sampling row's top-k fits."""

@@ -59,8 +59,9 @@ class QwenFastEngine(QwenEngine):
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
-        self.identity = dataclasses.replace(self.identity,
-                                            max_prompt_bytes=PROMPT_POSITIONS - PROMPT_TEMPLATE_POSITIONS)
+        self.identity = dataclasses.replace(
+            self.identity, max_prompt_bytes=PROMPT_POSITIONS - PROMPT_TEMPLATE_POSITIONS
+        )
         self.slots = settings.max_batch
         self.loop: DecodeLoop | None = None
         # slot -> request, its done callback, its clone reference codes, its frame cap
@@ -81,23 +82,32 @@ class QwenFastEngine(QwenEngine):
         from ttsq.engines.qwen_sampling import SubSampling
 
         defaults = self._tts._merge_generate_kwargs()
-        sub = SubSampling(do_sample=bool(defaults["subtalker_dosample"]),
-                          temperature=float(defaults["subtalker_temperature"]),
-                          top_k=int(defaults["subtalker_top_k"]), top_p=float(defaults["subtalker_top_p"]))
+        sub = SubSampling(
+            do_sample=bool(defaults["subtalker_dosample"]),
+            temperature=float(defaults["subtalker_temperature"]),
+            top_k=int(defaults["subtalker_top_k"]),
+            top_p=float(defaults["subtalker_top_p"]),
+        )
         on_cuda = self._device.startswith("cuda")
         # Streams, events and graphs belong to the thread's current device, which is cuda:0 unless set:
         # on cuda:N the loop's thread (this one, the batcher's) and the codec thread must both say so.
         index = self._torch.device(self._device).index if on_cuda else None
         if index is not None:
             self._torch.cuda.set_device(index)
-        self.loop = DecodeLoop(self._tts.model, slots=self.slots,
-                               positions=self.settings.qwen_max_frames + PROMPT_POSITIONS,
-                               max_frames=self.settings.qwen_max_frames, sub=sub, graphs=on_cuda)
+        self.loop = DecodeLoop(
+            self._tts.model,
+            slots=self.slots,
+            positions=self.settings.qwen_max_frames + PROMPT_POSITIONS,
+            max_frames=self.settings.qwen_max_frames,
+            sub=sub,
+            graphs=on_cuda,
+        )
         # Finished rows are decoded to audio on their own thread (and, on CUDA, their own stream) while
         # the loop goes on with the others: the codec is a large share of the work per frame.
         if index is not None:
-            self._decoder = ThreadPoolExecutor(1, thread_name_prefix="ttsq-codec",
-                                               initializer=self._torch.cuda.set_device, initargs=(index,))
+            self._decoder = ThreadPoolExecutor(
+                1, thread_name_prefix="ttsq-codec", initializer=self._torch.cuda.set_device, initargs=(index,)
+            )
         else:
             self._decoder = ThreadPoolExecutor(1, thread_name_prefix="ttsq-codec")
         if on_cuda:
@@ -116,8 +126,7 @@ class QwenFastEngine(QwenEngine):
             t = np.arange(SAMPLE_RATE, dtype=np.float32) / SAMPLE_RATE
             tone = (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
             with self._torch.inference_mode():
-                voice = self._tts.create_voice_clone_prompt(ref_audio=[(tone, SAMPLE_RATE)],
-                                                            ref_text=["Warm up."])[0]
+                voice = self._tts.create_voice_clone_prompt(ref_audio=[(tone, SAMPLE_RATE)], ref_text=["Warm up."])[0]
         speaker = self.identity.speakers[0] if self.mode == "custom_voice" else ""
         with self._torch.inference_mode():
             prompt = self._prompt("Warm up.", "auto", "", speaker, voice)
@@ -155,21 +164,31 @@ class QwenFastEngine(QwenEngine):
         try:
             self.identity.check(request)
             voice = self._clone_prompt(request.reference) if self.mode == "voice_clone" else None
-            cap = min(request.max_new_tokens or frame_cap(request.text, self.settings.qwen_max_frames),
-                      self.settings.qwen_max_frames)
+            cap = min(
+                request.max_new_tokens or frame_cap(request.text, self.settings.qwen_max_frames),
+                self.settings.qwen_max_frames,
+            )
             with self._torch.inference_mode():
                 prompt = self._prompt(request.text, request.language, request.instruct, request.speaker, voice)
                 if not loop.fits(prompt, cap):
-                    raise EngineError(f"the prompt ({prompt.embeds.shape[1]} positions) is longer than the "
-                                      f"{PROMPT_POSITIONS} a slot keeps for it")
+                    raise EngineError(
+                        f"the prompt ({prompt.embeds.shape[1]} positions) is longer than the "
+                        f"{PROMPT_POSITIONS} a slot keeps for it"
+                    )
                 merged = self._tts._merge_generate_kwargs(
-                    temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
-                    repetition_penalty=request.repetition_penalty)
+                    temperature=request.temperature,
+                    top_p=request.top_p,
+                    top_k=request.top_k,
+                    repetition_penalty=request.repetition_penalty,
+                )
                 sampling = Sampling(
-                    do_sample=bool(merged["do_sample"]), temperature=float(merged["temperature"]),
-                    top_k=int(merged["top_k"]), top_p=float(merged["top_p"]),
+                    do_sample=bool(merged["do_sample"]),
+                    temperature=float(merged["temperature"]),
+                    top_k=int(merged["top_k"]),
+                    top_p=float(merged["top_p"]),
                     repetition_penalty=float(merged["repetition_penalty"]),
-                    seed=request.seed if request.seed is not None else secrets.randbits(32))
+                    seed=request.seed if request.seed is not None else secrets.randbits(32),
+                )
                 slot = loop.admit(prompt, cap=cap, sampling=sampling)
             self._requests[slot] = (request, done, prompt.ref_code, cap)
             return
@@ -250,13 +269,19 @@ class QwenFastEngine(QwenEngine):
 
         tts = self._tts
         if self.mode == "voice_design":
-            return Prompt.capture(tts, lambda: tts.generate_voice_design(
-                text=[text], instruct=[instruct], language=[language]))
+            return Prompt.capture(
+                tts, lambda: tts.generate_voice_design(text=[text], instruct=[instruct], language=[language])
+            )
         if self.mode == "custom_voice":
-            return Prompt.capture(tts, lambda: tts.generate_custom_voice(
-                text=[text], speaker=[speaker], language=[language], instruct=[instruct]))
-        prompt = Prompt.capture(tts, lambda: tts.generate_voice_clone(
-            text=[text], language=[language], voice_clone_prompt=[voice]))
+            return Prompt.capture(
+                tts,
+                lambda: tts.generate_custom_voice(
+                    text=[text], speaker=[speaker], language=[language], instruct=[instruct]
+                ),
+            )
+        prompt = Prompt.capture(
+            tts, lambda: tts.generate_voice_clone(text=[text], language=[language], voice_clone_prompt=[voice])
+        )
         prompt.ref_code = voice.ref_code if voice.ref_code is not None and voice.icl_mode else None
         return prompt
 
@@ -280,8 +305,9 @@ class QwenFastEngine(QwenEngine):
             except Exception as exc:
                 if len(rows) == 1:
                     raise
-                logger.warning("codec decode of %d rows failed (%s); decoding them one by one", len(rows),
-                               type(exc).__name__)
+                logger.warning(
+                    "codec decode of %d rows failed (%s); decoding them one by one", len(rows), type(exc).__name__
+                )
                 outputs = []
                 for row in rows:
                     try:
@@ -302,18 +328,20 @@ class QwenFastEngine(QwenEngine):
             if not isinstance(exc, Exception):
                 raise
 
-    def _decode_rows(self, rows: list[tuple[Finished, SynthesisRequest, Done, Any, int]]
-                     ) -> list[EngineOutput | Exception]:
+    def _decode_rows(
+        self, rows: list[tuple[Finished, SynthesisRequest, Done, Any, int]]
+    ) -> list[EngineOutput | Exception]:
         torch = self._torch
         with torch.inference_mode():
-            inputs = [row.codes if ref is None else torch.cat([ref.to(row.codes.device), row.codes], dim=0)
-                      for row, _, _, ref, _ in rows]
+            inputs = [
+                row.codes if ref is None else torch.cat([ref.to(row.codes.device), row.codes], dim=0)
+                for row, _, _, ref, _ in rows
+            ]
             nonempty = [i for i, codes in enumerate(inputs) if codes.shape[0] > 0]
             wavs: list[Any] = [np.zeros(0, dtype=np.float32)] * len(rows)
             rate = self.identity.sample_rate
             if nonempty:
-                decoded, rate = self._tts.model.speech_tokenizer.decode(
-                    [{"audio_codes": inputs[i]} for i in nonempty])
+                decoded, rate = self._tts.model.speech_tokenizer.decode([{"audio_codes": inputs[i]} for i in nonempty])
                 for i, wav in zip(nonempty, decoded, strict=True):
                     wavs[i] = wav
         outputs: list[EngineOutput | Exception] = []
@@ -321,7 +349,7 @@ class QwenFastEngine(QwenEngine):
             samples = np.asarray(wav, dtype=np.float32)
             if ref is not None and samples.size:
                 total = int(ref.shape[0]) + int(row.codes.shape[0])
-                samples = samples[int(int(ref.shape[0]) / max(total, 1) * samples.shape[0]):]
+                samples = samples[int(int(ref.shape[0]) / max(total, 1) * samples.shape[0]) :]
             outputs.append(self._output(request, samples, int(rate), cap))
         return outputs
 

@@ -35,13 +35,13 @@ class SlotCache:
         keys, values = self.keys[layer], self.values[layer]
         if self.write_at is not None:
             end = self.write_at + key.shape[2]
-            keys[:self.rows, :, self.write_at:end] = key
-            values[:self.rows, :, self.write_at:end] = value
+            keys[: self.rows, :, self.write_at : end] = key
+            values[: self.rows, :, self.write_at : end] = value
         else:
             assert self.write_rows is not None and self.write_positions is not None
             keys[self.write_rows, :, self.write_positions] = key[:, :, 0]
             values[self.write_rows, :, self.write_positions] = value[:, :, 0]
-        return keys[:self.rows, :, :self.length], values[:self.rows, :, :self.length]
+        return keys[: self.rows, :, : self.length], values[: self.rows, :, : self.length]
 
 
 def rms(hidden: torch.Tensor, norm: Any) -> torch.Tensor:
@@ -68,29 +68,44 @@ def signed(sin: torch.Tensor) -> torch.Tensor:
     return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
-def decoder_layer(layer: Any, index: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: SlotCache,
-           mask: torch.Tensor | None) -> torch.Tensor:
+def decoder_layer(
+    layer: Any,
+    index: int,
+    hidden: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    cache: SlotCache,
+    mask: torch.Tensor | None,
+) -> torch.Tensor:
     """One qwen-tts decoder layer (talker or code predictor), the same operations in the same order as
     its modules and Hugging Face's sdpa path, without a module call per linear: on a CPU the calls cost
     more than the arithmetic of the tiny model. ``sin`` has rotate_half's sign folded in (``signed``)."""
     attention = layer.self_attn
     x = rms(hidden, layer.input_layernorm)
     shape = (*hidden.shape[:-1], -1, attention.head_dim)
-    query = rms(F.linear(x, attention.q_proj.weight, attention.q_proj.bias).view(shape),
-                 attention.q_norm).transpose(1, 2)
-    key = rms(F.linear(x, attention.k_proj.weight, attention.k_proj.bias).view(shape),
-               attention.k_norm).transpose(1, 2)
+    query = rms(F.linear(x, attention.q_proj.weight, attention.q_proj.bias).view(shape), attention.q_norm).transpose(
+        1, 2
+    )
+    key = rms(F.linear(x, attention.k_proj.weight, attention.k_proj.bias).view(shape), attention.k_norm).transpose(1, 2)
     value = F.linear(x, attention.v_proj.weight, attention.v_proj.bias).view(shape).transpose(1, 2)
     query = rotate(query, cos, sin)
     key = rotate(key, cos, sin)
     keys, values = cache.update(key, value, index)
     if mask is None:  # as Hugging Face calls sdpa without a mask: grouped heads, causal over a prefill
-        out = F.scaled_dot_product_attention(query, keys, values, dropout_p=0.0, scale=attention.scaling,
-                                             is_causal=query.shape[2] > 1, enable_gqa=True)
+        out = F.scaled_dot_product_attention(
+            query, keys, values, dropout_p=0.0, scale=attention.scaling, is_causal=query.shape[2] > 1, enable_gqa=True
+        )
     else:  # with a mask it repeats the key and value heads first
         groups = attention.num_key_value_groups
-        out = F.scaled_dot_product_attention(query, repeat_heads(keys, groups), repeat_heads(values, groups),
-                                             attn_mask=mask, dropout_p=0.0, scale=attention.scaling, is_causal=False)
+        out = F.scaled_dot_product_attention(
+            query,
+            repeat_heads(keys, groups),
+            repeat_heads(values, groups),
+            attn_mask=mask,
+            dropout_p=0.0,
+            scale=attention.scaling,
+            is_causal=False,
+        )
     out = out.transpose(1, 2).contiguous().reshape(*hidden.shape[:-1], -1).contiguous()
     hidden = hidden + F.linear(out, attention.o_proj.weight, attention.o_proj.bias)
     mlp = layer.mlp
@@ -108,8 +123,9 @@ def repeat_heads(states: torch.Tensor, groups: int) -> torch.Tensor:
     return states[:, :, None].expand(batch, heads, groups, length, dim).reshape(batch, heads * groups, length, dim)
 
 
-def talker_rope(rotary: Any, scaling: dict[str, Any], positions: int, dtype: torch.dtype,
-                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def talker_rope(
+    rotary: Any, scaling: dict[str, Any], positions: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The talker's rotary cos and sin for every cache position, computed once by its own rotary module
     (all three multimodal position ids equal, as for text), then interleaved as qwen-tts does per step."""
     probe = torch.zeros(1, dtype=dtype, device=device)
@@ -124,11 +140,11 @@ def mrope(table: torch.Tensor, section: list[int], interleaved: bool) -> torch.T
     """``apply_multimodal_rotary_pos_emb``'s selection of channels from the three position grids."""
     if interleaved:
         dim = table.shape[-1]
-        half = table[..., :dim // 2]
+        half = table[..., : dim // 2]
         picked = half[0].clone()
         count = len(section)
         for i, n in enumerate(section[1:], 1):
-            picked[..., i:n * count:count] = half[i, ..., i:n * count:count]
+            picked[..., i : n * count : count] = half[i, ..., i : n * count : count]
         return torch.cat([picked] * 2, dim=-1)
     doubled = section * 2
     return torch.cat([m[i % 3] for i, m in enumerate(table.split(doubled, dim=-1))], dim=-1)

@@ -44,9 +44,17 @@ def top_k_of(top_k: int, vocab: int) -> int:
     return vocab if top_k <= 0 else min(top_k, vocab)
 
 
-def sample(scores: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-            seed: torch.Tensor, counter: torch.Tensor, widest: int, nucleus: bool = True,
-            ragged: bool = True) -> torch.Tensor:
+def sample(
+    scores: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    seed: torch.Tensor,
+    counter: torch.Tensor,
+    widest: int,
+    nucleus: bool = True,
+    ragged: bool = True,
+) -> torch.Tensor:
     """Temperature, top-k and top-p as Hugging Face's warpers apply them, each row with its own values,
     then one draw per row. Only the ``widest`` best candidates are sorted (every row's top-k is at most
     that): sorting the whole vocabulary was most of a CPU frame."""
@@ -91,8 +99,7 @@ def top(scores: torch.Tensor, k: int, group: int = 8) -> tuple[torch.Tensor, tor
 def uniform(seed: torch.Tensor, counter: torch.Tensor, column: torch.Tensor) -> torch.Tensor:
     """Uniform (0, 1) noise, a pure function of (seed, counter, column): a row draws the same numbers
     whatever else is in its batch. 32-bit integer hashing in int64, kept below 2**63 at every step."""
-    x = (((seed.unsqueeze(1) * 0x61C88647) & MASK32) + ((counter.unsqueeze(1) * 0x2545F491) & MASK32)
-         + column) & MASK32
+    x = (((seed.unsqueeze(1) * 0x61C88647) & MASK32) + ((counter.unsqueeze(1) * 0x2545F491) & MASK32) + column) & MASK32
     for multiplier in (0x7FEB352D, 0x5BD1E995):
         x = x ^ (x >> 16)
         x = (x * multiplier) & MASK32

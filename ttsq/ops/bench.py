@@ -43,8 +43,24 @@ if TYPE_CHECKING:
     from ttsq.config import Settings
 
 #: Re-exported: what a caller of the load generator needs beside ``run`` and ``measure``.
-__all__ = ["CORPUS", "QUEUE_OVERHEAD_LABEL", "STAGES", "ClientTarget", "Outcome", "Plan", "Sentence", "Target",
-           "bust_marker", "check_corpus", "format_report", "load_corpus", "make_requests", "measure", "report", "run"]
+__all__ = [
+    "CORPUS",
+    "QUEUE_OVERHEAD_LABEL",
+    "STAGES",
+    "ClientTarget",
+    "Outcome",
+    "Plan",
+    "Sentence",
+    "Target",
+    "bust_marker",
+    "check_corpus",
+    "format_report",
+    "load_corpus",
+    "make_requests",
+    "measure",
+    "report",
+    "run",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -79,18 +95,31 @@ class ClientTarget:
         return result, {"client_validate_hash": checked - started, "client_publish": published - checked}
 
 
-def run(target: Target, corpus: Sequence[Sentence], plan: Plan, *,
-        progress: Callable[[int], None] | None = None, run_id: str | None = None) -> tuple[list[Outcome], float]:
+def run(
+    target: Target,
+    corpus: Sequence[Sentence],
+    plan: Plan,
+    *,
+    progress: Callable[[int], None] | None = None,
+    run_id: str | None = None,
+) -> tuple[list[Outcome], float]:
     """Run the plan; return every timed job's outcome and the wall time of the timed part (seconds)."""
     if not corpus:
         raise InvalidRequest("corpus", "is empty")
     run_id = run_id or secrets.token_hex(8)
     if plan.warmup:
-        warm = make_requests(corpus, plan.warmup, mode="synthesize", run_id=run_id + "-warmup", seed=plan.seed,
-                             audio_format=plan.audio_format)
+        warm = make_requests(
+            corpus,
+            plan.warmup,
+            mode="synthesize",
+            run_id=run_id + "-warmup",
+            seed=plan.seed,
+            audio_format=plan.audio_format,
+        )
         _closed_loop(target, warm, plan, concurrency=min(plan.concurrency, plan.warmup), on_done=None)
-    requests = make_requests(corpus, plan.jobs, mode=plan.mode, run_id=run_id, seed=plan.seed,
-                             audio_format=plan.audio_format)
+    requests = make_requests(
+        corpus, plan.jobs, mode=plan.mode, run_id=run_id, seed=plan.seed, audio_format=plan.audio_format
+    )
     if plan.mode == "cache-hit":
         # Synthesize (or find) every distinct text once, untimed; every timed submit is then a hit.
         distinct = list({json.dumps(r, sort_keys=True): r for r in requests}.values())
@@ -107,8 +136,9 @@ def run(target: Target, corpus: Sequence[Sentence], plan: Plan, *,
     return _open_loop(target, requests, plan, rate=plan.rate, on_done=done)
 
 
-def _one(target: Target, index: int, fields: dict[str, Any], timeout_s: float, *,
-         scheduled: float | None = None) -> Outcome:
+def _one(
+    target: Target, index: int, fields: dict[str, Any], timeout_s: float, *, scheduled: float | None = None
+) -> Outcome:
     started = time.perf_counter()
     client: dict[str, float] = {}
     if scheduled is not None:
@@ -122,8 +152,9 @@ def _one(target: Target, index: int, fields: dict[str, Any], timeout_s: float, *
     return Outcome(index, time.perf_counter() - since, result=result, client={**client, **stages})
 
 
-def _closed_loop(target: Target, requests: list[dict[str, Any]], plan: Plan, *, concurrency: int,
-                 on_done: Callable[[], None] | None) -> tuple[list[Outcome], float]:
+def _closed_loop(
+    target: Target, requests: list[dict[str, Any]], plan: Plan, *, concurrency: int, on_done: Callable[[], None] | None
+) -> tuple[list[Outcome], float]:
     outcomes: list[Outcome | None] = [None] * len(requests)
     indices = itertools.count()  # next() on a count is atomic under the GIL
     origin = time.perf_counter()
@@ -143,8 +174,9 @@ def _closed_loop(target: Target, requests: list[dict[str, Any]], plan: Plan, *, 
     return [o for o in outcomes if o is not None], wall
 
 
-def _open_loop(target: Target, requests: list[dict[str, Any]], plan: Plan, *, rate: float,
-               on_done: Callable[[], None]) -> tuple[list[Outcome], float]:
+def _open_loop(
+    target: Target, requests: list[dict[str, Any]], plan: Plan, *, rate: float, on_done: Callable[[], None]
+) -> tuple[list[Outcome], float]:
     rng = random.Random(plan.seed ^ 0x5EED)
     arrivals = list(itertools.accumulate(rng.expovariate(rate) for _ in requests))
     arrivals = [at - arrivals[0] for at in arrivals]  # the first job arrives at once
@@ -162,9 +194,16 @@ def _open_loop(target: Target, requests: list[dict[str, Any]], plan: Plan, *, ra
     return outcomes, time.perf_counter() - origin
 
 
-def measure(settings: Settings, plan: Plan, corpus: Sequence[Sentence], *, embedded: bool = False,
-            temporary_storage: bool = False, corpus_name: str = "built-in",
-            progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+def measure(
+    settings: Settings,
+    plan: Plan,
+    corpus: Sequence[Sentence],
+    *,
+    embedded: bool = False,
+    temporary_storage: bool = False,
+    corpus_name: str = "built-in",
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
     """Run ``plan`` against the deployment ``settings`` point at, or an embedded one; return the report.
 
     ``temporary_storage`` (embedded only) keeps the audio in a folder removed afterwards.
@@ -186,19 +225,29 @@ def measure(settings: Settings, plan: Plan, corpus: Sequence[Sentence], *, embed
             # Quiet worker: the bench prints its own figures, per-job log lines would only cost time.
             deployment = stack.enter_context(Embedded(settings.replace(log_level="WARNING")))
             settings, app = deployment.settings, deployment.app
-            target = (f"embedded: private Redis, in-process {settings.engine} worker "
-                      f"(max batch {settings.max_batch}, max wait {settings.max_wait_ms} ms), "
-                      f"storage {'temporary folder' if temporary_storage else settings.storage_url}")
+            target = (
+                f"embedded: private Redis, in-process {settings.engine} worker "
+                f"(max batch {settings.max_batch}, max wait {settings.max_wait_ms} ms), "
+                f"storage {'temporary folder' if temporary_storage else settings.storage_url}"
+            )
         else:
             target = f"broker {redact_url(settings.broker_url)}, queue {settings.queue}, engine {settings.engine}"
             app = None
         client = Client(settings, app=app)
         stack.callback(client.close)
         if not embedded and not client.identities():
-            logger.warning("no worker of queue %s has announced itself on this cache: jobs may wait for one",
-                           settings.queue)
+            logger.warning(
+                "no worker of queue %s has announced itself on this cache: jobs may wait for one", settings.queue
+            )
         outcomes, wall = run(ClientTarget(client), corpus, plan, progress=progress)
         languages = sorted({s.language for s in corpus})
-        return report(outcomes, wall, plan, max_batch=settings.max_batch if embedded else None,
-                      config={"target": target, "corpus": f"{corpus_name}: {len(corpus)} sentences, "
-                                                          f"languages {', '.join(languages)}"})
+        return report(
+            outcomes,
+            wall,
+            plan,
+            max_batch=settings.max_batch if embedded else None,
+            config={
+                "target": target,
+                "corpus": f"{corpus_name}: {len(corpus)} sentences, languages {', '.join(languages)}",
+            },
+        )

@@ -31,44 +31,64 @@ class Sentence:
 
 
 def _mix(language: str, short: str, medium: str, long: str) -> tuple[Sentence, ...]:
-    return (Sentence(short, language, "short"), Sentence(medium, language, "medium"),
-            Sentence(long, language, "long"))
+    return (Sentence(short, language, "short"), Sentence(medium, language, "medium"), Sentence(long, language, "long"))
 
 
 #: The built-in mix: a short, a medium and a long sentence in each of seven languages.
 CORPUS: tuple[Sentence, ...] = (
-    *_mix("english", "Hello, and welcome.",
-          "The train to the airport leaves every twenty minutes from the second platform.",
-          "When the storm finally passed, the villagers walked down to the harbour to count the boats, and to "
-          "their surprise every one of them was still there, rocking gently against the old stone wall as if "
-          "nothing had happened at all."),
-    *_mix("korean", "안녕하세요, 반갑습니다.",
-          "오늘 오후에는 전국적으로 비가 내리고 저녁부터 기온이 크게 떨어지겠습니다.",
-          "지난주에 새로 문을 연 동네 도서관은 주말마다 어린이를 위한 그림책 읽기 모임을 열고 있는데, 부모들 사이에서 "
-          "입소문이 나면서 벌써 다음 달 예약까지 모두 찼다고 합니다."),
-    *_mix("japanese", "おはようございます。",
-          "次の電車は十時十五分に三番線から発車します。",
-          "週末に友人と山へ出かけたのですが、頂上に着く頃には霧がすっかり晴れて、遠くの海まで見渡すことができ、"
-          "持ってきたおにぎりがいつもよりずっと美味しく感じられました。"),
-    *_mix("chinese", "你好，欢迎光临。",
-          "明天上午九点，我们会在三楼会议室讨论新的项目计划。",
-          "这家小餐馆开了二十多年，老板每天清晨五点就开始准备食材，所以无论什么时候来，客人总能吃到新鲜又热乎的饭菜，"
-          "这也是街坊们一直愿意光顾的原因。"),
-    *_mix("german", "Guten Morgen!",
-          "Der Zug nach München hat heute leider etwa zwanzig Minuten Verspätung.",
-          "Als wir am Abend endlich die Hütte erreichten, war das Feuer schon angezündet, und der Wirt stellte "
-          "uns ohne ein Wort zwei dampfende Teller Suppe auf den Tisch, die nach einem langen Tag im Schnee "
-          "besser schmeckte als jedes Festessen."),
-    *_mix("french", "Bonjour à tous.",
-          "La bibliothèque municipale sera fermée lundi prochain pour des travaux.",
-          "Chaque été, ma grand-mère préparait des confitures avec les abricots du jardin, et toute la maison "
-          "sentait le sucre chaud pendant des jours, si bien que les voisins passaient toujours nous rendre "
-          "visite à ce moment-là."),
-    *_mix("spanish", "¡Buenos días!",
-          "El museo abre sus puertas a las diez de la mañana, de martes a domingo.",
-          "Cuando llegamos al pueblo ya era de noche, pero la plaza seguía llena de gente que bailaba al ritmo "
-          "de una pequeña orquesta, y un señor muy amable nos invitó a sentarnos con su familia a compartir la "
-          "cena."),
+    *_mix(
+        "english",
+        "Hello, and welcome.",
+        "The train to the airport leaves every twenty minutes from the second platform.",
+        "When the storm finally passed, the villagers walked down to the harbour to count the boats, and to "
+        "their surprise every one of them was still there, rocking gently against the old stone wall as if "
+        "nothing had happened at all.",
+    ),
+    *_mix(
+        "korean",
+        "안녕하세요, 반갑습니다.",
+        "오늘 오후에는 전국적으로 비가 내리고 저녁부터 기온이 크게 떨어지겠습니다.",
+        "지난주에 새로 문을 연 동네 도서관은 주말마다 어린이를 위한 그림책 읽기 모임을 열고 있는데, 부모들 사이에서 "
+        "입소문이 나면서 벌써 다음 달 예약까지 모두 찼다고 합니다.",
+    ),
+    *_mix(
+        "japanese",
+        "おはようございます。",
+        "次の電車は十時十五分に三番線から発車します。",
+        "週末に友人と山へ出かけたのですが、頂上に着く頃には霧がすっかり晴れて、遠くの海まで見渡すことができ、"
+        "持ってきたおにぎりがいつもよりずっと美味しく感じられました。",
+    ),
+    *_mix(
+        "chinese",
+        "你好，欢迎光临。",
+        "明天上午九点，我们会在三楼会议室讨论新的项目计划。",
+        "这家小餐馆开了二十多年，老板每天清晨五点就开始准备食材，所以无论什么时候来，客人总能吃到新鲜又热乎的饭菜，"
+        "这也是街坊们一直愿意光顾的原因。",
+    ),
+    *_mix(
+        "german",
+        "Guten Morgen!",
+        "Der Zug nach München hat heute leider etwa zwanzig Minuten Verspätung.",
+        "Als wir am Abend endlich die Hütte erreichten, war das Feuer schon angezündet, und der Wirt stellte "
+        "uns ohne ein Wort zwei dampfende Teller Suppe auf den Tisch, die nach einem langen Tag im Schnee "
+        "besser schmeckte als jedes Festessen.",
+    ),
+    *_mix(
+        "french",
+        "Bonjour à tous.",
+        "La bibliothèque municipale sera fermée lundi prochain pour des travaux.",
+        "Chaque été, ma grand-mère préparait des confitures avec les abricots du jardin, et toute la maison "
+        "sentait le sucre chaud pendant des jours, si bien que les voisins passaient toujours nous rendre "
+        "visite à ce moment-là.",
+    ),
+    *_mix(
+        "spanish",
+        "¡Buenos días!",
+        "El museo abre sus puertas a las diez de la mañana, de martes a domingo.",
+        "Cuando llegamos al pueblo ya era de noche, pero la plaza seguía llena de gente que bailaba al ritmo "
+        "de una pequeña orquesta, y un señor muy amable nos invitó a sentarnos con su familia a compartir la "
+        "cena.",
+    ),
 )
 
 
@@ -87,7 +107,7 @@ def load_corpus(path: Path) -> list[Sentence]:
             except json.JSONDecodeError as exc:
                 raise InvalidRequest("corpus", f"line {number}: not valid JSON ({exc.msg})") from None
             if not isinstance(data, dict) or not isinstance(data.get("text"), str):
-                raise InvalidRequest("corpus", f"line {number}: a JSON line needs a \"text\" string")
+                raise InvalidRequest("corpus", f'line {number}: a JSON line needs a "text" string')
             extra = {k: v for k, v in data.items() if k not in ("text", "language")}
             sentences.append(Sentence(data["text"], str(data.get("language", "auto")), fields=extra))
         elif "\t" in line:
@@ -149,8 +169,9 @@ class Plan:
             raise InvalidRequest("warmup", "must be 0 or more")
 
 
-def make_requests(corpus: Sequence[Sentence], count: int, *, mode: BenchMode, run_id: str, seed: int,
-                  audio_format: str) -> list[dict[str, Any]]:
+def make_requests(
+    corpus: Sequence[Sentence], count: int, *, mode: BenchMode, run_id: str, seed: int, audio_format: str
+) -> list[dict[str, Any]]:
     """``count`` request dicts cycling through the corpus in a shuffled order.
 
     In ``synthesize`` mode each text carries a marker unique to (run, position): a miss.

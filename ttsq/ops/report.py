@@ -62,10 +62,14 @@ def job_stages(outcome: Outcome) -> dict[str, float] | None:
     timings = result.get("timings") if result is not None else None
     if not isinstance(timings, Mapping) or "worker_s" not in timings:
         return None
-    stages = {name: outcome.client.get(name, 0.0) for name in ("send_delay", "client_validate_hash",
-                                                                "client_publish")}
-    stages.update(batch_wait=timings["batch_wait_s"], synthesis=timings["synthesis_s"], encode=timings["encode_s"],
-                  upload=timings["upload_s"], index_write=timings["index_s"])
+    stages = {name: outcome.client.get(name, 0.0) for name in ("send_delay", "client_validate_hash", "client_publish")}
+    stages.update(
+        batch_wait=timings["batch_wait_s"],
+        synthesis=timings["synthesis_s"],
+        encode=timings["encode_s"],
+        upload=timings["upload_s"],
+        index_write=timings["index_s"],
+    )
     worker_parts = sum(stages[name] for name in ("batch_wait", "synthesis", "encode", "upload", "index_write"))
     stages["worker_other"] = max(0.0, timings["worker_s"] - worker_parts)
     stages["broker_round_trip"] = outcome.latency_s - sum(stages.values())
@@ -76,12 +80,23 @@ def _distribution(values: Iterable[float]) -> dict[str, float | None]:
     data = np.asarray(list(values), dtype=float)
     if data.size == 0:
         return {"mean": None, "p50": None, "p95": None, "p99": None, "max": None}
-    return {"mean": float(data.mean()), "p50": float(np.percentile(data, 50)), "p95": float(np.percentile(data, 95)),
-            "p99": float(np.percentile(data, 99)), "max": float(data.max())}
+    return {
+        "mean": float(data.mean()),
+        "p50": float(np.percentile(data, 50)),
+        "p95": float(np.percentile(data, 95)),
+        "p99": float(np.percentile(data, 99)),
+        "max": float(data.max()),
+    }
 
 
-def report(outcomes: Sequence[Outcome], wall_s: float, plan: Plan, *,
-           config: Mapping[str, Any] | None = None, max_batch: int | None = None) -> dict[str, Any]:
+def report(
+    outcomes: Sequence[Outcome],
+    wall_s: float,
+    plan: Plan,
+    *,
+    config: Mapping[str, Any] | None = None,
+    max_batch: int | None = None,
+) -> dict[str, Any]:
     """The figures of one run as plain JSON (what ``format_report`` prints)."""
     ok = [o for o in outcomes if o.result is not None]
     results = [o.result for o in ok if o.result is not None]
@@ -107,20 +122,35 @@ def report(outcomes: Sequence[Outcome], wall_s: float, plan: Plan, *,
         if name == "send_delay" and plan.rate is None:
             continue
         figures = _distribution(values)
-        stage_figures[name] = {"label": label, "mean_ms": figures["mean"], "p50_ms": figures["p50"],
-                               "p95_ms": figures["p95"]}
+        stage_figures[name] = {
+            "label": label,
+            "mean_ms": figures["mean"],
+            "p50_ms": figures["p50"],
+            "p95_ms": figures["p95"],
+        }
     # What the queue itself costs a job: everything but the model's work and the batching policy's wait.
-    own = _distribution(1000 * sum(v for k, v in stages.items() if k not in _NOT_QUEUE_OVERHEAD)
-                        for stages in per_job)
+    own = _distribution(1000 * sum(v for k, v in stages.items() if k not in _NOT_QUEUE_OVERHEAD) for stages in per_job)
     return {
         "ttsq_bench": REPORT_VERSION,
-        "config": {"mode": plan.mode, "jobs": plan.jobs,
-                   "loop": "closed" if plan.rate is None else "open",
-                   "concurrency": plan.concurrency if plan.rate is None else None,
-                   "rate_per_s": plan.rate, "warmup": plan.warmup, "format": plan.audio_format, "seed": plan.seed,
-                   "max_batch": max_batch, **(config or {})},
-        "jobs": {"sent": len(outcomes), "ok": len(ok), "errors": len(outcomes) - len(ok), "cached": len(cached),
-                 "synthesized": len(synthesized)},
+        "config": {
+            "mode": plan.mode,
+            "jobs": plan.jobs,
+            "loop": "closed" if plan.rate is None else "open",
+            "concurrency": plan.concurrency if plan.rate is None else None,
+            "rate_per_s": plan.rate,
+            "warmup": plan.warmup,
+            "format": plan.audio_format,
+            "seed": plan.seed,
+            "max_batch": max_batch,
+            **(config or {}),
+        },
+        "jobs": {
+            "sent": len(outcomes),
+            "ok": len(ok),
+            "errors": len(outcomes) - len(ok),
+            "cached": len(cached),
+            "synthesized": len(synthesized),
+        },
         "wall_s": wall_s,
         "throughput": {
             "jobs_per_s": len(ok) / wall_s if wall_s > 0 else None,
@@ -133,13 +163,20 @@ def report(outcomes: Sequence[Outcome], wall_s: float, plan: Plan, *,
         "queue_wait_s": _distribution(float(t["queue_wait_s"]) for t in fresh_timings),
         "batch_wait_s": _distribution(float(t["batch_wait_s"]) for t in fresh_timings if "batch_wait_s" in t),
         "synthesis_s": _distribution(float(t["synthesis_s"]) for t in fresh_timings),
-        "batch": {"mean_size": mean_batch, "batches": round(batches) if sizes else 0,
-                  "max_size_seen": max(sizes, default=None),
-                  "fill": mean_batch / max_batch if mean_batch is not None and max_batch else None},
+        "batch": {
+            "mean_size": mean_batch,
+            "batches": round(batches) if sizes else 0,
+            "max_size_seen": max(sizes, default=None),
+            "fill": mean_batch / max_batch if mean_batch is not None and max_batch else None,
+        },
         "cache_hit_ratio": len(cached) / len(results) if results else None,
         "stages_ms": stage_figures,
-        "queue_overhead_ms": {"label": QUEUE_OVERHEAD_LABEL, "mean_ms": own["mean"], "p50_ms": own["p50"],
-                              "p95_ms": own["p95"]},
+        "queue_overhead_ms": {
+            "label": QUEUE_OVERHEAD_LABEL,
+            "mean_ms": own["mean"],
+            "p50_ms": own["p50"],
+            "p95_ms": own["p95"],
+        },
         "stage_jobs": len(per_job),
         "errors": errors,
     }
@@ -156,8 +193,11 @@ def _fmt(value: Any, unit: str = "", digits: int = 3) -> str:
 def format_report(data: Mapping[str, Any]) -> str:
     """The report as an aligned text table."""
     config, jobs, throughput, batch = data["config"], data["jobs"], data["throughput"], data["batch"]
-    loop = (f"closed loop, concurrency {config['concurrency']}" if config["loop"] == "closed"
-            else f"open loop, Poisson arrivals at {config['rate_per_s']:g} jobs/s")
+    loop = (
+        f"closed loop, concurrency {config['concurrency']}"
+        if config["loop"] == "closed"
+        else f"open loop, Poisson arrivals at {config['rate_per_s']:g} jobs/s"
+    )
     lines = [f"ttsq bench: {config['mode']}, {config['jobs']} jobs, {loop}"]
     if config.get("target"):
         lines.append(f"target: {config['target']}")
@@ -167,16 +207,23 @@ def format_report(data: Mapping[str, Any]) -> str:
         ("jobs/s", _fmt(throughput["jobs_per_s"], "", 2)),
         ("audio seconds per second", _fmt(throughput["audio_s_per_s"], "", 2)),
         ("real-time factor (wall / audio)", _fmt(throughput["real_time_factor"], "", 4)),
-        ("mean batch size (fill)", _fmt(batch["mean_size"], "", 2)
-         + (f" ({batch['fill']:.0%} of {config['max_batch']})" if batch["fill"] is not None else "")),
+        (
+            "mean batch size (fill)",
+            _fmt(batch["mean_size"], "", 2)
+            + (f" ({batch['fill']:.0%} of {config['max_batch']})" if batch["fill"] is not None else ""),
+        ),
         ("cache hit ratio", _fmt(data["cache_hit_ratio"], "", 3)),
     ]
     width = max(len(name) for name, _ in rows)
     lines += [f"  {name:<{width}}  {value}" for name, value in rows]
     lines.append("")
     lines.append(f"  {'seconds':<22}{'p50':>9}{'p95':>9}{'p99':>9}{'max':>9}")
-    for key, name in (("latency_s", "end-to-end latency"), ("queue_wait_s", "queue wait"),
-                      ("batch_wait_s", "batch wait"), ("synthesis_s", "synthesis (batch)")):
+    for key, name in (
+        ("latency_s", "end-to-end latency"),
+        ("queue_wait_s", "queue wait"),
+        ("batch_wait_s", "batch wait"),
+        ("synthesis_s", "synthesis (batch)"),
+    ):
         dist = data[key]
         lines.append(f"  {name:<22}" + "".join(f"{_fmt(dist[p], '', 3):>9}" for p in ("p50", "p95", "p99", "max")))
     if data["stage_jobs"]:
@@ -185,12 +232,15 @@ def format_report(data: Mapping[str, Any]) -> str:
         total = 0.0
         for stage in data["stages_ms"].values():
             total += stage["mean_ms"] or 0.0
-            lines.append(f"  {stage['label']:<48}" + "".join(
-                f"{_fmt(stage[p], '', 2):>9}" for p in ("mean_ms", "p50_ms", "p95_ms")))
+            lines.append(
+                f"  {stage['label']:<48}"
+                + "".join(f"{_fmt(stage[p], '', 2):>9}" for p in ("mean_ms", "p50_ms", "p95_ms"))
+            )
         lines.append(f"  {'total (mean end-to-end latency)':<48}{total:>9.2f}")
         own = data["queue_overhead_ms"]
-        lines.append(f"  {own['label']:<48}" + "".join(
-            f"{_fmt(own[p], '', 2):>9}" for p in ("mean_ms", "p50_ms", "p95_ms")))
+        lines.append(
+            f"  {own['label']:<48}" + "".join(f"{_fmt(own[p], '', 2):>9}" for p in ("mean_ms", "p50_ms", "p95_ms"))
+        )
     for kind, entry in data["errors"].items():
         lines.append(f"  error {kind} x{entry['count']}: {entry['example']}")
     return "\n".join(lines)
