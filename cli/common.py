@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import functools
 import sys
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from ttsq.config import Settings
 from ttsq.errors import ConfigError, InvalidRequest, TTSQError
 from ttsq.request import JobResult
+
+if TYPE_CHECKING:
+    from ttsq.client import Client
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -61,12 +63,13 @@ def read_text(data: bytes) -> str:
         raise InvalidRequest("text", "is not valid UTF-8") from None
 
 
-def report(result: JobResult, *, output: Path | None, as_json: bool) -> None:
-    """Write the audio if asked, then one line (or the JSON) about the result."""
+def report(result: JobResult, *, output: Path | None, as_json: bool, client: Client) -> None:
+    """Write the audio if asked (read through ttsq's storage, never from the result's URL), then one line
+    (or the JSON) about the result."""
     import json
 
     if output is not None:
-        output.write_bytes(fetch(result["url"]))
+        output.write_bytes(client.download(result))
     if as_json:
         click.echo(json.dumps(result, ensure_ascii=False))
     elif output is not None:
@@ -87,12 +90,3 @@ def summary(result: JobResult) -> str:
         f"{result['duration_s']:.2f}s {result['format']} {result['sample_rate']} Hz, {source} "
         f"by {result['engine']}, key {result['key'][:12]}{ignored}{truncated}"
     )
-
-
-def fetch(url: str) -> bytes:
-    """The bytes behind a result's URL (S3 presigned, or a local file)."""
-    if not url.startswith(("http://", "https://", "file://")):
-        raise TTSQError(f"cannot download from a {url.split(':', 1)[0]} URL")
-    with urllib.request.urlopen(url, timeout=60) as response:
-        data: bytes = response.read()
-        return data

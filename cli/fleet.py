@@ -156,3 +156,37 @@ def retry(ctx: click.Context, job_id: str) -> None:
     from ttsq.client import Client
 
     click.echo(f"queued {Client(settings_of(ctx)).retry(job_id)}")
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the dead letters as JSON.")
+@click.option("--purge", is_flag=True, help="Drop every dead letter (after listing them).")
+@click.pass_context
+@one_line_errors
+def dead(ctx: click.Context, as_json: bool, purge: bool) -> None:
+    """List messages workers refused to run (malformed envelopes, unknown tasks), newest first: when,
+    queue, why and task id, never their text. They are kept raw in Redis (the last 1000)."""
+    from ttsq.connection import connect, redis_errors
+    from ttsq.envelope import DeadLetters
+
+    settings = settings_of(ctx)
+    client = connect(settings.broker_url, decode=False)
+    try:
+        with redis_errors(settings.broker_url):
+            store = DeadLetters(client)
+            letters = [letter.summary() for letter in store.letters()]
+            purged = store.purge() if purge else 0
+    finally:
+        client.close()
+    if as_json:
+        click.echo(json.dumps(letters))
+    elif not letters:
+        click.echo("no dead letters")
+    for letter in [] if as_json else letters:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(letter["at"]))
+        click.echo(
+            f"{when}Z  {letter['queue'] or '-'}  {letter['id'] or '(no id)'}  {letter['task'] or '-'}  "
+            f"{letter['bytes']} bytes  {letter['reason']}: {letter['detail']}"
+        )
+    if purge and not as_json:
+        click.echo(f"purged {purged}")

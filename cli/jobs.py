@@ -212,7 +212,7 @@ def _submit(
         )
         return
     result = _wait_with_progress(client, job, timeout) if kind == "document" else job.wait(timeout)
-    report(result, output=output, as_json=as_json)
+    report(result, output=output, as_json=as_json, client=client)
 
 
 def _submit_embedded(
@@ -266,7 +266,8 @@ def _submit_embedded(
 @click.pass_context
 @one_line_errors
 def status(ctx: click.Context, job_id: str, as_json: bool) -> None:
-    """Show the state of job JOB_ID (exit 0 whatever the state; 1 only if Redis is unreachable)."""
+    """Show the state of job JOB_ID (exit 0 whatever its state; 1 for an id ttsq never accepted, a result it
+    cannot read, or Redis unreachable)."""
     from ttsq.client import Client
 
     info = Client(settings_of(ctx)).status(job_id)
@@ -304,7 +305,7 @@ def result(ctx: click.Context, job_id: str, timeout: float, output: Path | None,
     from ttsq.client import Client
 
     client = Client(settings_of(ctx))
-    report(client.wait(job_id, timeout=timeout), output=output, as_json=as_json)
+    report(client.wait(job_id, timeout=timeout), output=output, as_json=as_json, client=client)
 
 
 def _wait_with_progress(client: Client, job: Job, timeout: float) -> JobResult:

@@ -16,7 +16,7 @@ from ttsq import __version__
 
 from .bench import bench
 from .common import fail
-from .fleet import failed, flower, retry, stats, worker
+from .fleet import dead, failed, flower, retry, stats, worker
 from .jobs import result, status, submit
 from .voices import voices
 
@@ -48,7 +48,7 @@ def cli(
     }
 
 
-for _command in (submit, status, result, voices, failed, retry, worker, bench, stats, flower):
+for _command in (submit, status, result, voices, failed, retry, dead, worker, bench, stats, flower):
     cli.add_command(_command)
 
 

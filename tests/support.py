@@ -7,19 +7,26 @@ started per test process; see conftest.py).
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
+import numpy as np
 import redis
+import soundfile
+from prometheus_client.parser import text_string_to_metric_families
 
 from ttsq.config import Settings
 from ttsq.constants import FLEET_PREFIX, WORKER_PREFIX
+from ttsq.embedded import free_port
 
 #: The S3 bucket the suite's moto server holds; each test writes under its own prefix.
 BUCKET = "ttsq-test"
@@ -135,3 +142,155 @@ def queue_length(settings: Settings) -> int:
         return int(client.llen(settings.queue))
     finally:
         client.close()
+
+
+# -- engines, workers and services that several test modules start ------------------------------
+
+#: The test-only engine that misbehaves on cue (``tests/faulty_engine.py``), loaded through the plug-in path.
+FAULTY = "faulty_engine:FaultyEngine"
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the endpoint: (name, sorted labels) -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+AUTH = "ops:flower-test-secret"
+
+
+class Flower:
+    def __init__(self, settings: Settings, log_path: Path) -> None:
+        self.port = free_port()
+        self.log_path = log_path
+        with open(log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "ttsq.cli.main", "flower", "--address", "127.0.0.1", "--port", str(self.port)],
+                env={**settings_env(settings), "FLOWER_BASIC_AUTH": AUTH},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if self.get("/healthcheck", auth=False) == "OK":
+                    return
+            except OSError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"flower did not start:\n{log_path.read_text()}")
+            time.sleep(0.1)
+
+    def get(self, path: str, *, auth: bool = True) -> str:
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}")
+        if auth:
+            request.add_header("Authorization", "Basic " + base64.b64encode(AUTH.encode()).decode())
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return str(response.read().decode())
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class Launcher:
+    """``ttsq worker --devices ...`` as a subprocess."""
+
+    def __init__(
+        self, settings: Settings, devices: str, log_path: Path, *, env: dict[str, str] | None = None, host: str = "test"
+    ) -> None:
+        self.settings = settings
+        self.log_path = log_path
+        self.host = host
+        with open(log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "ttsq.cli.main", "worker", "--devices", devices, "-n", host],
+                env={**settings_env(settings), **(env or {})},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def wait_ready(self, nodes: list[str], timeout: float = 90.0) -> dict[str, int]:
+        """Wait for every node's heartbeat (written once its engine is warm); return node -> pid."""
+        cache = redis.Redis.from_url(self.settings.cache_url)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                beats = {node: cache.get(WORKER_PREFIX + node) for node in nodes}
+                if all(beats.values()):
+                    return {node: json.loads(raw)["pid"] for node, raw in beats.items() if raw}
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"launcher not ready:\n{self.log()}")
+                time.sleep(0.1)
+        finally:
+            cache.close()
+
+    def signal(self, sig: int) -> None:
+        self.process.send_signal(sig)
+
+    def wait(self, timeout: float = 90.0) -> int:
+        return self.process.wait(timeout)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+MAX_FRAMES = 24
+
+
+SAMPLES_PER_FRAME = 1920
+
+
+WORKER_START_S = 240.0  # torch import, load and warm-up on a busy two-core machine
+
+
+def qwen_settings(settings: Settings, model: Path) -> Settings:
+    # Generous job limits: a busy two-core machine may take long over a batch, and timing is not under test.
+    return settings.replace(
+        engine="qwen", qwen_model=str(model), qwen_max_frames=MAX_FRAMES, job_timeout_s=300, visibility_timeout_s=900
+    )
+
+
+def reference_file(path: Path, seconds: float = 1.5) -> Path:
+    rate = 16_000
+    t = np.arange(int(seconds * rate)) / rate
+    soundfile.write(path, (0.3 * np.sin(2 * np.pi * 200 * t)).astype(np.float32), rate)
+    return path
+
+
+def submit_cli(settings: Settings, text: str, *args: str, output: Path) -> dict[str, object]:
+    """``ttsq submit`` as a subprocess; also proves the command never imports torch on the way."""
+    env = {**settings_env(settings), "PYTHONPROFILEIMPORTTIME": "1"}
+    out = subprocess.run(
+        [sys.executable, "-m", "ttsq.cli.main", "submit", text, *args, "--json", "-o", str(output), "--timeout", "240"],
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
+    imported = [line.rsplit("|", 1)[-1].strip() for line in out.stderr.decode().splitlines() if "|" in line]
+    assert out.returncode == 0, out.stderr.decode()[-2000:]
+    assert not [name for name in imported if name.split(".")[0] in {"torch", "transformers", "qwen_tts"}]
+    result: dict[str, object] = json.loads(out.stdout)
+    return result

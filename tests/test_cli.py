@@ -90,10 +90,11 @@ def test_storage_down_is_one_line(settings: Settings, start_worker: StartWorker,
         "20",
         settings=settings.replace(s3_endpoint_url=f"http://127.0.0.1:{free_port()}"),
     )
-    # The worker stores fine; this producer's own endpoint is down, so the download fails.
+    # The worker stores fine; this producer's own endpoint is down, so the download (through ttsq's
+    # storage, with its retries) fails.
     lines = out.stderr.decode().strip().splitlines()
-    assert out.returncode == 1 and len(lines) == 1
-    assert lines[0].startswith("ttsq: error: URLError") and "Connection refused" in lines[0]
+    assert out.returncode == 1 and len(lines) == 1, lines
+    assert lines[0].startswith("ttsq: error: s3 get_object") and "gave up after 2 tries" in lines[0]
 
 
 def test_timeout_is_one_line(settings: Settings) -> None:

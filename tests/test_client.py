@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import soundfile as sf
 from bad_inputs import BAD_REQUESTS
-from support import WorkerProcess, queue_length, s3_keys
+from support import FAULTY, TESTS, WorkerProcess, queue_length, s3_keys
 
 from ttsq.app import make_app
 from ttsq.cache import CacheIndex
@@ -105,20 +106,28 @@ def test_plain_celery_client_without_ttsq_gets_a_result(settings: Settings, star
     assert fetch(value["url"])[:4] == b"RIFF"
 
 
-def test_burst_fills_batches_and_bad_items_fail_alone(settings: Settings, start_worker: StartWorker) -> None:
-    settings = settings.replace(max_batch=4, max_wait_ms=1000)
+def test_burst_fills_batches_and_bad_items_fail_alone(
+    settings: Settings, start_worker: StartWorker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The faulty engine (espeak, plus faults on cue) fails an item marked [flaky] in its slot while
+    # the file FAULTY_ENGINE_FLAKY names exists, as a transient device fault would.
+    flaky = tmp_path / "flaky"
+    flaky.touch()
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("FAULTY_ENGINE_FLAKY", str(flaky))
+    settings = settings.replace(engine=FAULTY, max_batch=4, max_wait_ms=1000)
     client = Client(settings)
     app = make_app(settings)
     # Queue the whole burst first, so the worker finds 4 x max_batch jobs waiting. One of them is
-    # valid but unspeakable: it rides in a batch and fails inside the engine. Another never gets
-    # that far: a raw send_task with a language ttsq does not know.
+    # valid, rides in a batch and fails inside the engine. Another never gets that far: a raw
+    # send_task with a language ttsq does not know.
     texts = [f"Burst sentence number {i}." for i in range(15)]
-    texts.insert(6, "...")
+    texts.insert(6, "A sentence the device fails on [flaky].")
     jobs = [client.submit(text, language="english") for text in texts]
     invalid = app.send_task("ttsq.synthesize", kwargs={"text": "fine", "language": "klingon"}, queue=settings.queue)
     start_worker(settings)
 
-    with pytest.raises(EngineError, match="no audio"):
+    with pytest.raises(EngineError, match="flaky device fault"):
         jobs[6].wait(timeout=60)
     results = [job.wait(timeout=60) for i, job in enumerate(jobs) if i != 6]
     with pytest.raises(InvalidRequest) as info:  # rebuilt from the JSON result: a typed error

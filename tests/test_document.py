@@ -22,7 +22,7 @@ import pytest
 import redis
 import soundfile as sf
 from document_corpus import corpus
-from support import WorkerProcess, run_cli, wait_until
+from support import Flower, WorkerProcess, run_cli, wait_until
 
 from ttsq.cache import CacheIndex
 from ttsq.client import Client
@@ -343,7 +343,6 @@ def test_cli_each_line_submits_one_job_per_line_with_a_summary(
 def test_flower_shows_a_document_in_progress_then_done(
     settings: Settings, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from test_flower import Flower
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
     slow = settings.replace(engine="faulty_engine:FaultyEngine", max_batch=1, doc_target_chars=1)

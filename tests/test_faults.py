@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from support import WorkerProcess, run_cli, s3_keys, wait_until
+from support import FAULTY, WorkerProcess, run_cli, s3_keys, wait_until
 
 from ttsq.app import make_app
 from ttsq.cache import CacheIndex
@@ -34,7 +34,6 @@ from ttsq.request import SynthesisRequest
 
 StartWorker = Callable[..., WorkerProcess]
 TESTS = Path(__file__).parent
-FAULTY = "faulty_engine:FaultyEngine"
 #: Kombu's sweep for abandoned messages runs every second (``unacked_restore_interval``).
 RESTORE_INTERVAL_S = 1
 #: Slack on top of a documented bound, for a loaded CI machine: generous on purpose.

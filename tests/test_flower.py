@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import base64
 import json
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -14,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import WorkerProcess, run_cli, settings_env
+from support import Flower, WorkerProcess, run_cli
 
 from ttsq.app import make_app
 from ttsq.client import Client
@@ -23,45 +20,6 @@ from ttsq.embedded import free_port
 from ttsq.redaction import describe_kwargs, redact_result
 
 StartWorker = Callable[..., WorkerProcess]
-AUTH = "ops:flower-test-secret"
-
-
-class Flower:
-    def __init__(self, settings: Settings, log_path: Path) -> None:
-        self.port = free_port()
-        self.log_path = log_path
-        with open(log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "ttsq.cli.main", "flower", "--address", "127.0.0.1", "--port", str(self.port)],
-                env={**settings_env(settings), "FLOWER_BASIC_AUTH": AUTH},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if self.get("/healthcheck", auth=False) == "OK":
-                    return
-            except OSError:
-                pass
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"flower did not start:\n{log_path.read_text()}")
-            time.sleep(0.1)
-
-    def get(self, path: str, *, auth: bool = True) -> str:
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}")
-        if auth:
-            request.add_header("Authorization", "Basic " + base64.b64encode(AUTH.encode()).decode())
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return str(response.read().decode())
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
 
 
 @pytest.fixture

@@ -38,14 +38,16 @@ CORE = {
     "ttsq.voices",
     "ttsq.splitter",
     "ttsq.document",
+    "ttsq.envelope",
+    "ttsq.accepted",
 }
 APP = {"ttsq.app"}
 #: The worker stack, top down: a module may import its own rank or lower ranks, never a higher one.
 WORKER = [
-    {"ttsq.tasks"},
+    {"ttsq.tasks", "ttsq.consumer"},
     {"ttsq.orchestrator"},
     {"ttsq.worker"},
-    {"ttsq.metrics", "ttsq.watchdog"},
+    {"ttsq.metrics", "ttsq.watchdog", "ttsq.sweeper", "ttsq.gate"},
     {"ttsq.batching"},
     {"ttsq.batch_scheduler", "ttsq.slot_scheduler"},
     {"ttsq.intake"},

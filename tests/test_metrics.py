@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import urllib.request
 from collections.abc import Callable
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-from support import WorkerProcess
+from support import WorkerProcess, scrape, value
 
 from ttsq.app import make_app
 from ttsq.client import Client
@@ -17,21 +15,6 @@ from ttsq.errors import InvalidRequest
 from ttsq.metrics import Metrics
 
 StartWorker = Callable[..., WorkerProcess]
-
-
-def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of the endpoint: (name, sorted labels) -> value."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
-    return samples[(name, tuple(sorted(labels.items())))]
 
 
 def test_metrics_after_a_burst_add_up(settings: Settings, start_worker: StartWorker) -> None:

@@ -12,8 +12,17 @@ from pathlib import Path
 
 import pytest
 import soundfile
-from support import WorkerProcess, run_cli, s3_keys
-from test_qwen_worker import MAX_FRAMES, SAMPLES_PER_FRAME, WORKER_START_S, qwen_settings, reference_file, submit_cli
+from support import (
+    MAX_FRAMES,
+    SAMPLES_PER_FRAME,
+    WORKER_START_S,
+    WorkerProcess,
+    qwen_settings,
+    reference_file,
+    run_cli,
+    s3_keys,
+    submit_cli,
+)
 
 from ttsq.client import Client
 from ttsq.config import Settings

@@ -8,7 +8,6 @@ WAV's length is known in advance.
 from __future__ import annotations
 
 import io
-import json
 import os
 import subprocess
 import sys
@@ -16,11 +15,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 import boto3
-import numpy as np
 import pytest
 import soundfile
 from celery import Celery
-from support import WorkerProcess, run_cli, s3_keys, settings_env
+from support import (
+    MAX_FRAMES,
+    SAMPLES_PER_FRAME,
+    WORKER_START_S,
+    WorkerProcess,
+    qwen_settings,
+    reference_file,
+    run_cli,
+    s3_keys,
+    submit_cli,
+)
 
 from ttsq.app import queue_for
 from ttsq.cache import CacheIndex
@@ -28,40 +36,6 @@ from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.engines.base import EngineIdentity, frame_cap
 from ttsq.errors import InvalidRequest
-
-MAX_FRAMES = 24
-SAMPLES_PER_FRAME = 1920
-WORKER_START_S = 240.0  # torch import, load and warm-up on a busy two-core machine
-
-
-def qwen_settings(settings: Settings, model: Path) -> Settings:
-    # Generous job limits: a busy two-core machine may take long over a batch, and timing is not under test.
-    return settings.replace(
-        engine="qwen", qwen_model=str(model), qwen_max_frames=MAX_FRAMES, job_timeout_s=300, visibility_timeout_s=900
-    )
-
-
-def reference_file(path: Path, seconds: float = 1.5) -> Path:
-    rate = 16_000
-    t = np.arange(int(seconds * rate)) / rate
-    soundfile.write(path, (0.3 * np.sin(2 * np.pi * 200 * t)).astype(np.float32), rate)
-    return path
-
-
-def submit_cli(settings: Settings, text: str, *args: str, output: Path) -> dict[str, object]:
-    """``ttsq submit`` as a subprocess; also proves the command never imports torch on the way."""
-    env = {**settings_env(settings), "PYTHONPROFILEIMPORTTIME": "1"}
-    out = subprocess.run(
-        [sys.executable, "-m", "ttsq.cli.main", "submit", text, *args, "--json", "-o", str(output), "--timeout", "240"],
-        env=env,
-        capture_output=True,
-        timeout=300,
-    )
-    imported = [line.rsplit("|", 1)[-1].strip() for line in out.stderr.decode().splitlines() if "|" in line]
-    assert out.returncode == 0, out.stderr.decode()[-2000:]
-    assert not [name for name in imported if name.split(".")[0] in {"torch", "transformers", "qwen_tts"}]
-    result: dict[str, object] = json.loads(out.stdout)
-    return result
 
 
 @pytest.mark.parametrize("kind", ["voice_design", "custom_voice", "base"])

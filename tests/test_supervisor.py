@@ -6,77 +6,21 @@ signals real processes. Worker output goes to the launcher's log (the children i
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
-from support import queue_length, settings_env
-from test_faults import FAULTY, TESTS
-from test_metrics import scrape, value
+from support import FAULTY, TESTS, Launcher, queue_length, scrape, value
 
 from ttsq.cache import CacheIndex
 from ttsq.client import Client, Job
 from ttsq.config import Settings
-from ttsq.constants import RESTARTS_KEY, WORKER_PREFIX
+from ttsq.constants import RESTARTS_KEY
 from ttsq.embedded import free_port
-
-
-class Launcher:
-    """``ttsq worker --devices ...`` as a subprocess."""
-
-    def __init__(
-        self, settings: Settings, devices: str, log_path: Path, *, env: dict[str, str] | None = None, host: str = "test"
-    ) -> None:
-        self.settings = settings
-        self.log_path = log_path
-        self.host = host
-        with open(log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "ttsq.cli.main", "worker", "--devices", devices, "-n", host],
-                env={**settings_env(settings), **(env or {})},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    def wait_ready(self, nodes: list[str], timeout: float = 90.0) -> dict[str, int]:
-        """Wait for every node's heartbeat (written once its engine is warm); return node -> pid."""
-        cache = redis.Redis.from_url(self.settings.cache_url)
-        deadline = time.monotonic() + timeout
-        try:
-            while True:
-                beats = {node: cache.get(WORKER_PREFIX + node) for node in nodes}
-                if all(beats.values()):
-                    return {node: json.loads(raw)["pid"] for node, raw in beats.items() if raw}
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"launcher not ready:\n{self.log()}")
-                time.sleep(0.1)
-        finally:
-            cache.close()
-
-    def signal(self, sig: int) -> None:
-        self.process.send_signal(sig)
-
-    def wait(self, timeout: float = 90.0) -> int:
-        return self.process.wait(timeout)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
 
 @pytest.fixture

@@ -6,12 +6,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import redis
 from support import WorkerProcess, queue_length, s3_keys
 
 from ttsq.app import make_app
 from ttsq.cache import CacheIndex
 from ttsq.client import Client
 from ttsq.config import Settings
+from ttsq.envelope import DeadLetters
 from ttsq.errors import InvalidRequest, StorageError
 
 StartWorker = Callable[..., WorkerProcess]
@@ -48,7 +50,9 @@ def test_pickle_messages_are_refused_not_executed(
     assert Client(settings).submit("Still alive.").wait(timeout=30)["duration_s"] > 0
     assert not marker.exists()
     assert queue_length(settings) == 0  # refused and dropped, not left to be redelivered forever
-    assert "Refusing to deserialize untrusted content of type pickle" in worker.log()
+    assert "refused (encoding: content type 'application/x-python-serialize'" in worker.log()
+    letters = DeadLetters(redis.Redis.from_url(settings.broker_url)).letters()
+    assert [(letter.reason, letter.task) for letter in letters] == [("encoding", "ttsq.synthesize")]
 
 
 class Exploit:

@@ -14,6 +14,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
+from celery.backends.redis import RedisBackend
 
 from ttsq.constants import (
     DOCUMENT_TASK_NAME,
@@ -52,7 +53,8 @@ def celery_config(settings: Settings, *, worker: bool) -> dict[str, Any]:
     )
     return {
         "broker_url": settings.broker_url,
-        "result_backend": settings.result_backend,
+        # Celery's Redis backend, through ``ResultBackend`` (``class+url``: Celery's own form for a backend class).
+        "result_backend": f"{__name__}:ResultBackend+{settings.result_backend}",
         # JSON only: a pickled message would be code execution for anyone who can write to Redis.
         "task_serializer": "json",
         "result_serializer": "json",
@@ -79,6 +81,12 @@ def celery_config(settings: Settings, *, worker: bool) -> dict[str, Any]:
             "health_check_interval": REDIS_HEALTH_CHECK_INTERVAL_S,
         },
         "result_backend_transport_options": {"visibility_timeout": visibility, "retry_policy": result_retry},
+        # A worker storing a result while Redis restarts tries again (about 30 s, as for its own calls)
+        # instead of failing a job it finished: without this, Celery stores that job as a FAILURE
+        # (ConnectionError) once Redis is back, though its audio is stored.
+        "result_backend_always_retry": worker,
+        "result_backend_max_retries": 40,
+        "result_backend_max_sleep_between_retries_ms": 1000,
         "visibility_timeout": visibility,
         "redis_socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
         "redis_socket_timeout": REDIS_SOCKET_TIMEOUT_S,
@@ -100,3 +108,17 @@ def _route_by_mode(
         return None
     mode = kwargs.get("mode") if isinstance(kwargs, dict) else None
     return {"queue": queue_for(base, mode if isinstance(mode, str) else "voice_design")}
+
+
+class ResultBackend(RedisBackend):  # type: ignore[misc]
+    """Celery's Redis result backend, except that a failure is stored with its type and message only:
+    the worker's traceback (its file paths, its frames) is for the worker's log, not for every client
+    that reads the result."""
+
+    def mark_as_failure(
+        self, task_id: str, exc: BaseException, traceback: Any = None, *args: Any, **kwargs: Any
+    ) -> Any:
+        return super().mark_as_failure(task_id, exc, None, *args, **kwargs)
+
+    def mark_as_retry(self, task_id: str, exc: BaseException, traceback: Any = None, *args: Any, **kwargs: Any) -> Any:
+        return super().mark_as_retry(task_id, exc, None, *args, **kwargs)

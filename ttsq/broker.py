@@ -28,3 +28,38 @@ def queue_depth(client: redis.Redis, queue: str) -> int:
 def unacked(client: redis.Redis) -> int:
     """Messages delivered to a worker and not yet acknowledged, all queues."""
     return int(client.hlen(UNACKED_KEY))
+
+
+#: How many list items one read of a queue takes while looking for messages.
+_PAGE = 500
+
+
+def held(client: redis.Redis, task_ids: set[str], queues: list[str], *, unacked_too: bool = True) -> set[str]:
+    """Which of ``task_ids`` have a message in one of ``queues`` (any priority) or, with ``unacked_too``,
+    delivered to a worker and not yet acknowledged. Reads the lists page by page and stops once every
+    id is found: for an operator's look-up or the sweeper's rare suspicion, never per job."""
+    needles = {task_id: f'"id": "{task_id}"'.encode() for task_id in task_ids}
+    found: set[str] = set()
+
+    def look(items: list[bytes | str]) -> None:
+        for item in items:
+            raw = item if isinstance(item, bytes) else item.encode()
+            found.update(task_id for task_id, needle in needles.items() if needle in raw)
+
+    if unacked_too:
+        look(client.hvals(UNACKED_KEY))
+    for queue in queues:
+        for name in [queue, *(f"{queue}{_PRIORITY_SEP}{step}" for step in _PRIORITY_STEPS)]:
+            start = 0
+            while needles.keys() - found:
+                page = client.lrange(name, start, start + _PAGE - 1)
+                if not page:
+                    break
+                look(page)
+                start += _PAGE
+    return found
+
+
+def message_held(client: redis.Redis, task_id: str, queues: list[str]) -> bool:
+    """Whether a message for ``task_id`` is queued or with a worker (``held``)."""
+    return bool(held(client, {task_id}, queues))

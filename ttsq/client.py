@@ -26,22 +26,28 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
+from celery import states
+
+from ttsq.accepted import AcceptedJobs
 from ttsq.app import make_app, queue_for
+from ttsq.broker import message_held
 from ttsq.cache import CacheIndex
+from ttsq.connection import connect, patiently
 from ttsq.constants import (
     CLAIM_HEADER,
     DOCUMENT_TASK_NAME,
     IDENTITY_TTL_S,
     PROGRESS_STATE,
     SENT_AT_HEADER,
+    SEQ_HEADER,
     TASK_NAME,
 )
 from ttsq.document import Document, Options, read_document
 from ttsq.engines.base import EngineIdentity
-from ttsq.errors import BrokerError, InvalidRequest, JobFailed, JobTimeout, TTSQError
+from ttsq.errors import BrokerError, CorruptRecord, InvalidRequest, JobFailed, JobTimeout, TTSQError, UnknownJob
 from ttsq.keys import content_key
 from ttsq.ledger import Ledger, ParkedJob
-from ttsq.request import JobResult, Limits, RequestFields, SynthesisRequest
+from ttsq.request import MODES, JobResult, Limits, RequestFields, SynthesisRequest
 from ttsq.results import Results
 from ttsq.stats import FleetStats
 from ttsq.storage import Storage, open_storage
@@ -54,6 +60,9 @@ if TYPE_CHECKING:
     from ttsq.config import Settings
 
 logger = logging.getLogger(__name__)
+
+#: How long a producer keeps trying to withdraw the record of a job it could not send (seconds).
+WITHDRAW_PATIENCE_S = 10.0
 
 
 @dataclass
@@ -93,6 +102,7 @@ class Client:
         self.stats = FleetStats(settings.cache_url)
         self.limits = Limits.from_settings(settings)
         self.results = Results(settings, lambda: self.storage)
+        self.accepted = AcceptedJobs(settings.cache_url)
         self._storage: Storage | None = None
         self._identities: tuple[float, dict[str, EngineIdentity]] = (0.0, {})
 
@@ -193,42 +203,60 @@ class Client:
         already producing its key (single flight), or claimed and sent; a claim never outlives a send
         that failed. Without a key (no worker announced yet) it is simply sent."""
         task_id = str(uuid.uuid4())
-        if key is not None:
-            if (hit := cached(key)) is not None:
-                return hit
-            owner = self.cache.claim(key, task_id, self.settings.inflight_ttl_s)
-            if owner is not None and self._finished(owner):
-                # The owner ended without releasing its claim (revoked, failed, killed past its retries):
-                # joining it would only return its failure. Take the claim over; for a document, its
-                # finished chunks are answered from the cache.
-                self.cache.release(key, owner)
-                owner = self.cache.claim(key, task_id, self.settings.inflight_ttl_s)
-            if owner is not None:
-                return Job(id=owner, key=key, client=self, joined=True)
-            # The job that held the claim may have indexed the audio between our look-up and our claim.
-            if (hit := cached(key)) is not None:
-                self.cache.release(key, task_id)
-                return hit
+        queue = queue_for(self.settings.queue, mode)
+        if key is not None and (hit := cached(key)) is not None:
+            return hit
         headers: dict[str, Any] = {SENT_AT_HEADER: time.time()}
         if key is not None and task == TASK_NAME:
             headers[CLAIM_HEADER] = key
-        sent = False
+        # Recorded before it is claimed and sent: a job that owns a claim always has a record until it
+        # finishes, and a message lost on its way to a worker is sent again from it (``ttsq.accepted``).
+        seq = self.accepted.accept(task_id, task=task, queue=queue, kwargs=kwargs, headers=headers)
+        sent = claimed = False
         try:
-            self.app.send_task(
-                task,
-                kwargs=kwargs,
-                task_id=task_id,
-                queue=queue_for(self.settings.queue, mode),
-                headers=headers,
-                kwargsrepr=kwargsrepr,
-            )
+            if key is not None:
+                owner = self.cache.claim(key, task_id, self.settings.inflight_ttl_s)
+                if owner is not None and self._gone(owner):
+                    # The owner ended without releasing its claim (revoked, failed, killed past its retries),
+                    # or was never accepted: joining it would wait for nothing. Take the claim over; for a
+                    # document, its finished chunks are answered from the cache.
+                    self.cache.release(key, owner)
+                    owner = self.cache.claim(key, task_id, self.settings.inflight_ttl_s)
+                if owner is not None:
+                    return Job(id=owner, key=key, client=self, joined=True)
+                claimed = True
+                # The job that held the claim may have indexed the audio between our look-up and our claim.
+                if (hit := cached(key)) is not None:
+                    return hit
+            try:
+                self.app.send_task(
+                    task,
+                    kwargs=kwargs,
+                    task_id=task_id,
+                    queue=queue,
+                    headers={**headers, SEQ_HEADER: seq},
+                    kwargsrepr=kwargsrepr,
+                )
+            except Exception as exc:  # kombu raises OperationalError, redis-py its own; either way: broker down
+                raise BrokerError(f"cannot reach the broker to enqueue: {type(exc).__name__}: {exc}") from exc
             sent = True
-        except Exception as exc:  # kombu raises OperationalError, redis-py its own; either way: broker down
-            raise BrokerError(f"cannot reach the broker to enqueue: {type(exc).__name__}: {exc}") from exc
         finally:
-            if key is not None and not sent:  # also on Ctrl-C: a stale claim would stall identical submits
-                self.cache.release(key, task_id)
+            if not sent:  # joined, answered from the cache, or not sent (also on Ctrl-C)
+                self._withdraw(task_id, key if claimed else None)
         return Job(id=task_id, key=key, client=self)
+
+    def _withdraw(self, task_id: str, claimed_key: str | None) -> None:
+        """Undo the record (and the claim) of a job that was not sent: a record left behind would have the
+        sweeper send a job its submitter was told had failed, and a claim would stall identical submits.
+        Redis is given a few seconds (it may be restarting: that is often why the send failed)."""
+        try:
+            patiently(lambda: self.accepted.forget(task_id), self.settings.cache_url, WITHDRAW_PATIENCE_S)
+            if claimed_key is not None:
+                patiently(
+                    lambda: self.cache.release(claimed_key, task_id), self.settings.cache_url, WITHDRAW_PATIENCE_S
+                )
+        except TTSQError as exc:  # still unreachable: the job may yet run once (a retry of it is harmless)
+            logger.warning("job %s was not sent, and its record could not be withdrawn: %s", task_id, exc)
 
     def _cached(self, key: str) -> Job | None:
         entry = self.cache.get(key)
@@ -258,11 +286,39 @@ class Client:
         except Exception as exc:  # statistics are best effort; the hit itself is already served
             logger.debug("could not count the cache hit: %s", type(exc).__name__)
 
-    def _finished(self, task_id: str) -> bool:
+    def _gone(self, task_id: str) -> bool:
+        """Whether the job behind a claim will never finish: it has a final result already, or ttsq has
+        no record of it (accepted jobs keep theirs until they finish) and no worker has started it."""
+        state = self._state(task_id)
+        if state in states.READY_STATES:
+            return True
+        return state == states.PENDING and not self.accepted.exists(task_id)
+
+    def _state(self, task_id: str) -> str:
         try:
-            return bool(self.async_result(task_id).ready())
+            return str(self.async_result(task_id).state)
         except Exception as exc:
-            raise BrokerError(f"cannot reach the result backend: {exc}") from exc
+            if _is_connection_error(exc):
+                raise BrokerError(f"cannot reach the result backend: {exc}") from exc
+            raise CorruptRecord("result", f"of job {task_id[:80]} cannot be read: {type(exc).__name__}") from None
+
+    def known(self, task_id: str) -> bool:
+        """Whether ttsq knows this job: it has a result or a state, ttsq accepted it, or (sent by a web
+        backend without ttsq) its message is in a queue or with a worker."""
+        if self._state(task_id) != states.PENDING or self.accepted.exists(task_id):
+            return True
+        broker = connect(self.settings.broker_url, decode=False)
+        try:
+            queues = [queue_for(self.settings.queue, mode) for mode in MODES]
+            return message_held(broker, task_id, queues)
+        except Exception as exc:
+            raise BrokerError(f"cannot reach the broker: {type(exc).__name__}: {exc}") from exc
+        finally:
+            broker.close()
+
+    def _check_known(self, task_id: str) -> None:
+        if not self.known(task_id):
+            raise UnknownJob(f"unknown job ID {task_id[:80]!r}: ttsq never accepted it, or its result has expired")
 
     def identities(self) -> dict[str, EngineIdentity]:
         """The models the running workers announced, by mode (empty if none is running). Producers need
@@ -283,7 +339,9 @@ class Client:
         return add_voice(self.storage, audio, transcript)
 
     def wait(self, task_id: str, *, timeout: float | None = None) -> JobResult:
-        """The result of a task, with a URL made now; raise its error if it failed."""
+        """The result of a task, with a URL made now; raise its error if it failed, ``UnknownJob`` at once
+        for an id ttsq never accepted."""
+        self._check_known(task_id)
         async_result = self.async_result(task_id)
         try:
             # The embedded mode runs a worker in this process; waiting here is not inside a task.
@@ -305,14 +363,19 @@ class Client:
         return self.refresh_url(value)
 
     def status(self, task_id: str) -> dict[str, Any]:
-        """State of a task: PENDING (unknown or queued), STARTED, PROGRESS (a document: ``progress``
-        holds chunks done and total and audio seconds so far), SUCCESS, FAILURE."""
+        """State of a task: PENDING (queued), STARTED, PROGRESS (a document: ``progress`` holds chunks
+        done and total and audio seconds so far), SUCCESS, FAILURE; ``UnknownJob`` for an id ttsq never
+        accepted, ``CorruptRecord`` for a result it cannot read."""
         async_result = self.async_result(task_id)
         try:
             state = async_result.state
             info = async_result.info
         except Exception as exc:
-            raise BrokerError(f"cannot reach the result backend: {exc}") from exc
+            if _is_connection_error(exc):
+                raise BrokerError(f"cannot reach the result backend: {exc}") from exc
+            raise CorruptRecord("result", f"of job {task_id[:80]} cannot be read: {type(exc).__name__}") from None
+        if state == states.PENDING:
+            self._check_known(task_id)
         out: dict[str, Any] = {"id": task_id, "state": state}
         if state == "FAILURE":
             out["error"] = f"{type(info).__name__}: {info}"
@@ -344,12 +407,14 @@ class Client:
             try:
                 # The old FAILURE result would answer a waiter at once: clear it first.
                 self.async_result(task_id).forget()
+                headers: dict[str, Any] = {SENT_AT_HEADER: time.time()}
+                seq = self.accepted.accept(task_id, task=TASK_NAME, queue=job.queue, kwargs=job.kwargs, headers=headers)
                 self.app.send_task(
                     TASK_NAME,
                     kwargs=job.kwargs,
                     task_id=task_id,
                     queue=job.queue,
-                    headers={SENT_AT_HEADER: time.time()},
+                    headers={**headers, SEQ_HEADER: seq},
                     kwargsrepr="<retried parked job>",
                 )
             except Exception as exc:
@@ -360,8 +425,8 @@ class Client:
             ledger.close()
 
     def download(self, result: JobResult) -> bytes:
-        """The audio bytes of a result, read through ttsq's storage (no URL fetch needed)."""
-        return self.storage.get(result["object_key"])
+        """The audio bytes of a result, read through ttsq's storage (never through the result's URL)."""
+        return self.results.download(result)
 
     def async_result(self, task_id: str) -> AsyncResult:
         """Celery's handle for a task id."""
@@ -371,6 +436,7 @@ class Client:
         """Release Redis connections."""
         self.cache.close()
         self.stats.close()
+        self.accepted.close()
         self.app.close()
 
     def __enter__(self) -> Client:

@@ -82,6 +82,11 @@ class Settings:
     #: before it is failed and parked for an operator (``ttsq failed``, ``ttsq retry``). Keep it >= 2:
     #: the batch neighbours of a job that hangs are charged one attempt too.
     max_attempts: int = 3
+    #: Seconds a job that no worker has received may stay so, once its queue has moved past it (a worker
+    #: received a job accepted after it) or drained, before the sweeper takes its message for lost (kombu
+    #: popped it and never recorded it: a Redis restart or a dropped connection) and sends it again under
+    #: the same id. A job is sent again within about twice this after it was lost.
+    lost_job_grace_s: int = 10
     #: Tries per storage call, with exponential backoff and jitter between them.
     storage_attempts: int = 3
     #: Backoff before the second try, in milliseconds; it doubles for each further try (capped at 30 s),
@@ -180,6 +185,7 @@ class Settings:
         _check(0 <= self.max_instruct_chars <= 100_000, "max_instruct_chars", "must be 0..100000")
         _check(0 <= self.metrics_port <= 65535, "metrics_port", "must be 0..65535 (0 turns metrics off)")
         _check(self.drain_timeout_s >= 1, "drain_timeout_s", "must be >= 1")
+        _check(1 <= self.lost_job_grace_s <= 3600, "lost_job_grace_s", "must be 1..3600")
         _check(1 <= self.max_document_chars <= 10_000_000, "max_document_chars", "must be 1..10000000")
         _check(20 <= self.doc_max_chars <= 100_000, "doc_max_chars", "must be 20..100000")
         _check(

@@ -72,3 +72,20 @@ IDENTITY_MAX_AGE_S = 120.0
 REDIS_CONNECT_TIMEOUT_S = 5
 REDIS_SOCKET_TIMEOUT_S = 30
 REDIS_HEALTH_CHECK_INTERVAL_S = 30
+
+# The accepted-job ledger (the cache database): every job a producer accepted, until it finishes, so a
+# message lost between the broker and a worker is sent again (``ttsq.accepted``).
+ACCEPTED_PREFIX = "ttsq:accepted:"  # + task id -> hash: task, queue, kwargs, headers, seq, accepted_at, seen_at
+UNSEEN_PREFIX = "ttsq:unseen:"  # + queue -> zset: task id by seq, accepted and not yet received by a worker
+RECEIVED_KEY = "ttsq:received"  # zset: task id by the time a worker received it, until it finishes
+SEQ_PREFIX = "ttsq:seq:"  # + queue -> the queue's acceptance counter (the order producers accepted jobs in)
+WATERMARK_PREFIX = "ttsq:watermark:"  # + queue -> hash: seq, at: the highest seq a worker received, and when
+SWEEPER_LOCK_PREFIX = "ttsq:sweeper:"  # + base queue -> the worker running the sweep; PX lock
+#: How long an accepted job's record lives at most (seconds): a backstop; records go when jobs finish.
+ACCEPTED_TTL_S = 7 * 24 * 3600
+
+#: Message header with the job's place in its queue's acceptance order (``ttsq.accepted``).
+SEQ_HEADER = "ttsq_seq"
+
+#: Dead letters (the broker database): messages a worker refused to run, raw (``ttsq.envelope``).
+DEAD_LETTERS_KEY = "ttsq:dead"

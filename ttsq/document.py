@@ -40,7 +40,7 @@ from ttsq.constants import DOCUMENT_PREFIX, DOCUMENT_SCHEMA_VERSION
 from ttsq.engines.base import FRAMES_PER_SECOND
 from ttsq.errors import InvalidRequest
 from ttsq.keys import canonical_json
-from ttsq.request import JobResult, Limits, SynthesisRequest, check_characters
+from ttsq.request import JobResult, Limits, SynthesisRequest, check_characters, speakable
 from ttsq.splitter import SPLITTER_VERSION, Chunk, normalize, split
 
 if TYPE_CHECKING:
@@ -151,14 +151,17 @@ class Document:
         options = Options.from_dict(data["options"]) if "options" in data else (default_options or Options())
         other = {name: value for name, value in data.items() if name not in ("text", "options", "deadline")}
         # The fields are checked once, with a stand-in text; each chunk is checked again below.
-        template = SynthesisRequest.from_dict({**other, "text": "-"}, limits)
+        template = SynthesisRequest.from_dict({**other, "text": "x"}, limits)
         fields = {name: value for name, value in template.to_dict().items() if name not in ("text", "deadline")}
         most = options.chunk_max(limits, identity, str(fields.get("instruct") or ""))
         chunks = split(text, target_chars=min(options.target_chars, most), max_chars=most)
         document = cls(text=text, fields=fields, options=options, chunks=chunks)
-        for number, request in enumerate(document.requests(seed=0, limits=limits)):
+        requests = document.requests(seed=0, limits=limits)
+        if all(request is None for request in requests):
+            raise InvalidRequest("text", "has nothing to speak (no letter, digit or ideograph)")
+        for number, request in enumerate(requests):
             try:
-                if identity is not None:
+                if identity is not None and request is not None:
                     identity.check(request)
             except InvalidRequest as exc:
                 raise InvalidRequest(f"text (chunk {number + 1} of {len(chunks)})", exc.reason) from None
@@ -193,11 +196,14 @@ class Document:
             "text": self.text,
         }
 
-    def requests(self, *, seed: int, limits: Limits) -> list[SynthesisRequest]:
+    def requests(self, *, seed: int, limits: Limits) -> list[SynthesisRequest | None]:
         """One ordinary request per chunk. Chunks are WAV (lossless, and the default format, so shared
-        with ordinary submits); the document's own format applies to the stitched file."""
+        with ordinary submits); the document's own format applies to the stitched file. A chunk with
+        nothing to speak (a paragraph of dashes or asterisks) has None: the stitch keeps only its pause."""
         return [
             SynthesisRequest.from_dict({**self.fields, "text": chunk.text, "format": "wav", "seed": seed}, limits)
+            if speakable(chunk.text)
+            else None
             for chunk in self.chunks
         ]
 

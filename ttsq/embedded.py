@@ -70,11 +70,21 @@ def parent_death_signal() -> Callable[[], None] | None:
 class RedisServer:
     """A throwaway ``redis-server`` on a free loopback port, stopped by ``stop()``."""
 
-    def __init__(self, *, port: int | None = None, directory: str | None = None, appendonly: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        directory: str | None = None,
+        appendonly: bool = False,
+        appendfsync: str = "everysec",
+    ) -> None:
         self.port = port or free_port()
         self._owns_directory = directory is None
         self.directory = directory or tempfile.mkdtemp(prefix="ttsq-redis-")
         self.appendonly = appendonly
+        #: With ``appendonly``: ``always`` loses no acknowledged write in a crash; ``everysec`` (Redis's
+        #: default) may lose the last second of them.
+        self.appendfsync = appendfsync
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -98,6 +108,8 @@ class RedisServer:
             "yes",
             "--appendonly",
             "yes" if self.appendonly else "no",
+            "--appendfsync",
+            self.appendfsync,
             "--loglevel",
             "warning",
         ]
@@ -119,9 +131,12 @@ class RedisServer:
         self.stop(keep_data=True)
         raise BrokerError(f"redis-server did not answer on port {self.port} within {timeout}s")
 
-    def stop(self, *, keep_data: bool = False) -> None:
-        """Stop the server; remove its folder too if it made one (``keep_data`` for a restart)."""
+    def stop(self, *, keep_data: bool = False, crash: bool = False) -> None:
+        """Stop the server; remove its folder too if it made one (``keep_data`` for a restart). ``crash``
+        kills it outright (SIGKILL), as a power cut or an out-of-memory kill would."""
         if self.process is not None and self.process.poll() is None:
+            if crash:
+                self.process.kill()
             self.process.terminate()
             try:
                 self.process.wait(10)
@@ -159,11 +174,14 @@ class InProcessWorker:
             # this the tasks run but their results are never stored.
             self.app.set_default()
             try:
+                from ttsq.consumer import GatedConsumer
+
                 self._worker = self.app.WorkController(
                     pool_cls="threads",
                     concurrency=self.settings.concurrency,
                     hostname=self.hostname,
                     ready_callback=ready,
+                    consumer_cls=GatedConsumer,
                     without_mingle=True,
                     without_gossip=True,
                     queues=self.queues,

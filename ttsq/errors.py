@@ -8,11 +8,13 @@
     │   └── EngineOutOfMemory  the device ran out of memory for a batch (the batcher splits it)
     ├── StorageError         the object store refused or could not be reached
     ├── BrokerError          Redis (broker, results or cache) could not be reached
+    ├── CorruptRecord        a record read back (a result, an index entry) is not what ttsq writes
     └── JobError             a job did not produce a result
         ├── JobFailed        the worker ran it and it failed
         ├── JobParked        it entered the engine too often without finishing; parked for an operator
         ├── DeadlineExceeded its deadline passed before synthesis; dropped unsynthesized
-        └── JobTimeout       no result within the caller's timeout
+        ├── JobTimeout       no result within the caller's timeout
+        └── UnknownJob       ttsq never accepted a job with this id (or its result has expired)
 
 Every class keeps its constructor arguments in ``args`` so that Celery's JSON result backend can
 rebuild it on the client side: a producer that imports ttsq gets the same typed exception back.
@@ -74,6 +76,20 @@ class BrokerError(TTSQError):
     """Redis (broker, result backend or cache index) could not be reached."""
 
 
+class CorruptRecord(TTSQError):
+    """A record read back from Redis (a job's result, a cache index entry) is not what ttsq writes: one
+    who can write to Redis forged or damaged it. The message names the field; nothing is read or written
+    through it."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(field, reason)
+        self.field = field
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"refused {self.field}: {self.reason}"
+
+
 class JobError(TTSQError):
     """A job did not produce a result."""
 
@@ -93,3 +109,7 @@ class DeadlineExceeded(JobError):
 
 class JobTimeout(JobError):
     """No result arrived within the caller's timeout."""
+
+
+class UnknownJob(JobError):
+    """No job with this id was ever accepted by ttsq, or its result has expired."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
 from ttsq.constants import KEY_SCHEMA_VERSION, POSTPROCESS_VERSION
@@ -48,3 +49,13 @@ def content_key(request: SynthesisRequest, identity: EngineIdentity) -> str:
 def object_key(key: str, audio_format: str) -> str:
     """Where the audio for a content key lives in storage (fanned out by the first two hex digits)."""
     return f"audio/{key[:2]}/{key}.{EXTENSIONS[audio_format]}"
+
+
+#: Every object key ``object_key`` makes, and nothing else.
+OBJECT_KEY_PATTERN = re.compile(r"audio/([0-9a-f]{2})/(\1[0-9a-f]{62})\.(?:wav|flac|ogg|mp3)")
+
+
+def is_object_key(value: object) -> bool:
+    """Whether ``value`` is a key ``object_key`` could have made: a result read back is held to this
+    before storage or a download touches it (no path of another shape, no ``..``)."""
+    return isinstance(value, str) and OBJECT_KEY_PATTERN.fullmatch(value) is not None

@@ -16,6 +16,9 @@ name                                   type       meaning
 ``cache_lookups_total{result}``        counter    the worker's cache re-check: hit, miss
 ``truncated_items_total``              counter    items cut at the frame cap
 ``oom_splits_total``                   counter    batches split after a device out-of-memory error
+``dead_letters_total{reason}``         counter    messages the envelope gate refused, by reason
+``duplicate_deliveries_total``         counter    second copies of a received job, dropped
+``recovered_jobs_total``               counter    lost jobs the sweeper sent again
 ``jobs_in_progress``                   gauge      jobs this worker holds (waiting or in a batch)
 ``worker_info{node,engine,model}``     gauge      1, naming this worker and its model
 ``worker_restarts_total{node}``        counter    times the launcher restarted this node (Redis)
@@ -53,6 +56,7 @@ from prometheus_client.registry import Collector
 from ttsq.broker import queue_depth, unacked
 from ttsq.connection import connect
 from ttsq.constants import REDIS_CONNECT_TIMEOUT_S, RESTARTS_KEY
+from ttsq.envelope import REASONS
 from ttsq.observer import OUTCOMES, BatchReport, JobReport, Observer
 
 if TYPE_CHECKING:
@@ -106,6 +110,11 @@ class Metrics(Observer):
         self.oom_splits = Counter(
             "ttsq_oom_splits", "Batches split in two after a device out-of-memory error.", registry=r
         )
+        self.dead_letters = Counter(
+            "ttsq_dead_letters", "Messages the envelope gate refused, by reason.", ["reason"], registry=r
+        )
+        self.duplicates = Counter("ttsq_duplicate_deliveries", "Second copies of a received job, dropped.", registry=r)
+        self.recovered = Counter("ttsq_recovered_jobs", "Lost jobs the sweeper sent again.", registry=r)
         self.in_progress = Gauge("ttsq_jobs_in_progress", "Jobs this worker holds, waiting or in a batch.", registry=r)
         self._info = Gauge(
             "ttsq_worker_info", "This worker: its node name, engine and model.", ["node", "engine", "model"], registry=r
@@ -115,6 +124,8 @@ class Metrics(Observer):
             self.jobs.labels(outcome=outcome)
         for result in ("hit", "miss"):
             self.cache_lookups.labels(result=result)
+        for reason in REASONS:
+            self.dead_letters.labels(reason=reason)
         ProcessCollector(registry=r)
         self._queues: _QueueCollector | None = None
         if broker_url is not None:
@@ -139,6 +150,15 @@ class Metrics(Observer):
             self._queues.queues = list(queues)
 
     # Recording: the observer hooks ------------------------------------------------------------
+
+    def message_refused(self, reason: str) -> None:
+        self.dead_letters.labels(reason=reason if reason in REASONS else "celery").inc()
+
+    def duplicate_dropped(self) -> None:
+        self.duplicates.inc()
+
+    def job_recovered(self) -> None:
+        self.recovered.inc()
 
     def job_started(self, task_id: str) -> None:
         self.in_progress.inc()

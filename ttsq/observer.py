@@ -6,9 +6,11 @@ middleware does (``before_process_message`` / ``after_process_message``). ``Obse
 report out to several, and an observer that fails is logged and skipped: watching a job must never
 fail it.
 
-Hooks, in the order a job meets them: ``job_started`` → ``cache_checked`` → (``job_parked``) →
+Hooks, in the order a job meets them: ``message_refused`` or ``duplicate_dropped`` (the envelope gate,
+for a message that never becomes a job) → ``job_started`` → ``cache_checked`` → (``job_parked``) →
 ``batch_finished`` / ``batch_split`` (from the batcher thread, once per engine call) →
-``job_finished`` (always, however the job ended).
+``job_finished`` (always, however the job ended); ``job_recovered`` from the sweeper, for a job whose
+message was lost and is sent again.
 """
 
 from __future__ import annotations
@@ -56,6 +58,15 @@ class Observer:
     """Every hook does nothing here; an observer overrides the ones it needs. Hooks may be called from
     any task thread and from the batcher thread: implementations are thread-safe."""
 
+    def message_refused(self, reason: str) -> None:
+        """The envelope gate refused a message (one of ``ttsq.envelope.REASONS``) and dead-lettered it."""
+
+    def duplicate_dropped(self) -> None:
+        """The gate dropped a second copy of a job a worker had already received."""
+
+    def job_recovered(self) -> None:
+        """The sweeper sent a lost job again."""
+
     def job_started(self, task_id: str) -> None:
         """A task thread took the job up."""
 
@@ -87,6 +98,15 @@ class Observers(Observer):
                 getattr(observer, hook)(*args, **kwargs)
             except Exception as exc:
                 logger.warning("%s.%s failed: %s", type(observer).__name__, hook, type(exc).__name__)
+
+    def message_refused(self, reason: str) -> None:
+        self._each("message_refused", reason)
+
+    def duplicate_dropped(self) -> None:
+        self._each("duplicate_dropped")
+
+    def job_recovered(self) -> None:
+        self._each("job_recovered")
 
     def job_started(self, task_id: str) -> None:
         self._each("job_started", task_id)

@@ -25,6 +25,7 @@ already stored is answered from the cache by the worker: only missing chunks are
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
 from collections.abc import Mapping, MutableMapping, Sequence
@@ -57,9 +58,10 @@ from ttsq.document import (
     read_document,
 )
 from ttsq.engines.base import reading_seconds
-from ttsq.errors import JobFailed
+from ttsq.errors import InvalidRequest, JobFailed
 from ttsq.keys import canonical_json, content_key, object_key
-from ttsq.request import StoredAudio
+from ttsq.request import FORMATS, StoredAudio
+from ttsq.results import checked_key
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -67,6 +69,8 @@ if TYPE_CHECKING:
     from ttsq.worker import WorkerRuntime
 
 logger = logging.getLogger(__name__)
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 # Set a document's result to PROGRESS unless it already holds a final state (Celery's ready states).
 _PROGRESS_UNLESS_DONE = """
@@ -121,9 +125,10 @@ class Orchestrator:
             return runtime.results.document(stored, cached=True)
         seed = document.seed(identity)
         requests = document.requests(seed=seed, limits=runtime.limits)
-        keys = [content_key(request, identity) for request in requests]
+        # A chunk with nothing to speak has no job and no key: the stitch keeps its pause alone.
+        keys = [content_key(request, identity) if request is not None else "" for request in requests]
         # A chunk that repeats (a refrain, a stock phrase) is one job; the stitch places it every time.
-        unique = list({chunk_key: request for chunk_key, request in zip(keys, requests, strict=True)}.values())
+        unique = list({k: r for k, r in zip(keys, requests, strict=True) if r is not None}.values())
         total = len(unique)
         queue = queue_for(self.settings.queue, document.fields["mode"])
         try:  # from what is counted already: a redelivered document task must not reset its progress to 0
@@ -208,6 +213,7 @@ class Orchestrator:
 
     def _chunk_done(self, doc_id: str, total: int, index: int, duration_s: float) -> None:
         node = self.runtime.node
+        self.runtime.accepted.touch(doc_id)  # the document is making progress (``ttsq.sweeper``)
         progress = self._count(doc_id, total, index=index, duration_s=duration_s)
         summary = f"{progress['chunks_done']}/{total} chunks, {progress['audio_s']:.1f} s of audio"
         try:
@@ -260,6 +266,7 @@ class Orchestrator:
     def stitch(self, task: Any, results: Any, plan: dict[str, Any]) -> DocumentResult:
         """Join the chunks of ``plan`` into the document's file; store and index it; return its result."""
         runtime = self.runtime
+        _check_plan(plan)  # from a message: a raw send_task may carry any plan
         key = plan["key"]
         task_id = task.request.id
         stored = self.stored(key)
@@ -273,11 +280,14 @@ class Orchestrator:
         )
         options = Options(**plan["options"])
         started = time.perf_counter()
-        pieces: list[npt.NDArray[np.float32]] = []
+        pieces: list[npt.NDArray[np.float32] | None] = []
         rate = 0
         entries: list[StoredAudio] = []
         decoded: dict[str, tuple[npt.NDArray[np.float32], int]] = {}
         for chunk in plan["chunks"]:
+            if not chunk["key"]:  # nothing to speak: no audio, only its pause
+                pieces.append(None)
+                continue
             entry = runtime.cache.get(chunk["key"])
             if entry is None:
                 # The chord fired without this chunk stored (a duplicate counted for it): not yet. Its
@@ -290,13 +300,15 @@ class Orchestrator:
                     argsrepr=f"<{len(plan['chunks'])} chunk results>",
                     kwargsrepr=f"stitch into {key[:12]}",
                 )
-            if entry["object_key"] not in decoded:  # a repeated chunk is read once
-                decoded[entry["object_key"]] = decode(runtime.storage.get(entry["object_key"]))
-            samples, chunk_rate = decoded[entry["object_key"]]
+            stored_key = checked_key(entry.get("object_key"))  # an index entry read back: data, not a path
+            if stored_key not in decoded:  # a repeated chunk is read once
+                decoded[stored_key] = decode(runtime.storage.get(stored_key))
+            samples, chunk_rate = decoded[stored_key]
             rate = rate or chunk_rate
             pieces.append(resample(samples, chunk_rate, rate))
             entries.append(entry)
-        audio, spans = _join(pieces, rate, plan["chunks"], options)
+        silence = np.zeros(0, dtype=np.float32)
+        audio, spans = _join([p if p is not None else silence for p in pieces], rate, plan["chunks"], options)
         for span, chunk in zip(spans, plan["chunks"], strict=True):
             span["cached"] = chunk["key"] in cached_keys
         encoded = encode(audio, rate, plan["format"])
@@ -381,6 +393,28 @@ def stop_listening(backend: Any, task_ids: Sequence[str], *, unless_waited: bool
                 consumer.cancel_for(task_id)
         except Exception as exc:  # a lost subscription is harmless; failing the job is not
             logger.debug("could not unsubscribe from a result: %s", type(exc).__name__)
+
+
+def _check_plan(plan: Any) -> None:
+    """A stitch plan as ``fan_out`` writes it: keys are content keys, the format one ttsq makes."""
+    if not (
+        isinstance(plan, Mapping)
+        and isinstance(plan.get("key"), str)
+        and _HEX64.fullmatch(plan["key"])
+        and plan.get("format") in FORMATS
+        and isinstance(plan.get("options"), Mapping)
+        and isinstance(plan.get("chunks"), list)
+        and plan["chunks"]
+    ):
+        raise InvalidRequest("plan", "is not a stitch plan ttsq made")
+    Options.from_dict(plan["options"])
+    for chunk in plan["chunks"]:
+        if not (
+            isinstance(chunk, Mapping)
+            and isinstance(chunk.get("key"), str)
+            and (chunk["key"] == "" or _HEX64.fullmatch(chunk["key"]))
+        ):
+            raise InvalidRequest("plan.chunks", "holds a chunk key that is not a content key")
 
 
 def _join(

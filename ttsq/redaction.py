@@ -22,6 +22,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from celery.worker.request import Request
 
+from ttsq.errors import InvalidRequest
+
 #: Request fields whose value is short, fixed vocabulary or a number: shown as they are (truncated).
 _PLAIN_FIELDS = (
     "mode",
@@ -71,10 +73,13 @@ def redact_result(text: Any) -> Any:
 
 
 def redact_task_logs() -> None:
-    """Keep input text and presigned URLs out of Celery's own task log lines (worker processes)."""
+    """Keep input text and presigned URLs out of Celery's own task log lines (worker processes), and a
+    refused request out of the error log: it is one line at WARNING, without a traceback."""
     trace_logger = logging.getLogger("celery.app.trace")
     if _redact_return_value not in trace_logger.filters:
         trace_logger.addFilter(_redact_return_value)
+    if _quiet_refusal not in trace_logger.filters:
+        trace_logger.addFilter(_quiet_refusal)
     consumer_logger = logging.getLogger("celery.worker.consumer.consumer")
     if _redact_message_body not in consumer_logger.filters:
         consumer_logger.addFilter(_redact_message_body)
@@ -90,6 +95,16 @@ def _redact_message_body(record: logging.LogRecord) -> bool:
             summary = "unknown message format"
         record.msg = "%s; message dropped (its body is withheld from the log: it may hold input text)"
         record.args = (summary,)
+        record.exc_info = None
+        record.exc_text = None
+    return True
+
+
+def _quiet_refusal(record: logging.LogRecord) -> bool:
+    """A job failed with ``InvalidRequest`` is the request's fault, foreseen and named: a warning in one
+    line, not an error with the worker's traceback."""
+    if record.exc_info and isinstance(record.exc_info[1], InvalidRequest):
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
         record.exc_info = None
         record.exc_text = None
     return True

@@ -279,9 +279,23 @@ def _clean_text(name: str, value: Any, max_chars: int, *, required: bool = False
     text = _WHITESPACE.sub(" ", unicodedata.normalize("NFC", value)).strip()
     if required and not text:
         raise InvalidRequest(name, "is empty")
+    if required:
+        check_speakable(name, text)
     if len(text) > max_chars:
         raise InvalidRequest(name, f"is {len(text)} characters; the limit is {max_chars}")
     return text
+
+
+def speakable(text: str) -> bool:
+    """Whether ``text`` holds something to speak: a letter, a digit or an ideograph (not only
+    punctuation, symbols, emoji or invisible format characters such as zero-width joiners)."""
+    return any(unicodedata.category(ch)[0] in "LN" for ch in text)
+
+
+def check_speakable(name: str, text: str) -> None:
+    """Refuse a text with nothing to speak (``speakable``), naming the field."""
+    if not speakable(text):
+        raise InvalidRequest(name, "has nothing to speak (no letter, digit or ideograph)")
 
 
 def check_characters(name: str, value: Any) -> None:

@@ -20,13 +20,14 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from celery import Celery, Task
+from celery import Celery, Task, states
 from celery.exceptions import InvalidTaskError, Reject
 from celery.signals import task_postrun, task_success
 
 from ttsq.app import make_app
 from ttsq.constants import CLAIM_HEADER, DOCUMENT_TASK_NAME, SENT_AT_HEADER, STITCH_TASK_NAME, TASK_NAME
 from ttsq.errors import InvalidRequest
+from ttsq.gate import GATE_OPTION, Gate, GatedTransport
 from ttsq.orchestrator import Orchestrator
 
 if TYPE_CHECKING:
@@ -35,6 +36,9 @@ if TYPE_CHECKING:
     from ttsq.worker import WorkerRuntime
 
 logger = logging.getLogger(__name__)
+
+#: The tasks a ttsq worker runs; a message for any other task is refused at the gate.
+TASKS = (TASK_NAME, DOCUMENT_TASK_NAME, STITCH_TASK_NAME)
 
 #: Every ttsq task: acked after it returns (late acks), never added to other apps (``shared=False``:
 #: a second app in one process, as in tests and the embedded mode, would otherwise run the first
@@ -78,9 +82,15 @@ class GuardedTask(Task):  # type: ignore[misc]
 
 def worker_app(settings: Settings, runtime: WorkerRuntime) -> Celery:
     """The Celery app of a worker: ttsq's tasks registered over a started ``WorkerRuntime`` (engine
-    loaded and warmed first, so a broken model stops the process before it consumes anything)."""
+    loaded and warmed first, so a broken model stops the process before it consumes anything), and
+    every message it receives checked by the envelope gate (``ttsq.gate``) before Celery parses it."""
     app = make_app(settings, worker=True)
     register_tasks(app, runtime)
+    gate = Gate(settings, tasks=TASKS, observer=runtime.observer, accepted=runtime.accepted)
+    # The transport checks each popped list item, the consumer (``ttsq.consumer``) each message.
+    app.conf.broker_transport = GatedTransport
+    app.conf.broker_transport_options = {**app.conf.broker_transport_options, GATE_OPTION: gate}
+    app.ttsq_gate = gate
     return app
 
 
@@ -125,4 +135,16 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> Orchestrator:
     # A chunk of a document is an ordinary job; the orchestrator counts it once it has succeeded.
     task_success.connect(orchestrator.chunk_succeeded, sender=synthesize, weak=False)
     task_postrun.connect(orchestrator.chunk_ended, sender=synthesize, weak=False)
+
+    def finished(task_id: str = "", state: str | None = None, **_: Any) -> None:
+        # A final result is stored: the job leaves the accepted-job ledger. (A document is replaced by its
+        # chord, state IGNORED: it stays until its stitch, which carries its id, finishes.)
+        if state in (states.SUCCESS, states.FAILURE):
+            try:
+                runtime.accepted.finish(task_id)
+            except Exception as exc:  # the sweeper drops records of finished jobs it comes across
+                logger.warning("job %s: could not close its ledger record: %s", task_id, type(exc).__name__)
+
+    for task in (synthesize, document, stitch):
+        task_postrun.connect(finished, sender=task, weak=False)
     return orchestrator

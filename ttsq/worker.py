@@ -24,6 +24,7 @@ import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any
 
+from ttsq.accepted import AcceptedJobs
 from ttsq.app import queue_for
 from ttsq.audio import encode, probe
 from ttsq.batching import Batcher
@@ -40,6 +41,7 @@ from ttsq.request import JobResult, Limits, StoredAudio, SynthesisRequest, Timin
 from ttsq.results import Results
 from ttsq.stats import FleetObserver, FleetStats, worker_info
 from ttsq.storage import open_storage
+from ttsq.sweeper import Sweeper
 from ttsq.watchdog import Watchdog
 
 if TYPE_CHECKING:
@@ -65,6 +67,8 @@ class WorkerRuntime:
         # A worker rides out a Redis restart instead of failing the jobs it holds.
         self.cache = CacheIndex(settings.cache_url, ttl_s=settings.cache_ttl_s, patience_s=WORKER_REDIS_PATIENCE_S)
         self.ledger = Ledger(settings.cache_url, ttl_s=settings.inflight_ttl_s, patience_s=WORKER_REDIS_PATIENCE_S)
+        #: What producers accepted: the gate marks jobs received, tasks finish them, the sweeper re-sends.
+        self.accepted = AcceptedJobs(settings.cache_url, patience_s=WORKER_REDIS_PATIENCE_S)
         self.stats = FleetStats(settings.cache_url)
         self.results = Results(settings, lambda: self.storage, worker=self.node)
         self.metrics = Metrics(node=self.node, broker_url=settings.broker_url, cache_url=settings.cache_url, gpus=gpus)
@@ -76,6 +80,7 @@ class WorkerRuntime:
         )
         self._started_at = time.time()
         self.watchdog = Watchdog(self.batcher, limit_s=settings.batch_limit_s)
+        self.sweeper = Sweeper(settings, self.accepted, self.observer, node=self.node)
         self._stopping = threading.Event()
         self._stats_beat = threading.Thread(target=self._beat, name="ttsq-beat", daemon=True)
 
@@ -130,6 +135,7 @@ class WorkerRuntime:
         self.metrics.watch_queues(self.queues)
         self._started_at = time.time()
         self._stats_beat.start()
+        self.sweeper.start()
         logger.info(
             "engine %s ready in %.2fs (model %s, revision %s, max_batch %d)",
             self.settings.engine,
@@ -143,6 +149,7 @@ class WorkerRuntime:
         """Finish queued batches, release the engine and connections."""
         self._stopping.set()
         self.watchdog.stop()
+        self.sweeper.stop()
         self.batcher.stop()
         if self._stats_beat.is_alive():
             self._stats_beat.join(timeout=HEARTBEAT_INTERVAL_S + 5)
@@ -151,6 +158,7 @@ class WorkerRuntime:
         self.stats.close()
         self.cache.close()
         self.ledger.close()
+        self.accepted.close()
 
     def run(
         self, kwargs: dict[str, Any], *, task_id: str, queue_wait_s: float | None, claimed_key: str | None = None

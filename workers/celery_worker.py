@@ -11,10 +11,9 @@ import logging
 import os
 import socket
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from celery.worker.consumer import Consumer
-
+from ttsq.consumer import GatedConsumer
 from ttsq.errors import ConfigError
 from ttsq.tasks import worker_app
 from ttsq.worker import WorkerRuntime
@@ -42,37 +41,6 @@ def return_large_buffers_to_the_os() -> None:
     except (OSError, AttributeError):
         return
     mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-
-
-class ReconnectingConsumer(Consumer):  # type: ignore[misc]
-    """Celery's consumer, surviving a broker that vanishes while the worker holds messages.
-
-    With Celery 5.7 and kombu 5.7, losing Redis while messages are unacknowledged ends the worker:
-    Celery detaches the dead connection's transport, then closes its channel, whose attempt to
-    push the held messages back (and, later, each ack of a task still running) needs that
-    transport and raises ``AttributeError``, which Celery takes for an "Unrecoverable error".
-
-    Before Celery's clean-up, the dead channel is told not to push messages back, and acks on it
-    fail as the connection errors they are (Celery logs "Couldn't ack" and carries on). The
-    consumer reconnects as after any connection loss; the messages it held stay in Redis' unacked
-    set and come back after the visibility timeout, like those of a worker that died, and their
-    rerun is answered from the cache.
-    """
-
-    def on_connection_error_after_connected(self, exc: Any) -> None:
-        channel = getattr(self.connection, "_default_channel", None)
-        if channel is not None:
-            channel.do_restore = False
-            channel.basic_ack = channel.basic_reject = _dead_channel
-        super().on_connection_error_after_connected(exc)
-
-
-def _dead_channel(*args: Any, **kwargs: Any) -> None:
-    import redis
-
-    raise redis.exceptions.ConnectionError(
-        "the broker connection this message came on was lost; Redis redelivers it after the visibility timeout"
-    )
 
 
 def run_worker(settings: Settings, *, hostname: str | None = None) -> int:
@@ -110,7 +78,7 @@ def run_worker(settings: Settings, *, hostname: str | None = None) -> int:
         loglevel=settings.log_level,
         without_mingle=True,
         without_gossip=True,
-        consumer_cls=ReconnectingConsumer,
+        consumer_cls=GatedConsumer,
     )
     try:
         worker.start()
