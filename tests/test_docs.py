@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import soundfile as sf
-from support import WorkerProcess, settings_env
+from support import GatewayProcess, WorkerProcess, api_key, settings_env
 
 from ttsq.config import Settings
 
@@ -28,6 +28,7 @@ PAGES = [README, *sorted(DOCS.glob("*.md"))]
 #: What the README's table of documentation links to: one row per page.
 DOC_PAGES = {
     "deployment.md",
+    "gateway.md",
     "configuration.md",
     "qwen.md",
     "documents.md",
@@ -166,8 +167,48 @@ CHECKS: dict[str, Callable[[str], None]] = {
 TLS_OVERRIDE = EXAMPLES / "docker-compose.tls.yml"
 
 
+def check_gateway_sh(output: str, folder: Path) -> None:
+    assert re.search(r"^speech: \d+ bytes of mp3$", output, re.M), output
+    job = re.search(r"^job (\S+): \d+ bytes of wav$", output, re.M)
+    assert job, output
+    for name, least in (("hello.mp3", 0.8), ("job.wav", 1.0)):
+        audio, rate = sf.read(folder / name)
+        assert len(audio) / rate > least, name
+    assert json.loads(output.strip().splitlines()[-1])["error"]["code"] == "not_found"
+
+
+def check_openai_speech(output: str, folder: Path) -> None:
+    assert re.search(r"^ignored: voice,instruct,seed, job key [0-9a-f]{12}$", output, re.M), output  # espeak
+    audio, rate = sf.read(folder / "hello.wav")
+    assert len(audio) / rate > 1.5
+    assert re.search(r"^refused: speed: .*invalid speed: 1\.5 cannot be applied", output, re.M), output
+
+
+GATEWAY_CHECKS: dict[str, Callable[[str, Path], None]] = {
+    "gateway.sh": check_gateway_sh,
+    "openai_speech.py": check_openai_speech,
+}
+
+
 def test_every_example_file_is_checked_here() -> None:
-    assert {path.name for path in EXAMPLES.iterdir() if path.is_file()} == {*CHECKS, TLS_OVERRIDE.name}
+    assert {path.name for path in EXAMPLES.iterdir() if path.is_file()} == {*CHECKS, *GATEWAY_CHECKS, TLS_OVERRIDE.name}
+
+
+@pytest.mark.parametrize("name", sorted(GATEWAY_CHECKS))
+def test_the_gateway_example_runs_against_a_real_gateway(
+    name: str,
+    settings: Settings,
+    start_worker: Callable[..., WorkerProcess],
+    start_gateway: Callable[..., GatewayProcess],
+    tmp_path: Path,
+) -> None:
+    start_worker(settings)
+    gateway = start_gateway(settings)
+    env = {**settings_env(settings), "GATEWAY_URL": gateway.url, "GATEWAY_KEY": api_key(settings)}
+    command = ["bash", str(EXAMPLES / name)] if name.endswith(".sh") else [sys.executable, str(EXAMPLES / name)]
+    out = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    GATEWAY_CHECKS[name](out.stdout, tmp_path)
 
 
 @pytest.mark.parametrize("name", sorted(CHECKS))
@@ -245,7 +286,7 @@ def test_the_examples_shown_in_the_docs_are_the_files() -> None:
                 shown.add(file.name)
             else:
                 assert block.count("\n") >= 3 and block in content, f"{page.name} quotes {path} as it no longer is"
-    assert shown == {*CHECKS, TLS_OVERRIDE.name}
+    assert shown == {*CHECKS, *GATEWAY_CHECKS, TLS_OVERRIDE.name}
 
 
 # --- links and the front page ----------------------------------------------------------------------

@@ -40,6 +40,7 @@ CORE = {
     "ttsq.document",
     "ttsq.envelope",
     "ttsq.accepted",
+    "ttsq.apikeys",
 }
 APP = {"ttsq.app"}
 #: The worker stack, top down: a module may import its own rank or lower ranks, never a higher one.
@@ -62,7 +63,16 @@ WORKER = [
         "ttsq.engines.qwen_checkpoint",
     },
 ]
-PRODUCERS = {"ttsq.client", "ttsq.fleet"}
+PRODUCERS = {
+    "ttsq.client",
+    "ttsq.fleet",
+    "ttsq.speech",
+    "ttsq.waiter",
+    "ttsq.apierror",
+    "ttsq.gateway",
+    "ttsq.routes",
+    "ttsq.server",
+}
 #: What starts processes and composes both stacks (the command line, the worker entrypoint, the launcher,
 #: the embedded mode, operations tools): free to import anything below it.
 ENTRYPOINTS = {
@@ -81,6 +91,7 @@ ENTRYPOINTS = {
     "ttsq.cli.voices",
     "ttsq.cli.fleet",
     "ttsq.cli.bench",
+    "ttsq.cli.gateway",
     "ttsq.workers",
     "ttsq.workers.celery_worker",
 }

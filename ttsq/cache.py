@@ -14,7 +14,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ttsq.connection import connect, patiently
-from ttsq.constants import CACHE_PREFIX, FLEET_PREFIX, IDENTITY_MAX_AGE_S, INFLIGHT_PREFIX, STATS_PREFIX
+from ttsq.constants import (
+    CACHE_PREFIX,
+    CANCELLED_PREFIX,
+    FLEET_PREFIX,
+    IDENTITY_MAX_AGE_S,
+    INFLIGHT_PREFIX,
+    STATS_PREFIX,
+)
 
 if TYPE_CHECKING:
     import redis
@@ -86,6 +93,10 @@ class CacheIndex:
             if now - float(identity.pop("announced_at", 0.0)) <= max_age_s:
                 live[str(mode)] = identity
         return live
+
+    def cancel(self, task_id: str, *, ttl_s: int) -> None:
+        """Mark a job cancelled: a worker that receives its message (or one of its chunks') drops it."""
+        self._do(lambda: self._redis.set(CANCELLED_PREFIX + task_id, 1, ex=ttl_s))
 
     def count(self, name: str, amount: int = 1) -> None:
         """Add to a counter (``ttsq:stats:<name>``)."""

@@ -95,8 +95,13 @@ class Job:
 class Client:
     """A producer bound to one settings object. Cheap to keep, safe to share between threads."""
 
-    def __init__(self, settings: Settings, *, app: Celery | None = None) -> None:
+    def __init__(
+        self, settings: Settings, *, app: Celery | None = None, admit: Callable[[str], None] | None = None
+    ) -> None:
+        """``admit`` (the HTTP gateway's admission control) is called with a job's queue before it is
+        accepted, after the cache has been asked: it raises to refuse the job, and nothing is queued."""
         self.settings = settings
+        self.admit = admit
         self.app = app or make_app(settings)
         self.cache = CacheIndex(settings.cache_url, ttl_s=settings.cache_ttl_s)
         self.stats = FleetStats(settings.cache_url)
@@ -206,6 +211,8 @@ class Client:
         queue = queue_for(self.settings.queue, mode)
         if key is not None and (hit := cached(key)) is not None:
             return hit
+        if self.admit is not None:
+            self.admit(queue)
         headers: dict[str, Any] = {SENT_AT_HEADER: time.time()}
         if key is not None and task == TASK_NAME:
             headers[CLAIM_HEADER] = key
@@ -384,6 +391,26 @@ class Client:
         elif state == "SUCCESS" and isinstance(info, dict):
             out["result"] = self.refresh_url(cast("JobResult", info))
         return out
+
+    def cancel(self, task_id: str) -> str:
+        """Cancel a job that has not finished; return its state after (REVOKED, or the final state it
+        already had). A queued job never runs: a worker drops its message (and, for a document, the
+        messages of its chunks) when it arrives. A job a worker is already running finishes."""
+        self._check_known(task_id)
+        state = self._state(task_id)
+        if state in states.READY_STATES:
+            return str(state)
+        self.cache.cancel(task_id, ttl_s=self.settings.result_ttl_s)
+        self.accepted.finish(task_id)  # nothing to send again
+        try:
+            self.app.backend.mark_as_revoked(task_id, "cancelled")
+            # A worker that already holds the message (prefetched) drops it too.
+            self.app.control.revoke(task_id)
+        except Exception as exc:
+            if _is_connection_error(exc):
+                raise BrokerError(f"cannot reach the result backend: {exc}") from exc
+            raise
+        return str(states.REVOKED)
 
     def refresh_url(self, result: JobResult) -> JobResult:
         """The same result with a URL presigned now (the stored one may have expired)."""

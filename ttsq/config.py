@@ -123,6 +123,23 @@ class Settings:
     #: launcher stops it harder (a second SIGTERM does the same at once). Keep it below the grace period
     #: of whatever stops the launcher (systemd, Kubernetes, compose's ``stop_grace_period``).
     drain_timeout_s: int = 120
+    # The HTTP gateway (``ttsq serve``): a producer that holds no model.
+    #: Address the gateway listens on: loopback unless you put it behind a proxy or a container port.
+    gateway_host: str = "127.0.0.1"
+    #: TCP port the gateway serves HTTP on (compose publishes it on 127.0.0.1:8080).
+    gateway_port: int = 8080
+    #: ``keys`` (every API request needs a bearer token from ``ttsq keys add``) or ``none`` (a trusted
+    #: network only: anyone who reaches the port can submit).
+    gateway_auth: str = "keys"
+    #: Admission control: a request for a mode whose queue holds this many waiting jobs or more is
+    #: refused with 503 and a ``Retry-After``, and nothing is queued. 0: no limit.
+    gateway_max_queue: int = 1000
+    #: Largest request body the gateway reads, in bytes (a voice upload may be 32 MiB); a larger one is
+    #: refused with 413 before it is read whole.
+    gateway_max_body_bytes: int = 1_048_576
+    #: How long ``/v1/audio/speech`` and ``/generate`` wait for their audio before answering 504 (the
+    #: job goes on; its id is in the ``X-TTSQ-Job-Id`` header).
+    gateway_wait_s: int = 300
     # Long documents (``ttsq submit -f``): split into chunk jobs, stitched into one file.
     #: Longest document accepted (``ttsq submit -f``), in characters after normalization.
     max_document_chars: int = 200_000
@@ -186,6 +203,12 @@ class Settings:
         _check(0 <= self.metrics_port <= 65535, "metrics_port", "must be 0..65535 (0 turns metrics off)")
         _check(self.drain_timeout_s >= 1, "drain_timeout_s", "must be >= 1")
         _check(1 <= self.lost_job_grace_s <= 3600, "lost_job_grace_s", "must be 1..3600")
+        _check(bool(self.gateway_host), "gateway_host", "must not be empty")
+        _check(0 <= self.gateway_port <= 65535, "gateway_port", "must be 0..65535")
+        _check(self.gateway_auth in ("keys", "none"), "gateway_auth", "must be keys or none")
+        _check(self.gateway_max_queue >= 0, "gateway_max_queue", "must be >= 0 (0: no limit)")
+        _check(1024 <= self.gateway_max_body_bytes <= 64 * 2**20, "gateway_max_body_bytes", "must be 1024..67108864")
+        _check(1 <= self.gateway_wait_s <= 3600, "gateway_wait_s", "must be 1..3600")
         _check(1 <= self.max_document_chars <= 10_000_000, "max_document_chars", "must be 1..10000000")
         _check(20 <= self.doc_max_chars <= 100_000, "doc_max_chars", "must be 20..100000")
         _check(

@@ -89,3 +89,10 @@ SEQ_HEADER = "ttsq_seq"
 
 #: Dead letters (the broker database): messages a worker refused to run, raw (``ttsq.envelope``).
 DEAD_LETTERS_KEY = "ttsq:dead"
+
+# The HTTP gateway's API keys and limits (the cache database; ``ttsq.apikeys``).
+APIKEY_PREFIX = "ttsq:apikey:"  # + SHA-256 of the token -> hash: id, name, created_at, revoked_at, limits
+APIKEY_IDS_KEY = "ttsq:apikeys"  # hash: key id -> SHA-256 of its token
+RATE_PREFIX = "ttsq:rate:"  # + key id + ":" + Unix minute -> requests in that minute; TTL 120 s
+QUOTA_PREFIX = "ttsq:quota:"  # + key id + ":" + Unix day -> audio milliseconds served that day; TTL 2 days
+CANCELLED_PREFIX = "ttsq:cancelled:"  # + task id -> 1: cancelled before it ran; TTL = result TTL

@@ -77,7 +77,10 @@ class RedisServer:
         directory: str | None = None,
         appendonly: bool = False,
         appendfsync: str = "everysec",
+        executable: str | None = None,
     ) -> None:
+        #: The ``redis-server`` binary; by default the one ``redis_server_executable`` finds.
+        self.executable = executable
         self.port = port or free_port()
         self._owns_directory = directory is None
         self.directory = directory or tempfile.mkdtemp(prefix="ttsq-redis-")
@@ -95,7 +98,7 @@ class RedisServer:
     def start(self, timeout: float = 10.0) -> RedisServer:
         """Start and wait until it answers PING."""
         command = [
-            redis_server_executable(),
+            self.executable or redis_server_executable(),
             "--port",
             str(self.port),
             "--bind",

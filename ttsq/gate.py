@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 from kombu.transport import redis as kombu_redis
 
-from ttsq.accepted import AcceptedJobs
+from ttsq.accepted import AcceptedJobs, Receipt
 from ttsq.connection import connect
-from ttsq.constants import SEQ_HEADER
+from ttsq.constants import DOCUMENT_HEADER, SEQ_HEADER
 from ttsq.envelope import DeadLetters, Refused, check_raw, check_task
 
 if TYPE_CHECKING:
@@ -89,19 +89,29 @@ class Gate:
             and not (message.delivery_info or {}).get("redelivered")
             and not headers.get("retries")
         )
+        document = headers.get(DOCUMENT_HEADER)
+        document_id = document.get("id") if isinstance(document, dict) else None
         try:
-            first = self.accepted.received(
-                checked.task_id, task=checked.task, queue=queue, seq=seq if isinstance(seq, int) else None, plain=plain
+            receipt = self.accepted.received(
+                checked.task_id,
+                task=checked.task,
+                queue=queue,
+                seq=seq if isinstance(seq, int) else None,
+                plain=plain,
+                document=document_id if isinstance(document_id, str) else None,
             )
         except Exception as exc:  # the ledger is a safety net: a Redis hiccup here must not stop the job
             logger.warning("job %s: could not mark it received: %s", checked.task_id, type(exc).__name__)
             return True
-        if not first:
+        if receipt is Receipt.DUPLICATE:
             logger.info("job %s: a second copy (a worker already received this job); dropped", checked.task_id)
             self.observer.duplicate_dropped()
-            message.ack()
-            return False
-        return True
+        elif receipt is Receipt.CANCELLED:
+            logger.info("job %s: cancelled before it ran; dropped", checked.task_id)
+        else:
+            return True
+        message.ack()
+        return False
 
     def close(self) -> None:
         """Nothing to release: the connections are closed with the process."""

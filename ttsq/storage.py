@@ -22,7 +22,7 @@ import os
 import random
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
@@ -33,6 +33,10 @@ if TYPE_CHECKING:
     from ttsq.config import Settings
 
 logger = logging.getLogger(__name__)
+
+
+#: Pieces ``stream`` reads at a time.
+STREAM_CHUNK_BYTES = 64 * 1024
 
 
 class Storage(Protocol):
@@ -52,6 +56,19 @@ class Storage(Protocol):
 
     def url(self, key: str, expires_s: int) -> str:
         """A URL a client can fetch the object from for at least ``expires_s`` seconds."""
+        ...
+
+    def stream(self, key: str, chunk_bytes: int = STREAM_CHUNK_BYTES) -> Iterator[bytes]:
+        """The stored bytes in pieces, as they are read (an HTTP response sends them on at once);
+        ``StorageError`` if absent, raised before the first piece."""
+        ...
+
+    def keys(self, prefix: str) -> list[str]:
+        """Every key under ``prefix`` (``voices/``, say), sorted."""
+        ...
+
+    def delete(self, key: str) -> bool:
+        """Remove the object under ``key``; False if there was none."""
         ...
 
 
@@ -93,6 +110,34 @@ class LocalStorage:
 
     def url(self, key: str, expires_s: int) -> str:
         return self._path(key).as_uri()
+
+    def stream(self, key: str, chunk_bytes: int = STREAM_CHUNK_BYTES) -> Iterator[bytes]:
+        try:
+            handle = self._path(key).open("rb")
+        except OSError as exc:
+            raise StorageError(f"cannot read {key} under {self.root}: {exc.strerror}") from exc
+        return _pieces(handle, chunk_bytes)
+
+    def keys(self, prefix: str) -> list[str]:
+        folder = self.root / prefix.rstrip("/") if prefix.endswith("/") else self.root
+        if not folder.is_dir():
+            return []
+        return sorted(
+            key
+            for path in folder.rglob("*")
+            if path.is_file()
+            and not path.name.startswith(".partial-")
+            and (key := path.relative_to(self.root).as_posix()).startswith(prefix)
+        )
+
+    def delete(self, key: str) -> bool:
+        try:
+            self._path(key).unlink()
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise StorageError(f"cannot delete {key} under {self.root}: {exc.strerror}") from exc
+        return True
 
 
 class S3Storage:
@@ -156,6 +201,26 @@ class S3Storage:
         body: bytes = response["Body"].read()
         return body
 
+    def stream(self, key: str, chunk_bytes: int = STREAM_CHUNK_BYTES) -> Iterator[bytes]:
+        body = self._call("get_object", Key=self.prefix + key)["Body"]
+        return _pieces(body, chunk_bytes)
+
+    def keys(self, prefix: str) -> list[str]:
+        keys: list[str] = []
+        token: dict[str, str] = {}
+        while True:
+            page = self._call("list_objects_v2", Prefix=self.prefix + prefix, **token)
+            keys += [item["Key"][len(self.prefix) :] for item in page.get("Contents", [])]
+            if not page.get("IsTruncated"):
+                return sorted(keys)
+            token = {"ContinuationToken": page["NextContinuationToken"]}
+
+    def delete(self, key: str) -> bool:
+        if not self.exists(key):
+            return False
+        self._call("delete_object", Key=self.prefix + key)
+        return True
+
     def url(self, key: str, expires_s: int) -> str:
         url: str = self._signer.generate_presigned_url(
             "get_object", Params={"Bucket": self.bucket, "Key": self.prefix + key}, ExpiresIn=expires_s
@@ -197,6 +262,15 @@ class S3Storage:
             )
             time.sleep(pause)
         raise AssertionError("unreachable")
+
+
+def _pieces(handle: Any, chunk_bytes: int) -> Iterator[bytes]:
+    """Read ``handle`` piece by piece, closing it at the end (or when the reader stops early)."""
+    try:
+        while piece := handle.read(chunk_bytes):
+            yield piece
+    finally:
+        handle.close()
 
 
 class _Absent(Exception):

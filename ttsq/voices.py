@@ -108,6 +108,60 @@ def load_voice(storage: Storage, key: str) -> Voice:
     return Voice(key=key, samples=samples, sample_rate=rate, transcript=transcript)
 
 
+@dataclass(frozen=True)
+class VoiceInfo:
+    """A stored reference, as listings show it."""
+
+    reference: str
+    duration_s: float | None
+    sample_rate: int | None
+    #: Whether a transcript is stored beside it (the transcript itself is not listed).
+    transcript: bool
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "reference": self.reference,
+            "duration_s": self.duration_s,
+            "sample_rate": self.sample_rate,
+            "transcript": self.transcript,
+        }
+
+
+def list_voices(storage: Storage) -> list[VoiceInfo]:
+    """Every stored reference voice, by key."""
+    keys = storage.keys("voices/")
+    voices = []
+    for key in keys:
+        if not REFERENCE_PATTERN.fullmatch(key):
+            continue
+        meta: dict[str, object] = {}
+        if _meta_key(key) in keys:
+            try:
+                loaded = json.loads(storage.get(_meta_key(key)))
+                meta = loaded if isinstance(loaded, dict) else {}
+            except (ValueError, TypeError):
+                meta = {}
+        duration, rate = meta.get("duration_s"), meta.get("sample_rate")
+        voices.append(
+            VoiceInfo(
+                reference=key,
+                duration_s=float(duration) if isinstance(duration, (int, float)) else None,
+                sample_rate=int(rate) if isinstance(rate, int) else None,
+                transcript=bool(meta.get("transcript")),
+            )
+        )
+    return voices
+
+
+def delete_voice(storage: Storage, key: str) -> bool:
+    """Remove a stored reference and its transcript; False if there was none."""
+    if not REFERENCE_PATTERN.fullmatch(key):
+        raise InvalidRequest("reference", "expected a voice key like voices/<64 hex digits>.wav")
+    deleted = storage.delete(key)
+    storage.delete(_meta_key(key))
+    return deleted
+
+
 def _meta_key(key: str) -> str:
     return key.removesuffix(".wav") + ".json"
 

@@ -1,0 +1,115 @@
+"""``ttsq serve`` (the HTTP gateway) and ``ttsq keys`` (its API keys)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+from .common import one_line_errors, settings_of
+
+
+@click.command()
+@click.option("--host", default=None, help="Address to listen on (default 127.0.0.1). [TTSQ_GATEWAY_HOST]")
+@click.option("--port", type=int, default=None, help="Port to listen on (default 8080). [TTSQ_GATEWAY_PORT]")
+@click.option("--log-level", default=None, help="uvicorn's log level (default: TTSQ_LOG_LEVEL).")
+@click.pass_context
+@one_line_errors
+def serve(ctx: click.Context, host: str | None, port: int | None, log_level: str | None) -> None:
+    """Run the HTTP gateway: OpenAI's speech API, a jobs API and voices, over this deployment's Redis.
+    It holds no model; run more of it behind a load balancer to scale."""
+    from ttsq.errors import EngineUnavailable
+
+    settings = settings_of(ctx, gateway_host=host, gateway_port=port)
+    try:
+        import uvicorn
+
+        from ttsq.server import create_gateway
+    except ImportError as exc:
+        raise EngineUnavailable(f"the gateway needs its extra: pip install 'ttsq[gateway]' ({exc})") from exc
+    uvicorn.run(
+        create_gateway(settings),
+        host=settings.gateway_host,
+        port=settings.gateway_port,
+        log_level=(log_level or settings.log_level).lower(),
+        server_header=False,
+    )
+
+
+@click.group()
+def keys() -> None:
+    """API keys of the HTTP gateway (stored hashed in Redis)."""
+
+
+@keys.command("add")
+@click.argument("name")
+@click.option(
+    "--rate-per-min",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="Requests per minute this key may make, across every gateway (0: no limit).",
+)
+@click.option(
+    "--quota-audio-s",
+    type=click.FloatRange(0),
+    default=0.0,
+    show_default=True,
+    help="Seconds of audio per UTC day this key may be served (0: no quota).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the key as JSON.")
+@click.pass_context
+@one_line_errors
+def keys_add(ctx: click.Context, name: str, rate_per_min: int, quota_audio_s: float, as_json: bool) -> None:
+    """Create a key named NAME and print its token, once: it is not stored, only its hash."""
+    from ttsq.apikeys import ApiKeys
+    from ttsq.connection import connect, redis_errors
+
+    settings = settings_of(ctx)
+    with redis_errors(settings.cache_url):
+        token, key = ApiKeys(connect(settings.cache_url)).add(
+            name, rate_per_min=rate_per_min, quota_audio_s=quota_audio_s
+        )
+    click.echo(json.dumps({"token": token, **key.summary()}) if as_json else token)
+
+
+@keys.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print the keys as JSON.")
+@click.pass_context
+@one_line_errors
+def keys_list(ctx: click.Context, as_json: bool) -> None:
+    """List the keys: name, id, limits, audio served today, revoked or not (never a token)."""
+    from ttsq.apikeys import ApiKeys
+    from ttsq.connection import connect, redis_errors
+
+    settings = settings_of(ctx)
+    with redis_errors(settings.cache_url):
+        store = ApiKeys(connect(settings.cache_url))
+        rows = [key.summary(store.used_today(key)) for key in store.list()]
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    if not rows:
+        click.echo("no keys (`ttsq keys add NAME`)")
+    for row in rows:
+        revoked = time.strftime("revoked %Y-%m-%d", time.gmtime(row["revoked_at"])) if row["revoked_at"] else "live"
+        click.echo(
+            f"{row['id']}  {row['name']}  {revoked}  rate {row['rate_per_min'] or '-'}/min  "
+            f"quota {row['quota_audio_s'] or '-'} s/day  used today {row['used_today_s']} s"
+        )
+
+
+@keys.command("revoke")
+@click.argument("name_or_id")
+@click.pass_context
+@one_line_errors
+def keys_revoke(ctx: click.Context, name_or_id: str) -> None:
+    """Revoke the live key with this name or id: every gateway refuses it at once (403)."""
+    from ttsq.apikeys import ApiKeys
+    from ttsq.connection import connect, redis_errors
+
+    settings = settings_of(ctx)
+    with redis_errors(settings.cache_url):
+        key = ApiKeys(connect(settings.cache_url)).revoke(name_or_id)
+    click.echo(f"revoked {key.id} ({key.name})")

@@ -1,0 +1,142 @@
+"""Waiting for results without a thread per waiter: one Redis subscription per gateway process.
+
+Celery's Redis result backend stores a task's state under ``celery-task-meta-<id>`` and publishes it on
+a channel of the same name. A gateway holding a thousand requests open for their audio must not park a
+thread (and a connection) on each, as ``AsyncResult.get`` would: ``ResultWaiter`` holds one pattern
+subscription to every result channel on one connection (no subscribe and unsubscribe per request;
+a message nobody here awaits is dropped unread), reads a waiter's key once after registering it (so a
+result stored in between is not missed), and wakes the waiter when a final state arrives. If a message
+is missed anyway (the connection dropped and came back), every waiter reads its key again every few
+seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+
+from celery import states
+from redis import asyncio as aioredis
+
+from ttsq.constants import REDIS_CONNECT_TIMEOUT_S
+from ttsq.errors import BrokerError, CorruptRecord, JobTimeout
+
+logger = logging.getLogger(__name__)
+
+#: Celery's Redis result backend keeps a task's state under this prefix and publishes on the same name.
+RESULT_KEY_PREFIX = "celery-task-meta-"
+#: How often a waiter reads its key again, whatever the subscription says (seconds).
+RECHECK_S = 2.0
+
+
+class ResultWaiter:
+    """Async waits for Celery task results on the result backend's Redis. One per event loop."""
+
+    def __init__(self, url: str, *, connections: int = 32) -> None:
+        # A bounded pool that waits for a free connection: a thousand waiters share a few dozen.
+        self._redis = aioredis.Redis(
+            connection_pool=aioredis.BlockingConnectionPool.from_url(
+                url, max_connections=connections, timeout=30, socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S
+            )
+        )
+        self._pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        self._waiters: dict[str, set[asyncio.Future[dict[str, Any]]]] = {}
+        self._reader: asyncio.Task[None] | None = None
+
+    @property
+    def waiting(self) -> int:
+        """How many waits are open."""
+        return sum(len(futures) for futures in self._waiters.values())
+
+    async def meta(self, task_id: str) -> dict[str, Any] | None:
+        """The stored state of a task (None: nothing stored)."""
+        try:
+            raw = await self._redis.get(RESULT_KEY_PREFIX + task_id)
+        except Exception as exc:
+            raise BrokerError(f"cannot reach the result backend: {type(exc).__name__}") from exc
+        return None if raw is None else _decode(raw, task_id)
+
+    async def wait(self, task_id: str, timeout: float) -> dict[str, Any]:
+        """The task's meta once it is in a final state (SUCCESS, FAILURE, REVOKED); ``JobTimeout`` after
+        ``timeout`` seconds."""
+        channel = RESULT_KEY_PREFIX + task_id
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[dict[str, Any]] = loop.create_future()
+        deadline = loop.time() + timeout
+        self._waiters.setdefault(channel, set()).add(future)
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.create_task(self._read(), name="ttsq-result-reader")
+        try:
+            while True:
+                meta = await self.meta(task_id)  # after registering: nothing stored in between is missed
+                if meta is not None and meta.get("status") in states.READY_STATES:
+                    return meta
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise JobTimeout(f"job {task_id} not done after {timeout:.0f}s")
+                with contextlib.suppress(asyncio.TimeoutError):
+                    return await asyncio.wait_for(asyncio.shield(future), min(left, RECHECK_S))
+        finally:
+            waiters = self._waiters.get(channel, set())
+            waiters.discard(future)
+            if not waiters:
+                self._waiters.pop(channel, None)
+
+    async def _read(self) -> None:
+        """Read every result publication, for the life of the process (one pattern subscription: a
+        subscribe per waiter would cost two more Redis round trips a request); wake the waiters of
+        final states."""
+        subscribed = False
+        while True:
+            try:
+                if not subscribed:
+                    await self._pubsub.psubscribe(RESULT_KEY_PREFIX + "*")
+                    subscribed = True
+                message = await self._pubsub.get_message(timeout=1.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis restarting: waiters fall back to reading their keys
+                logger.warning("result subscription lost (%s); waiters read their results directly", type(exc).__name__)
+                subscribed = False
+                await asyncio.sleep(RECHECK_S)
+                continue
+            if not message or message.get("type") != "pmessage":
+                continue
+            futures = self._waiters.get(_text(message["channel"]))
+            if not futures:
+                continue  # a result nobody here waits for: not even decoded
+            try:
+                meta = _decode(message["data"], _text(message["channel"]).removeprefix(RESULT_KEY_PREFIX))
+            except CorruptRecord:
+                continue  # the waiter reads the key itself and reports it
+            if meta.get("status") in states.READY_STATES:
+                for future in futures:
+                    if not future.done():
+                        future.set_result(meta)
+
+    async def close(self) -> None:
+        """Stop reading and close the connections."""
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(BaseException):
+                await self._reader
+        with contextlib.suppress(Exception):
+            await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+        await self._redis.aclose()
+
+
+def _decode(raw: bytes | str, task_id: str) -> dict[str, Any]:
+    try:
+        meta = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise CorruptRecord("result", f"of job {task_id[:80]} cannot be read") from None
+    if not isinstance(meta, dict):
+        raise CorruptRecord("result", f"of job {task_id[:80]} is not a JSON object")
+    return meta
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
