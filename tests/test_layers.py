@@ -188,6 +188,20 @@ def test_every_module_has_a_place_in_the_layers() -> None:
     assert not unplaced, f"place these in tests/test_layers.py (and docs/development.md): {unplaced}"
 
 
+#: A product module may grow past this many lines only with a reason in its docstring.
+LONG_MODULE_LINES = 400
+
+
+def test_a_long_module_says_why_it_is_one_file() -> None:
+    unexplained = []
+    for module, path in modules().items():
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        if lines > LONG_MODULE_LINES and f"Why one file over {LONG_MODULE_LINES} lines:" not in docstring:
+            unexplained.append(f"{module} ({lines} lines)")
+    assert not unexplained, f'say "Why one file over {LONG_MODULE_LINES} lines: ..." in their docstrings: {unexplained}'
+
+
 def test_no_import_circles() -> None:
     edges = graph()
     names = modules()

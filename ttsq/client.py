@@ -14,6 +14,9 @@ If no worker has announced its model yet, steps 2-4 are skipped and the worker's
 keeps the result single; only the short-circuit is lost. A mode is refused only when the fleet is
 known (some worker of ``TTSQ_ENGINE`` announced itself) and none of it serves that mode; with no
 worker announced at all, the job waits in its mode's queue for one.
+
+Why one file over 400 lines: every producer call (submit, documents, wait, status, cancel) shares
+the same claim, ledger and result-reading steps, and splitting them would scatter one protocol.
 """
 
 from __future__ import annotations

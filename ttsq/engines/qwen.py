@@ -17,6 +17,9 @@ A batch is one ``generate_*`` call: qwen-tts left-pads the rows and runs them th
 - **Voice cloning** reads the reference through ttsq's storage and hands the model ``(samples, rate)``;
   the clone prompt (reference codes and speaker embedding) is computed once per reference and kept in
   a bounded least-recently-used cache.
+
+Why one file over 400 lines: loading, frame caps, OOM handling and the clone prompt all wrap the one
+``generate_*`` call, and the heavy imports must stay inside one engine module.
 """
 
 from __future__ import annotations

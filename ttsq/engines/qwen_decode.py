@@ -25,7 +25,10 @@ only the generation loop:
 With greedy settings the codes equal stock qwen-tts's, token for token (``tests/test_qwen_fast.py``).
 The prompt itself is built by qwen-tts's own code (``Prompt.capture``), so it cannot drift from stock.
 The layers the loop runs are in ``qwen_layers``, the per-row sampling in ``qwen_sampling``; this module
-is the loop itself (slots, caches, graph capture), one idea at about 400 lines.
+is the loop itself (slots, caches, graph capture).
+
+Why one file over 400 lines: slots, caches and graph capture are one loop's state; split, each part
+would reach into the others' tensors.
 """
 
 from __future__ import annotations
