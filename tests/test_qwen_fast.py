@@ -248,6 +248,55 @@ def test_seeded_sampling_does_not_depend_on_the_batch(models: dict[str, Any], su
     assert not torch.equal(run([3], [8], slots=1)[(3, 8)], alone)
 
 
+# -- quantized weights (TTSQ_QWEN_QUANT) ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def quantized(qwen_checkpoints: dict[str, Path]) -> Callable[[str, str], Any]:
+    """Fresh checkpoints with quantized decoder layers, one per (kind, quantization), loaded once."""
+    from ttsq.engines.qwen_quant import quantize
+
+    loaded: dict[tuple[str, str], Any] = {}
+
+    def get(kind: str, quant: str) -> Any:
+        if (kind, quant) not in loaded:
+            tts = load(qwen_checkpoints[kind])
+            quantize(tts.model, quant)
+            loaded[(kind, quant)] = tts
+        return loaded[(kind, quant)]
+
+    return get
+
+
+@pytest.mark.parametrize(
+    ("kind", "size", "quant"),
+    [("voice_design", 8, "int8"), ("custom_voice", 5, "int8"), ("base", 8, "int8"), ("voice_design", 5, "fp8")],
+)
+def test_quantized_greedy_codes_equal_stock_at_the_same_quantization(
+    models: dict[str, Any], quantized: Callable[[str, str], Any], kind: str, size: int, quant: str
+) -> None:
+    """Per-row activation scales keep every row independent of its neighbours (stock left-pads them
+    into one batch), so the two engines stay token for token equal when both are quantized."""
+    tts = quantized(kind, quant)
+    case = Case(kind, tts, size)
+    caps = caps_for(size)
+    expected = case.stock(caps)
+    full = Case(kind, models[kind], size).stock(caps)
+    assert any(not torch.equal(a, b) for a, b in zip(expected, full, strict=True)), "quantization changed nothing"
+    assert_same(decode_all(greedy_loop(tts, slots=size), case, caps), expected, caps)
+
+
+def test_int8_rows_joining_mid_flight_in_static_shapes_equal_stock(quantized: Callable[[str, str], Any]) -> None:
+    tts = quantized("voice_design", "int8")
+    case = Case("voice_design", tts, 9)
+    caps = caps_for(9)
+    expected = case.stock(caps)
+    joined: list[int] = []
+    loop = greedy_loop(tts, slots=4, static=True)
+    assert_same(decode_all(loop, case, caps, on_step=joined.append), expected, caps)
+    assert any(step > 0 for step in joined)
+
+
 def test_grouped_top_k_keeps_exactly_the_top_k_values() -> None:
     """``top`` ranks only the groups whose maxima can hold a top-k score: same values as ``topk``,
     indices that point at them, also with ties and with the whole top-k inside one group."""

@@ -26,7 +26,10 @@ from support import (
 
 from ttsq.client import Client
 from ttsq.config import Settings
+from ttsq.engines import create_engine
 from ttsq.engines.base import frame_cap
+from ttsq.keys import content_key
+from ttsq.request import SynthesisRequest
 
 
 @pytest.mark.parametrize("kind", ["voice_design", "base"])
@@ -65,3 +68,33 @@ def test_qwen_fast_serves_jobs_end_to_end(
         assert done["engine"] == "qwen-fast" and done["truncated"] is True
         assert done["duration_s"] == pytest.approx(cap * SAMPLES_PER_FRAME / 24_000)
     assert "Traceback" not in worker.log()
+
+
+@pytest.mark.parametrize("engine", ["qwen-fast", "qwen"])
+def test_int8_weights_serve_jobs_through_the_queue_under_their_own_keys(
+    engine: str,
+    settings: Settings,
+    qwen_checkpoints: dict[str, Path],
+    start_worker: Callable[..., WorkerProcess],
+) -> None:
+    """``TTSQ_QWEN_QUANT=int8`` end to end: the worker announces a revision of its own, so the keys a
+    producer predicts are not full precision's, and the runaway guard still cuts every row."""
+    settings = qwen_settings(settings, qwen_checkpoints["voice_design"]).replace(
+        engine=engine, max_batch=3, qwen_quant="int8"
+    )
+    worker = start_worker(settings, timeout=WORKER_START_S)
+    full = create_engine(settings.replace(qwen_quant="none")).identity
+    caps = [5, 12, 7, 9]
+    with Client(settings) as client:
+        jobs = [client.submit(f"Line number {i}.", max_new_tokens=cap, seed=i) for i, cap in enumerate(caps)]
+        results = [job.wait(240) for job in jobs]
+        again = client.submit("Line number 1.", max_new_tokens=12, seed=1).wait(60)
+    for cap, done in zip(caps, results, strict=True):
+        assert done["engine"] == engine and done["model_revision"] == full.revision + ".int8"
+        assert done["truncated"] is True and done["cached"] is False
+        assert done["duration_s"] == pytest.approx(cap * SAMPLES_PER_FRAME / 24_000)
+    request = SynthesisRequest(text="Line number 1.", mode="voice_design", max_new_tokens=12, seed=1)
+    assert results[1]["key"] != content_key(request, full)  # never the full-precision key
+    assert again["cached"] is True and again["key"] == results[1]["key"]
+    log = worker.log()
+    assert "int8 weights for" in log and "MB saved" in log and "Traceback" not in log

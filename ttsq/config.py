@@ -117,6 +117,14 @@ class Settings:
     qwen_max_frames: int = 2048
     #: qwen: voice-clone prompts kept per worker (least recently used ones are dropped).
     qwen_clone_cache: int = 64
+    #: qwen: weights of the talker's and the code predictor's decoder layers: ``none`` (the dtype
+    #: above), ``int8`` (int8 weights per output channel, activations quantized per row at run time)
+    #: or ``fp8`` (float8 e4m3 weights per output channel; on a CPU emulated, for fidelity checks
+    #: only). Part of the model revision, so quantized audio never answers for full precision.
+    qwen_quant: str = "none"
+    #: Intra-op threads of each thread that runs torch on a CPU (the batcher, and qwen-fast's codec
+    #: thread); 0: the cores this process may use, shared out so the threads never ask for more.
+    torch_threads: int = 0
     #: Port of a worker's Prometheus endpoint; a launcher gives its Nth worker this port + N. 0: off.
     metrics_port: int = 9191
     #: How long a stopping worker may take to finish the batches in flight, in seconds, before the
@@ -254,6 +262,8 @@ class Settings:
         )
         _check(16 <= self.qwen_max_frames <= 8192, "qwen_max_frames", "must be 16..8192 (8192 frames is ~11 min)")
         _check(1 <= self.qwen_clone_cache <= 10_000, "qwen_clone_cache", "must be 1..10000")
+        _check(self.qwen_quant in ("none", "int8", "fp8"), "qwen_quant", "must be none, int8 or fp8")
+        _check(0 <= self.torch_threads <= 1024, "torch_threads", "must be 0 (from the cores) or 1..1024")
         _check(bool(self.queue), "queue", "must not be empty")
         _check(
             self.log_level.upper() in {"DEBUG", "INFO", "WARNING", "ERROR"},

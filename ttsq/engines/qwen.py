@@ -45,6 +45,7 @@ from ttsq.request import LANGUAGES
 
 if TYPE_CHECKING:
     from ttsq.config import Settings
+    from ttsq.engines.qwen_quant import QuantReport
     from ttsq.request import SynthesisRequest
     from ttsq.storage import Storage
     from ttsq.voices import Voice
@@ -66,6 +67,8 @@ class QwenEngine:
 
     #: The engine name in content keys: engines that sample differently must not share cached audio.
     name = "qwen"
+    #: Threads that run torch operations at the same time on a CPU: the batcher's, here.
+    torch_callers = 1
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -91,7 +94,9 @@ class QwenEngine:
             engine=self.name,
             model=_model_name(self.path),
             # The frame-cap policy shapes every truncated clip, so it is part of the revision (and the key).
-            revision=f"{checkpoint_revision(self.path)}.cap{FRAME_CAP_VERSION}-{settings.qwen_max_frames}",
+            # Quantized weights sound different: their audio must never answer for full precision.
+            revision=f"{checkpoint_revision(self.path)}.cap{FRAME_CAP_VERSION}-{settings.qwen_max_frames}"
+            + ("" if settings.qwen_quant == "none" else f".{settings.qwen_quant}"),
             sample_rate=SAMPLE_RATE,
             modes=(self.mode,),
             languages=tuple(lang for lang in LANGUAGES if lang == "auto" or lang in spoken),
@@ -102,6 +107,9 @@ class QwenEngine:
         self._torch: Any = None
         self._storage: Storage | None = None
         self._prompts: OrderedDict[str, Any] = OrderedDict()  # reference key -> clone prompt item
+        #: What ``TTSQ_QWEN_QUANT`` did at load (None: full precision); the threads torch was given.
+        self.quant_report: QuantReport | None = None
+        self.torch_threads = 0
         self.prompts_computed = 0
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -147,13 +155,25 @@ class QwenEngine:
             )
         self._samples_per_frame = int(codec.get_decode_upsample_rate())
         self._device, self._dtype_name, self._attention_name = device, dtype_name, attention
+        if self.settings.qwen_quant != "none":
+            from ttsq.engines.qwen_quant import quantize
+
+            self.quant_report = quantize(self._tts.model, self.settings.qwen_quant)
+        self.torch_threads = torch_threads(self.settings.torch_threads, self.torch_callers)
+        if not on_cuda:
+            torch.set_num_threads(self.torch_threads)
         logger.info(
-            "qwen %s (%s) loaded on %s as %s with %s attention",
+            "qwen %s (%s) loaded on %s as %s with %s attention, weights %s; torch: %s",
             self.path.name,
             self.mode,
             device,
             dtype_name,
             attention,
+            self.settings.qwen_quant,
+            f"{self.torch_threads} intra-op threads per torch thread ({self.torch_callers} of them, "
+            f"{usable_cores()} cores usable)"
+            if not on_cuda
+            else f"{torch.get_num_threads()} CPU threads (work on {device})",
         )
 
     def _attention(self, on_cuda: bool, dtype_name: str) -> str:
@@ -390,6 +410,27 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError("TTSQ_QWEN_MODEL", f"{path} is not a JSON object")
     return data
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a container's cpuset narrows)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no sched_getaffinity (macOS)
+        return max(1, os.cpu_count() or 1)
+
+
+def torch_threads(configured: int, callers: int) -> int:
+    """Intra-op threads for each of ``callers`` threads that run torch at once on a CPU.
+
+    Every thread that runs a torch operation gets its own OpenMP team of this size. torch's default
+    is every core for each team, so a second torch thread (qwen-fast's codec) oversubscribes the
+    machine: a small ``linear`` was measured 6x slower on 2 cores once one had run. The cores are
+    shared out instead; ``TTSQ_TORCH_THREADS`` overrides.
+    """
+    if configured:
+        return configured
+    return max(1, usable_cores() // max(1, callers))
 
 
 def release_device_memory(torch: Any) -> None:

@@ -56,6 +56,8 @@ class QwenFastEngine(QwenEngine):
     """A Qwen3-TTS checkpoint decoded by ttsq's static-cache loop; a ``ContinuousEngine``."""
 
     name = "qwen-fast"
+    #: The batcher's thread and the codec thread run torch at the same time.
+    torch_callers = 2
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
@@ -108,8 +110,13 @@ class QwenFastEngine(QwenEngine):
             self._decoder = ThreadPoolExecutor(
                 1, thread_name_prefix="ttsq-codec", initializer=self._torch.cuda.set_device, initargs=(index,)
             )
-        else:
-            self._decoder = ThreadPoolExecutor(1, thread_name_prefix="ttsq-codec")
+        else:  # each thread has its own OpenMP team: the codec's gets its share of the cores too
+            self._decoder = ThreadPoolExecutor(
+                1,
+                thread_name_prefix="ttsq-codec",
+                initializer=self._torch.set_num_threads,
+                initargs=(self.torch_threads,),
+            )
         if on_cuda:
             self._decode_stream = self._torch.cuda.Stream(device=self._device)
 

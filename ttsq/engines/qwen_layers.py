@@ -83,11 +83,9 @@ def decoder_layer(
     attention = layer.self_attn
     x = rms(hidden, layer.input_layernorm)
     shape = (*hidden.shape[:-1], -1, attention.head_dim)
-    query = rms(F.linear(x, attention.q_proj.weight, attention.q_proj.bias).view(shape), attention.q_norm).transpose(
-        1, 2
-    )
-    key = rms(F.linear(x, attention.k_proj.weight, attention.k_proj.bias).view(shape), attention.k_norm).transpose(1, 2)
-    value = F.linear(x, attention.v_proj.weight, attention.v_proj.bias).view(shape).transpose(1, 2)
+    query = rms(linear(x, attention.q_proj).view(shape), attention.q_norm).transpose(1, 2)
+    key = rms(linear(x, attention.k_proj).view(shape), attention.k_norm).transpose(1, 2)
+    value = linear(x, attention.v_proj).view(shape).transpose(1, 2)
     query = rotate(query, cos, sin)
     key = rotate(key, cos, sin)
     keys, values = cache.update(key, value, index)
@@ -107,12 +105,21 @@ def decoder_layer(
             is_causal=False,
         )
     out = out.transpose(1, 2).contiguous().reshape(*hidden.shape[:-1], -1).contiguous()
-    hidden = hidden + F.linear(out, attention.o_proj.weight, attention.o_proj.bias)
+    hidden = hidden + linear(out, attention.o_proj)
     mlp = layer.mlp
     x = rms(hidden, layer.post_attention_layernorm)
-    gate = F.linear(x, mlp.gate_proj.weight)
-    gated = (F.silu(gate) if isinstance(mlp.act_fn, _SILU) else mlp.act_fn(gate)) * F.linear(x, mlp.up_proj.weight)
-    result: torch.Tensor = hidden + F.linear(gated, mlp.down_proj.weight)
+    gate = linear(x, mlp.gate_proj)
+    gated = (F.silu(gate) if isinstance(mlp.act_fn, _SILU) else mlp.act_fn(gate)) * linear(x, mlp.up_proj)
+    result: torch.Tensor = hidden + linear(gated, mlp.down_proj)
+    return result
+
+
+def linear(x: torch.Tensor, module: Any) -> torch.Tensor:
+    """``module(x)`` without the module call for a plain ``Linear``; a quantized one
+    (``qwen_quant.QuantizedLinear``) runs its own ``forward``."""
+    if module.__class__ is torch.nn.Linear:
+        return F.linear(x, module.weight, module.bias)
+    result: torch.Tensor = module.forward(x)
     return result
 
 
