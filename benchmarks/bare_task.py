@@ -44,9 +44,10 @@ def engine() -> Engine:
 
 
 @app.task(name="bare.synthesize")  # type: ignore[untyped-decorator]
-def synthesize(text: str, language: str = "auto", **_: Any) -> dict[str, Any]:
+def synthesize(text: str, language: str = "auto", max_new_tokens: int | None = None, **_: Any) -> dict[str, Any]:
     """Synthesize one text and return the WAV in the result."""
-    output = engine().synthesize_batch([SynthesisRequest(text=text, language=language)])[0]
+    request = SynthesisRequest(text=text, language=language, max_new_tokens=max_new_tokens)
+    output = engine().synthesize_batch([request])[0]
     if isinstance(output, Exception):
         raise output
     buffer = io.BytesIO()

@@ -49,7 +49,12 @@ def main() -> None:
     parser.add_argument("--min-frames", type=int, default=8)
     parser.add_argument("--max-frames", type=int, default=120)
     parser.add_argument("--bandwidth", type=float, default=4.8e12, help="device bytes/s for the roofline (H200)")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch intra-op threads per torch thread, both engines (TTSQ_TORCH_THREADS; 0: each engine's policy)",
+    )
     parser.add_argument("--json", dest="json_path", help="also write the figures here")
     args = parser.parse_args()
 
@@ -60,8 +65,6 @@ def main() -> None:
     from ttsq.engines.qwen_checkpoint import build
     from ttsq.engines.qwen_fast import QwenFastEngine
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     batches = [int(b) for b in args.batches.split(",")]
     slots = max(max(batches), args.slots)
     with tempfile.TemporaryDirectory() as scratch:
@@ -72,6 +75,7 @@ def main() -> None:
             qwen_device=args.device,
             max_batch=slots,
             qwen_max_frames=max(256, args.frames, args.max_frames),
+            torch_threads=args.threads,
         )
         stock = QwenEngine(settings)
         fast = QwenFastEngine(settings.replace(engine="qwen-fast"))
@@ -82,7 +86,11 @@ def main() -> None:
             engine.warmup()
             loads[name] = round(time.perf_counter() - started, 1)
         cuda = stock._device.startswith("cuda")
-        device = torch.cuda.get_device_name(0) if cuda else f"cpu ({torch.get_num_threads()} threads)"
+        device = (
+            torch.cuda.get_device_name(0)
+            if cuda
+            else f"cpu (threads per torch thread: stock {stock.torch_threads}, fast {fast.torch_threads})"
+        )
         print(f"qwen-fast vs stock qwen-tts: {model.name} on {device}, {stock._dtype_name}; load+warm-up s: {loads}")
 
         def sync() -> None:
@@ -97,10 +105,52 @@ def main() -> None:
             Path(args.json_path).write_text(json.dumps({"device": device, "rows": rows, "mixed": mixed}, indent=2))
 
 
+class Stages:
+    """Wall seconds of qwen-fast's stages: prefill (``admit``), frames (``step``), the codec decode (on
+    its own thread) and the codec's tail, the part of it after the last frame, which nothing overlaps.
+    The engine's own methods, timed from outside."""
+
+    def __init__(self, fast: Any, sync: Any) -> None:
+        self.seconds = {"prefill": 0.0, "frames": 0.0, "codec": 0.0, "codec_tail": 0.0}
+        self._frames_end = self._codec_end = 0.0
+        self._sync = sync
+        timed = (("prefill", fast.loop, "admit"), ("frames", fast.loop, "step"), ("codec", fast, "_decode_rows"))
+        for stage, owner, method in timed:
+            setattr(owner, method, self._timed(stage, getattr(owner, method)))  # the instance's own attribute
+
+    def _timed(self, stage: str, call: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                self._sync()
+                ended = time.perf_counter()
+                self.seconds[stage] += ended - started
+                if stage == "frames":
+                    self._frames_end = ended
+                elif stage == "codec":
+                    self._codec_end = ended
+
+        return timed
+
+    def reset(self) -> None:
+        self.seconds = dict.fromkeys(self.seconds, 0.0)
+
+    def batch_done(self) -> None:
+        self.seconds["codec_tail"] += max(0.0, self._codec_end - self._frames_end)
+
+    def per_batch(self, batches: int) -> dict[str, float]:
+        return {stage: round(seconds / batches, 3) for stage, seconds in self.seconds.items()}
+
+
 def fixed_batches(
     args: Any, batches: list[int], stock: Any, fast: Any, sync: Any, cuda: bool, torch: Any
 ) -> list[dict[str, Any]]:
+    from ttsq.engines.qwen import usable_cores
     from ttsq.request import SynthesisRequest
+
+    stages = Stages(fast, sync)
 
     def timed(engine: Any, size: int) -> tuple[float, int]:
         requests = [
@@ -108,11 +158,15 @@ def fixed_batches(
         ]
         if cuda:
             torch.cuda.reset_peak_memory_stats()
+        else:  # one process holds both engines: each runs with the threads its worker would give it
+            torch.set_num_threads(engine.torch_threads)
         sync()
         started = time.perf_counter()
         outputs = engine.synthesize_batch(requests)
         sync()
         seconds = time.perf_counter() - started
+        if engine is fast:
+            stages.batch_done()
         bad = [out for out in outputs if isinstance(out, Exception)]
         if bad:
             raise SystemExit(f"batch of {size} failed: {bad[0]}")
@@ -120,8 +174,11 @@ def fixed_batches(
         return seconds, peak
 
     def codec(size: int) -> float:
-        """The codec decode both engines run on a finished batch (the same call on the same shapes)."""
+        """The codec decode both engines run on a finished batch (the same call on the same shapes),
+        on every core: what both do once the last frame is made."""
         codes = torch.randint(0, 2048, (args.frames, 16), device=fast.loop.device)
+        if not cuda:
+            torch.set_num_threads(usable_cores())
         sync()
         started = time.perf_counter()
         with torch.inference_mode():
@@ -145,6 +202,7 @@ def fixed_batches(
     for size in batches:
         times: dict[str, list[float]] = {"stock": [], "fast": [], "codec": []}
         peak = 0
+        stages.reset()
         for _ in range(args.repeats):
             for name, engine in (("stock", stock), ("fast", fast)):
                 seconds, used = timed(engine, size)
@@ -177,8 +235,12 @@ def fixed_batches(
             row["fast_peak_gib"] = round(peak / 2**30, 2)
             row["roofline_fraction"] = round(moved / args.bandwidth / (s_fast / args.frames), 3)
             line += f" {row['fast_peak_gib']:>9} {row['roofline_fraction']:>9}"
+        row["fast_stages_s"] = stages.per_batch(args.repeats)
         rows.append(row)
         print(line, flush=True)
+    print("qwen-fast's stages per batch, s (codec_tail: the codec after the last frame, overlapping nothing)")
+    for row in rows:
+        print(f"{row['batch']:>5} " + "  ".join(f"{k} {v}" for k, v in row["fast_stages_s"].items()))
     single = next((r for r in rows if r["batch"] == 1), None)
     if single:
         print(

@@ -184,3 +184,33 @@ def test_jobs_that_arrive_during_a_batch_form_the_next_full_one(engine: Engine) 
     assert first.result(10).batch_size == 1
     assert [future.result(10).batch_size for future in rest] == [8] * 8
     batcher.stop()
+
+
+def test_a_batch_waits_for_jobs_on_their_way_past_a_pause(engine: Engine) -> None:
+    """Jobs a worker is still checking (``expect``) hold a batch that is not full: here past the pause
+    after which a batch with nothing coming would have left alone."""
+    import time
+
+    batcher = started(engine, max_batch=4, max_wait_s=4.0)  # a pause is at least 1 s here
+    coming = [batcher.expect() for _ in range(3)]
+    first = batcher.submit(request("first"))
+    time.sleep(1.5)
+    rest = []
+    for handle, text in zip(coming, ("second", "third", "fourth"), strict=True):
+        rest.append(batcher.submit(request(text)))
+        handle.done()
+    assert [future.result(10).batch_size for future in (first, *rest)] == [4] * 4
+    batcher.stop()
+
+
+@pytest.mark.parametrize("announced", [False, True])
+def test_a_lone_job_does_not_wait_the_whole_bound(engine: Engine, announced: bool) -> None:
+    """Nothing coming (or a job announced that left without arriving, a cache hit say): the job runs
+    after a pause, a quarter of the bound, not the bound itself."""
+    batcher = started(engine, max_batch=8, max_wait_s=20.0)
+    handle = batcher.expect() if announced else None
+    future = batcher.submit(request("alone"))
+    if handle is not None:
+        handle.done()
+    assert future.result(15).batch_size == 1  # the pause is 5 s; the bound 20 s would time out
+    batcher.stop()

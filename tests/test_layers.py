@@ -59,6 +59,7 @@ WORKER = [
         "ttsq.engines.qwen_fast",
         "ttsq.engines.qwen_decode",
         "ttsq.engines.qwen_layers",
+        "ttsq.engines.qwen_quant",
         "ttsq.engines.qwen_sampling",
         "ttsq.engines.qwen_checkpoint",
     },
@@ -102,6 +103,7 @@ HEAVY_ALLOWED = {
     "ttsq.engines.qwen_fast",
     "ttsq.engines.qwen_decode",
     "ttsq.engines.qwen_layers",
+    "ttsq.engines.qwen_quant",
     "ttsq.engines.qwen_sampling",
     "ttsq.engines.qwen_checkpoint",
 }

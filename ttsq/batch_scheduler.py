@@ -1,9 +1,24 @@
 """Batches for an engine that takes a list and returns it whole (espeak, stock qwen).
 
 Jobs wait in groups that can share a forward pass (``SynthesisRequest.group``: same mode, seed,
-sampling). A group runs as soon as it holds ``max_batch`` jobs, or when its oldest job has waited
-``max_wait_s``; mixed traffic therefore fills each group's batch instead of splitting one collection
-into small passes. Each batch is ordered by text length to limit padding.
+sampling). A group runs as soon as it holds ``max_batch`` jobs; mixed traffic therefore fills each
+group's batch instead of splitting one collection into small passes. Each batch is ordered by text
+length to limit padding.
+
+A group that is not full waits for more only while more are coming, because an engine like this one
+holds the device for a whole batch's time however few rows it has (stock qwen's first batch of a
+burst used to leave with 2 to 6 of 16 jobs). It runs at the first of:
+
+- its oldest job has waited ``max_wait_s`` (``TTSQ_MAX_WAIT_MS``), the bound;
+- a job's deadline would be missed by waiting any longer (less the recent engine call time);
+- nothing more is known to be coming (no task thread is checking a job it took, ``Intake.incoming``,
+  and the broker holds none for this worker, ``backlog``) and none has arrived for a pause: three
+  mean gaps of the recent arrival stream, at least a quarter of ``max_wait_s`` and ``MIN_PAUSE_S``
+  (what a lone job waits); or, still with nothing known to be coming, the group has waited
+  ``FILL_SHARE`` of a recent engine call, past which a fuller pass is not worth the wait.
+
+Waiting starts when the device is free: time queued behind a running batch does not count against
+the pause or the share (it does count against the bound).
 
 A failed item fails only its own future. If the engine call itself raises, the batch is retried one
 item at a time so that one poison item cannot fail its neighbours. If it raises ``EngineOutOfMemory``,
@@ -17,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -35,15 +50,46 @@ logger = logging.getLogger(__name__)
 #: output's share of them (apportioned by generated audio length).
 _Ran = tuple["EngineOutput | Exception", int, float, float]
 
+#: How long a lone job waits for company when no arrival stream is known (the old fixed window).
+MIN_PAUSE_S = 0.02
+#: A pause of this many mean arrival gaps means the stream has stopped...
+PAUSE_GAPS = 3.0
+#: ... and never a pause shorter than this share of the bound: a thread scheduled late on a busy
+#: machine is not the end of a burst.
+PAUSE_SHARE = 0.25
+#: A group waits at most this share of a recent engine call's time: past it, a bigger batch later
+#: costs its waiting jobs more than the fuller pass saves.
+FILL_SHARE = 0.5
+#: While jobs are on their way, the batcher looks again this often (their arrival wakes it sooner).
+_POLL_S = 0.005
+#: How often a waiting batch asks the broker how many jobs are queued.
+_BACKLOG_EVERY_S = 0.05
+_CALL_WEIGHT = 0.3
+
 
 class BatchScheduler:
     """Forms batches from the intake's groups and runs them on the engine (batcher thread only)."""
 
-    def __init__(self, engine: Engine, intake: Intake, observer: Observer, *, max_batch: int) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        intake: Intake,
+        observer: Observer,
+        *,
+        max_batch: int,
+        max_wait_s: float = MIN_PAUSE_S,
+        backlog: Callable[[], int] | None = None,
+    ) -> None:
+        self._backlog = backlog
+        self._backlog_read: tuple[float, int] = (-1.0, 0)  # (when, what) the broker last said
         self.engine = engine
         self.intake = intake
         self.observer = observer
         self.max_batch = max_batch
+        self.max_wait_s = max_wait_s
+        #: Mean seconds of the recent engine calls (None before the first), and when the last ended.
+        self.recent_call_s: float | None = None
+        self.idle_since = 0.0
         self.busy_since: float | None = None
         #: Length bucket -> largest batch known to fit on the device, learnt from out-of-memory errors.
         self.largest_fit: dict[int, int] = {}
@@ -69,8 +115,8 @@ class BatchScheduler:
                 bookkeep([w.on_exit for w in batch])
 
     def _next_batch(self) -> list[Waiting] | None:
-        """Wait for the next batch to be due: a group that is full, or whose oldest job has waited
-        ``max_wait_s``. Returns None once stopped and drained."""
+        """Wait for the next batch to be due: a group that is full, or one that should not wait any
+        longer (module docstring). Returns None once stopped and drained."""
         intake, pending = self.intake, self.intake.pending
         while True:
             # Everything that arrived while the last batch ran joins its group before any choice.
@@ -80,10 +126,51 @@ class BatchScheduler:
                 return self._take(full)
             if intake.stop_seen:  # run what is pending, then end
                 return self._take(next(iter(pending))) if pending else None
-            due = min(pending, key=lambda key: pending[key][0].deadline, default=None)
-            if due is not None and pending[due][0].deadline <= time.monotonic():
+            now = time.monotonic()
+            due_at = {key: self._due_at(group, now) for key, group in pending.items()}
+            due = min(due_at, key=due_at.__getitem__, default=None)
+            if due is not None and due_at[due] <= now:
                 return self._take(due)
-            intake.drain(block_until=pending[due][0].deadline if due is not None else float("inf"))
+            wake = float("inf") if due is None else due_at[due]
+            if due is not None and self.coming(now):
+                wake = min(wake, now + _POLL_S)  # a job on its way may also leave without arriving
+            intake.drain(block_until=wake)
+
+    def _due_at(self, group: list[Waiting], now: float) -> float:
+        """When a group that is not full stops waiting for company (monotonic seconds)."""
+        oldest = group[0]
+        due = oldest.deadline  # submitted + max_wait_s: the bound
+        recent = self.recent_call_s
+        deadlines = [w.request.deadline for w in group if w.request.deadline is not None]
+        if deadlines:  # leave the job whose deadline comes first the time an engine call takes
+            due = min(due, now + (min(deadlines) - time.time()) - (recent or 0.0))
+        # Waiting for company starts when the device is free: time queued behind a running batch was
+        # not spent waiting for this one to fill.
+        since = max(oldest.arrived, self.idle_since)
+        if self.coming(now):  # jobs known to be on their way: wait for them, up to the bound
+            return due
+        # Nothing known to be coming: wait out a pause in the arrival stream, and never more than the
+        # fuller pass is worth.
+        if recent is not None:
+            due = min(due, since + FILL_SHARE * recent)
+        arrivals = self.intake.arrivals
+        gap = arrivals.mean_gap
+        floor = max(MIN_PAUSE_S, PAUSE_SHARE * self.max_wait_s)
+        pause = min(self.max_wait_s, floor if gap is None else max(floor, PAUSE_GAPS * gap))
+        return min(due, max(since, arrivals.last or 0.0) + pause)
+
+    def coming(self, now: float) -> bool:
+        """Whether jobs are known to be on their way: a task thread is checking one, or the broker
+        holds some for this worker (asked at most every ``_BACKLOG_EVERY_S``)."""
+        if self.intake.incoming.count:
+            return True
+        if self._backlog is None:
+            return False
+        when, queued = self._backlog_read
+        if now - when >= _BACKLOG_EVERY_S:
+            queued = self._backlog()
+            self._backlog_read = (now, queued)
+        return queued > 0
 
     def _take(self, key: tuple[Any, ...]) -> list[Waiting]:
         pending = self.intake.pending
@@ -127,11 +214,15 @@ class BatchScheduler:
 
     def _call_engine(self, requests: Sequence[SynthesisRequest]) -> list[EngineOutput | Exception]:
         """One engine call, timed for the watchdog (``busy_since``)."""
-        self.busy_since = time.monotonic()
+        self.busy_since = started = time.monotonic()
         try:
             outputs = self.engine.synthesize_batch(requests)
         finally:
             self.busy_since = None
+            self.idle_since = time.monotonic()
+            seconds = self.idle_since - started
+            recent = self.recent_call_s
+            self.recent_call_s = seconds if recent is None else _CALL_WEIGHT * seconds + (1 - _CALL_WEIGHT) * recent
         if len(outputs) != len(requests):
             raise EngineError(f"engine returned {len(outputs)} outputs for {len(requests)} requests")
         return outputs

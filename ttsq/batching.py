@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from ttsq.batch_scheduler import BatchScheduler
 from ttsq.engines.base import is_continuous
 from ttsq.errors import EngineError
-from ttsq.intake import STOP, BatchItem, Intake, Scheduler, Waiting
+from ttsq.intake import STOP, BatchItem, Expected, Intake, Scheduler, Waiting
 from ttsq.observer import Observer
 from ttsq.slot_scheduler import SlotScheduler
 
@@ -52,7 +52,18 @@ class Batcher:
     every call and closes it. On a GPU that keeps the device context and streams on one thread.
     """
 
-    def __init__(self, engine: Engine, *, max_batch: int, max_wait_s: float, observer: Observer | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        max_batch: int,
+        max_wait_s: float,
+        observer: Observer | None = None,
+        backlog: Callable[[], int] | None = None,
+    ) -> None:
+        """``backlog``: how many jobs wait in the broker for this worker (a batch that is not full may
+        wait for them); called on the batcher thread, it must answer fast and never raise."""
+        self.backlog = backlog
         self.engine = engine
         self.observer = observer or Observer()
         self.max_batch = max_batch
@@ -68,7 +79,14 @@ class Batcher:
     def _scheduler(self) -> Scheduler:
         if is_continuous(self.engine):
             return SlotScheduler(self.engine, self.intake, self.observer)  # type: ignore[arg-type]
-        return BatchScheduler(self.engine, self.intake, self.observer, max_batch=self.max_batch)
+        return BatchScheduler(
+            self.engine,
+            self.intake,
+            self.observer,
+            max_batch=self.max_batch,
+            max_wait_s=self.max_wait_s,
+            backlog=self.backlog,
+        )
 
     def start(self, timeout: float = 600.0) -> None:
         """Load and warm the engine on the batcher thread; return when it is ready, or raise."""
@@ -99,8 +117,15 @@ class Batcher:
             else:
                 group = self.intake.isolated_group() if isolated else request.group()
                 # The deadline starts now: time spent queued behind a running batch counts.
-                self.intake.put(Waiting(request, future, time.monotonic() + self.max_wait_s, group, on_enter, on_exit))
+                now = time.monotonic()
+                self.intake.put(Waiting(request, future, now + self.max_wait_s, group, on_enter, on_exit, now))
         return future
+
+    def expect(self) -> Expected:
+        """Say that a job is on its way (a task thread took it from the queue and is checking it):
+        a batch that is not full may wait for it. Call ``done`` on the handle once the job is
+        submitted, or has left without being; thread-safe."""
+        return self.intake.incoming.expect()
 
     def abandon(self, future: Future[BatchItem]) -> None:
         """The caller gave up on this job (it timed out). A job still waiting is cancelled; a job a

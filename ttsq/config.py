@@ -67,8 +67,9 @@ class Settings:
     queue: str = DEFAULT_QUEUE
     #: Largest batch (1..256); worker concurrency (task threads) is twice this.
     max_batch: int = 8
-    #: How long a batch waits to fill after its first job, in milliseconds (qwen-fast does not wait).
-    max_wait_ms: int = 20
+    #: The longest a batch waits to fill after its first job, in milliseconds; it waits that long only
+    #: while more jobs are coming (a lone job waits a quarter of it). qwen-fast does not wait.
+    max_wait_ms: int = 200
     #: Redis redelivers an unacked job after this long, in seconds, even while it still runs; it must
     #: outlast what a healthy job can take (checked at start, see below).
     visibility_timeout_s: int = 3600

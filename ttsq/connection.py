@@ -24,11 +24,17 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def connect(url: str, *, decode: bool = True, socket_timeout: float = REDIS_SOCKET_TIMEOUT_S) -> redis.Redis:
+def connect(
+    url: str,
+    *,
+    decode: bool = True,
+    socket_timeout: float = REDIS_SOCKET_TIMEOUT_S,
+    connect_timeout: float = REDIS_CONNECT_TIMEOUT_S,
+) -> redis.Redis:
     """A Redis client with ttsq's timeouts; ``decode=False`` answers ``bytes`` (the broker's lists)."""
     return redis.Redis.from_url(
         url,
-        socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+        socket_connect_timeout=connect_timeout,
         socket_timeout=socket_timeout,
         health_check_interval=REDIS_HEALTH_CHECK_INTERVAL_S,
         decode_responses=decode,

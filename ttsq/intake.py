@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -38,6 +39,8 @@ class Waiting:
     #: has returned (attempt accounting: a call that never returns leaves its jobs charged).
     on_enter: Callable[[], object] | None = None
     on_exit: Callable[[], object] | None = None
+    #: When the task thread handed it over (monotonic seconds).
+    arrived: float = 0.0
 
     @property
     def isolated(self) -> bool:
@@ -57,10 +60,70 @@ class BatchItem:
     device_s: float = 0.0
 
 
+#: A gap between two arrivals longer than this starts a new stream: its rate says nothing of the next.
+STREAM_GAP_S = 1.0
+#: Weight of the newest gap in the mean (an exponentially weighted average over the last few).
+_GAP_WEIGHT = 0.3
+
+
+class Arrivals:
+    """The recent arrival stream (batcher thread only): when the last job came in, and the mean gap
+    between jobs while they keep coming."""
+
+    def __init__(self) -> None:
+        self.last: float | None = None
+        #: Mean seconds between arrivals in the current stream; None until a stream has two jobs.
+        self.mean_gap: float | None = None
+
+    def note(self, now: float) -> None:
+        if self.last is not None:
+            gap = now - self.last
+            if gap > STREAM_GAP_S:
+                self.mean_gap = None
+            else:
+                self.mean_gap = gap if self.mean_gap is None else _GAP_WEIGHT * gap + (1 - _GAP_WEIGHT) * self.mean_gap
+        self.last = now
+
+
+class Incoming:
+    """Jobs a worker has taken from the queue that are on their way to the batcher (the task thread
+    is checking the cache and the ledger): the queue depth the batcher cannot see yet. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def expect(self) -> Expected:
+        with self._lock:
+            self._count += 1
+        return Expected(self)
+
+    def _arrived(self) -> None:
+        with self._lock:
+            self._count -= 1
+
+
+class Expected:
+    """One job on its way; ``done`` once it is in the batcher or has left without it (idempotent)."""
+
+    def __init__(self, incoming: Incoming) -> None:
+        self._incoming: Incoming | None = incoming
+
+    def done(self) -> None:
+        incoming, self._incoming = self._incoming, None
+        if incoming is not None:
+            incoming._arrived()
+
+
 class Intake:
     """Requests from the task threads, sorted into groups as the batcher thread takes them in.
 
-    Only the batcher thread reads ``pending`` and ``stop_seen``; ``put`` is the one thread-safe call.
+    Only the batcher thread reads ``pending``, ``stop_seen`` and ``arrivals``; ``put`` and
+    ``incoming`` are the thread-safe parts.
     """
 
     def __init__(self) -> None:
@@ -71,6 +134,8 @@ class Intake:
         self.stop_seen = False
         self.batch_ids = itertools.count(1)
         self._isolated_ids = itertools.count(1)
+        self.arrivals = Arrivals()
+        self.incoming = Incoming()
 
     def put(self, item: Waiting | object) -> None:
         """Hand over a job (or the stop marker)."""
@@ -96,6 +161,7 @@ class Intake:
             if item is STOP:
                 self.stop_seen = True
                 return
+            self.arrivals.note(getattr(item, "arrived", 0.0) or time.monotonic())
             try:
                 self.pending.setdefault(item.group, []).append(item)
             except Exception as exc:  # a request that cannot even be grouped fails alone

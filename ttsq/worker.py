@@ -24,14 +24,19 @@ import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from ttsq.accepted import AcceptedJobs
 from ttsq.app import queue_for
 from ttsq.audio import encode, probe
 from ttsq.batching import Batcher
+from ttsq.broker import queue_depth
 from ttsq.cache import CacheIndex
+from ttsq.connection import connect
 from ttsq.constants import HEARTBEAT_INTERVAL_S, WORKER_REDIS_PATIENCE_S
 from ttsq.engines import create_engine
 from ttsq.errors import DeadlineExceeded, InvalidRequest, JobParked, JobTimeout
+from ttsq.intake import Expected
 from ttsq.keys import content_key, object_key
 from ttsq.ledger import Ledger, ParkedJob
 from ttsq.metrics import Metrics
@@ -48,6 +53,11 @@ if TYPE_CHECKING:
     from ttsq.config import Settings
 
 logger = logging.getLogger(__name__)
+
+#: How long the batcher waits for Redis to say how many jobs are queued, and how long it then goes
+#: without asking after Redis did not answer: a batch never waits on a broker that is down.
+BACKLOG_TIMEOUT_S = 0.2
+BACKLOG_RETRY_S = 5.0
 
 
 class WorkerRuntime:
@@ -75,8 +85,15 @@ class WorkerRuntime:
         self.fleet = FleetObserver(self.stats, self.cache)
         #: Everything that counts or exports what happens to a job listens here (``ttsq.observer``).
         self.observer = Observers([self.metrics, self.fleet])
+        # Read by the batcher thread while a batch that is not full decides whether to wait for more.
+        self._broker = connect(settings.broker_url, socket_timeout=BACKLOG_TIMEOUT_S, connect_timeout=BACKLOG_TIMEOUT_S)
+        self._backlog_failed_at = -BACKLOG_RETRY_S
         self.batcher = Batcher(
-            self.engine, max_batch=settings.max_batch, max_wait_s=settings.max_wait_ms / 1000, observer=self.observer
+            self.engine,
+            max_batch=settings.max_batch,
+            max_wait_s=settings.max_wait_ms / 1000,
+            observer=self.observer,
+            backlog=self._backlog,
         )
         self._started_at = time.time()
         self.watchdog = Watchdog(self.batcher, limit_s=settings.batch_limit_s)
@@ -123,6 +140,17 @@ class WorkerRuntime:
         """The queues of the modes this worker's model serves."""
         return [queue_for(self.settings.queue, mode) for mode in self.engine.identity.modes]
 
+    def _backlog(self) -> int:
+        """Jobs waiting in this worker's queues in Redis, for the batcher; 0 when Redis does not answer
+        at once (the batcher then goes by the arrivals it has seen)."""
+        if time.monotonic() - self._backlog_failed_at < BACKLOG_RETRY_S:
+            return 0  # Redis did not answer a moment ago: no batch waits on it again so soon
+        try:
+            return sum(queue_depth(self._broker, queue) for queue in self.queues)
+        except redis.RedisError:
+            self._backlog_failed_at = time.monotonic()
+            return 0
+
     def start(self) -> None:
         """Load and warm the engine (on the batcher thread), then announce the model to producers."""
         started = time.perf_counter()
@@ -159,6 +187,7 @@ class WorkerRuntime:
         self.cache.close()
         self.ledger.close()
         self.accepted.close()
+        self._broker.close()
 
     def run(
         self, kwargs: dict[str, Any], *, task_id: str, queue_wait_s: float | None, claimed_key: str | None = None
@@ -172,6 +201,8 @@ class WorkerRuntime:
         started = time.perf_counter()
         outcome, result, written = "failed", None, False
         self.observer.job_started(task_id)
+        # A batch that is not full may wait for this job while it is checked (cache, ledger).
+        expected = self.batcher.expect()
         try:
             request = SynthesisRequest.from_dict(kwargs, self.limits)
             self.engine.identity.check(request)  # a raw send_task may name a mode, speaker or language we lack
@@ -194,7 +225,7 @@ class WorkerRuntime:
                 if attempts >= self.settings.max_attempts:
                     self._park(kwargs, request, task_id, attempts)
                 result, written = self._synthesize(
-                    request, key, task_id=task_id, queue_wait_s=queue_wait_s, isolated=attempts > 0
+                    request, key, task_id=task_id, queue_wait_s=queue_wait_s, isolated=attempts > 0, expected=expected
                 )
                 outcome = "synthesized"
             # Signed and ready: what is left (claim release, result store) belongs to the round trip.
@@ -207,6 +238,7 @@ class WorkerRuntime:
             outcome = "timeout"
             raise
         finally:
+            expected.done()  # it never reached the batcher (a cache hit, a refusal): nothing to wait for
             self.observer.job_finished(
                 JobReport(task_id=task_id, outcome=outcome, queue_wait_s=queue_wait_s, result=result, written=written)
             )
@@ -228,7 +260,14 @@ class WorkerRuntime:
         raise JobParked(error)
 
     def _synthesize(
-        self, request: SynthesisRequest, key: str, *, task_id: str, queue_wait_s: float | None, isolated: bool = False
+        self,
+        request: SynthesisRequest,
+        key: str,
+        *,
+        task_id: str,
+        queue_wait_s: float | None,
+        isolated: bool = False,
+        expected: Expected | None = None,
     ) -> tuple[JobResult, bool]:
         """The job's result, and whether this run wrote its object (an earlier run may have)."""
         queued = time.perf_counter()
@@ -240,6 +279,8 @@ class WorkerRuntime:
             on_enter=lambda: self.ledger.charge(task_id),
             on_exit=lambda: self.ledger.refund(task_id),
         )
+        if expected is not None:
+            expected.done()  # after the hand-over, so the batcher always sees it on its way or arrived
         try:
             item = future.result(timeout=self.settings.job_timeout_s)
         except FutureTimeout:

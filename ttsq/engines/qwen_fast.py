@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ttsq.engines.base import EngineOutput, frame_cap
-from ttsq.engines.qwen import SAMPLE_RATE, QwenEngine, is_out_of_memory, release_device_memory
+from ttsq.engines.qwen import SAMPLE_RATE, QwenEngine, is_out_of_memory, release_device_memory, usable_cores
 from ttsq.errors import EngineError, EngineOutOfMemory, SharedFailure, TTSQError
 
 if TYPE_CHECKING:
@@ -339,6 +339,8 @@ class QwenFastEngine(QwenEngine):
         self, rows: list[tuple[Finished, SynthesisRequest, Done, Any, int]]
     ) -> list[EngineOutput | Exception]:
         torch = self._torch
+        if self._decode_stream is None and self._decoder is not None:
+            torch.set_num_threads(self._codec_threads())
         with torch.inference_mode():
             inputs = [
                 row.codes if ref is None else torch.cat([ref.to(row.codes.device), row.codes], dim=0)
@@ -359,6 +361,15 @@ class QwenFastEngine(QwenEngine):
                 samples = samples[int(int(ref.shape[0]) / max(total, 1) * samples.shape[0]) :]
             outputs.append(self._output(request, samples, int(rate), cap))
         return outputs
+
+    def _codec_threads(self) -> int:
+        """The codec thread's share of the cores: half beside a decoding loop; all of them when no row
+        decodes beside it (the last rows of a burst, whose audio everyone waits for), unless
+        ``TTSQ_TORCH_THREADS`` says otherwise. A racy read of the loop's size is fine: a row admitted
+        meanwhile shares the cores for one decode at most."""
+        if self.settings.torch_threads or self.active:
+            return self.torch_threads
+        return usable_cores()
 
     def _fail(self, slot: int, error: Exception) -> None:
         entry = self._requests.pop(slot, None)
