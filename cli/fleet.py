@@ -100,7 +100,12 @@ def stats(ctx: click.Context, minutes: int, ping_timeout: float, as_json: bool) 
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
-@click.option("--address", default="0.0.0.0", show_default=True, help="Address Flower listens on.")
+@click.option(
+    "--address",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address Flower listens on (0.0.0.0 for every interface: put TLS and a firewall in front).",
+)
 @click.option("--port", type=int, default=5555, show_default=True, help="Flower's port.")
 @click.option(
     "--basic-auth",

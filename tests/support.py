@@ -8,6 +8,7 @@ started per test process; see conftest.py).
 from __future__ import annotations
 
 import base64
+import ipaddress
 import json
 import os
 import signal
@@ -171,13 +172,36 @@ def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: s
 AUTH = "ops:flower-test-secret"
 
 
+def listening_on(port: int) -> set[str]:
+    """The local addresses of the TCP sockets listening on ``port`` (Linux: /proc/net/tcp and tcp6)."""
+    addresses = set()
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.partition(":")
+            if state != "0A" or int(hex_port, 16) != port or len(address) != width:
+                continue
+            raw = bytes.fromhex(address)
+            if width == 8:  # one little-endian 32-bit word
+                addresses.add(".".join(str(b) for b in reversed(raw)))
+            else:  # four of them
+                words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
+                addresses.add(str(ipaddress.IPv6Address(words)))
+    return addresses
+
+
 class Flower:
     def __init__(self, settings: Settings, log_path: Path) -> None:
         self.port = free_port()
         self.log_path = log_path
         with open(log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "ttsq.cli.main", "flower", "--address", "127.0.0.1", "--port", str(self.port)],
+                # No --address: the default is under test (loopback; ``listening_on`` checks it).
+                [sys.executable, "-m", "ttsq.cli.main", "flower", "--port", str(self.port)],
                 env={**settings_env(settings), "FLOWER_BASIC_AUTH": AUTH},
                 stdout=log,
                 stderr=subprocess.STDOUT,

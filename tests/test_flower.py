@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import Flower, WorkerProcess, run_cli
+from support import Flower, WorkerProcess, listening_on, run_cli
 
 from ttsq.app import make_app
 from ttsq.client import Client
@@ -45,6 +45,7 @@ def test_flower_lists_a_burst_with_workers_and_no_text(
     with pytest.raises(urllib.error.HTTPError) as denied:
         flower.get("/api/tasks", auth=False)
     assert denied.value.code == 401
+    assert listening_on(flower.port) == {"127.0.0.1"}  # `ttsq flower` binds loopback unless told
 
     deadline = time.monotonic() + 60
     while True:

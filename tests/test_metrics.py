@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from support import WorkerProcess, scrape, value
+from support import WorkerProcess, listening_on, scrape, value
 
 from ttsq.app import make_app
 from ttsq.client import Client
@@ -39,6 +39,7 @@ def test_metrics_after_a_burst_add_up(settings: Settings, start_worker: StartWor
     assert all(r["cached"] for r in cached)
 
     samples = scrape(port)
+    assert listening_on(port) == {"127.0.0.1"}  # loopback unless TTSQ_METRICS_HOST says otherwise
     synthesized = [r for r in results if not r["cached"]]
     assert len(synthesized) == 13
     assert value(samples, "ttsq_jobs_total", outcome="synthesized") == 13

@@ -128,6 +128,9 @@ class Settings:
     torch_threads: int = 0
     #: Port of a worker's Prometheus endpoint; a launcher gives its Nth worker this port + N. 0: off.
     metrics_port: int = 9191
+    #: Address a worker's Prometheus endpoint listens on: loopback unless a scraper elsewhere needs it
+    #: (``0.0.0.0`` in a container whose port only the scrape network reaches).
+    metrics_host: str = "127.0.0.1"
     #: How long a stopping worker may take to finish the batches in flight, in seconds, before the
     #: launcher stops it harder (a second SIGTERM does the same at once). Keep it below the grace period
     #: of whatever stops the launcher (systemd, Kubernetes, compose's ``stop_grace_period``).
@@ -213,6 +216,7 @@ class Settings:
         _check(self.drain_timeout_s >= 1, "drain_timeout_s", "must be >= 1")
         _check(1 <= self.lost_job_grace_s <= 3600, "lost_job_grace_s", "must be 1..3600")
         _check(bool(self.gateway_host), "gateway_host", "must not be empty")
+        _check(bool(self.metrics_host), "metrics_host", "must not be empty")
         _check(0 <= self.gateway_port <= 65535, "gateway_port", "must be 0..65535")
         _check(self.gateway_auth in ("keys", "none"), "gateway_auth", "must be keys or none")
         _check(self.gateway_max_queue >= 0, "gateway_max_queue", "must be >= 0 (0: no limit)")

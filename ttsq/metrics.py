@@ -187,8 +187,8 @@ class Metrics(Observer):
 
     # Serving -----------------------------------------------------------------------------------
 
-    def serve(self, port: int, address: str = "0.0.0.0") -> int:
-        """Serve ``/metrics`` over HTTP on ``port`` (0: a free one); return the port."""
+    def serve(self, port: int, address: str = "127.0.0.1") -> int:
+        """Serve ``/metrics`` over HTTP on ``address``:``port`` (0: a free one); return the port."""
         with self._lock:
             server, _thread = start_http_server(port, addr=address, registry=self.registry)
             self._server = server
