@@ -37,7 +37,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from ttsq.errors import DeadlineExceeded, EngineError, EngineOutOfMemory, TTSQError
-from ttsq.intake import BatchItem, Intake, Waiting, audio_seconds, bookkeep, late
+from ttsq.intake import BatchItem, Intake, Waiting, audio_seconds, bookkeep, late, recent_mean
 from ttsq.observer import BatchReport, Observer
 
 if TYPE_CHECKING:
@@ -64,7 +64,6 @@ FILL_SHARE = 0.5
 _POLL_S = 0.005
 #: How often a waiting batch asks the broker how many jobs are queued.
 _BACKLOG_EVERY_S = 0.05
-_CALL_WEIGHT = 0.3
 
 
 class BatchScheduler:
@@ -77,7 +76,7 @@ class BatchScheduler:
         observer: Observer,
         *,
         max_batch: int,
-        max_wait_s: float = MIN_PAUSE_S,
+        max_wait_s: float,
         backlog: Callable[[], int] | None = None,
     ) -> None:
         self._backlog = backlog
@@ -127,30 +126,31 @@ class BatchScheduler:
             if intake.stop_seen:  # run what is pending, then end
                 return self._take(next(iter(pending))) if pending else None
             now = time.monotonic()
-            due_at = {key: self._due_at(group, now) for key, group in pending.items()}
+            coming = bool(pending) and self.coming(now)
+            due_at = {key: self._due_at(group, now, coming) for key, group in pending.items()}
             due = min(due_at, key=due_at.__getitem__, default=None)
             if due is not None and due_at[due] <= now:
                 return self._take(due)
             wake = float("inf") if due is None else due_at[due]
-            if due is not None and self.coming(now):
+            if coming:
                 wake = min(wake, now + _POLL_S)  # a job on its way may also leave without arriving
             intake.drain(block_until=wake)
 
-    def _due_at(self, group: list[Waiting], now: float) -> float:
-        """When a group that is not full stops waiting for company (monotonic seconds)."""
+    def _due_at(self, group: list[Waiting], now: float, coming: bool) -> float:
+        """When a group that is not full stops waiting for company (monotonic seconds); ``coming``:
+        whether jobs are known to be on their way."""
         oldest = group[0]
         due = oldest.deadline  # submitted + max_wait_s: the bound
         recent = self.recent_call_s
         deadlines = [w.request.deadline for w in group if w.request.deadline is not None]
         if deadlines:  # leave the job whose deadline comes first the time an engine call takes
             due = min(due, now + (min(deadlines) - time.time()) - (recent or 0.0))
-        # Waiting for company starts when the device is free: time queued behind a running batch was
-        # not spent waiting for this one to fill.
-        since = max(oldest.arrived, self.idle_since)
-        if self.coming(now):  # jobs known to be on their way: wait for them, up to the bound
+        if coming:  # wait for them, up to the bound
             return due
         # Nothing known to be coming: wait out a pause in the arrival stream, and never more than the
-        # fuller pass is worth.
+        # fuller pass is worth. Waiting for company starts when the device is free: time queued behind
+        # a running batch was not spent waiting for this one to fill.
+        since = max(oldest.arrived, self.idle_since)
         if recent is not None:
             due = min(due, since + FILL_SHARE * recent)
         arrivals = self.intake.arrivals
@@ -220,9 +220,7 @@ class BatchScheduler:
         finally:
             self.busy_since = None
             self.idle_since = time.monotonic()
-            seconds = self.idle_since - started
-            recent = self.recent_call_s
-            self.recent_call_s = seconds if recent is None else _CALL_WEIGHT * seconds + (1 - _CALL_WEIGHT) * recent
+            self.recent_call_s = recent_mean(self.recent_call_s, self.idle_since - started)
         if len(outputs) != len(requests):
             raise EngineError(f"engine returned {len(outputs)} outputs for {len(requests)} requests")
         return outputs

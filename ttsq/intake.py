@@ -62,8 +62,12 @@ class BatchItem:
 
 #: A gap between two arrivals longer than this starts a new stream: its rate says nothing of the next.
 STREAM_GAP_S = 1.0
-#: Weight of the newest gap in the mean (an exponentially weighted average over the last few).
-_GAP_WEIGHT = 0.3
+
+
+def recent_mean(mean: float | None, value: float) -> float:
+    """An exponentially weighted mean over the last few values (the newest weighs 0.3); ``value``
+    itself when there is no mean yet. For arrival gaps here, engine call times in the batch scheduler."""
+    return value if mean is None else 0.3 * value + 0.7 * mean
 
 
 class Arrivals:
@@ -78,10 +82,7 @@ class Arrivals:
     def note(self, now: float) -> None:
         if self.last is not None:
             gap = now - self.last
-            if gap > STREAM_GAP_S:
-                self.mean_gap = None
-            else:
-                self.mean_gap = gap if self.mean_gap is None else _GAP_WEIGHT * gap + (1 - _GAP_WEIGHT) * self.mean_gap
+            self.mean_gap = None if gap > STREAM_GAP_S else recent_mean(self.mean_gap, gap)
         self.last = now
 
 
@@ -161,7 +162,7 @@ class Intake:
             if item is STOP:
                 self.stop_seen = True
                 return
-            self.arrivals.note(getattr(item, "arrived", 0.0) or time.monotonic())
+            self.arrivals.note(item.arrived or time.monotonic())
             try:
                 self.pending.setdefault(item.group, []).append(item)
             except Exception as exc:  # a request that cannot even be grouped fails alone

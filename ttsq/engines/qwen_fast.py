@@ -70,6 +70,7 @@ class QwenFastEngine(QwenEngine):
         self._requests: dict[int, tuple[SynthesisRequest, Done, Any, int]] = {}
         self._decoder: ThreadPoolExecutor | None = None
         self._decode_stream: Any = None
+        self._cores = usable_cores()  # read once: the affinity is the process's, fixed at start
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -369,7 +370,7 @@ class QwenFastEngine(QwenEngine):
         meanwhile shares the cores for one decode at most."""
         if self.settings.torch_threads or self.active:
             return self.torch_threads
-        return usable_cores()
+        return self._cores
 
     def _fail(self, slot: int, error: Exception) -> None:
         entry = self._requests.pop(slot, None)
