@@ -35,6 +35,7 @@ CORE = {
     "ttsq.broker",
     "ttsq.results",
     "ttsq.observer",
+    "ttsq.health",
     "ttsq.voices",
     "ttsq.splitter",
     "ttsq.document",

@@ -7,6 +7,8 @@ metrics; ``ttsq stats`` prints them.
 
 from __future__ import annotations
 
+import json
+
 import redis
 
 # kombu's Redis transport keeps priority levels other than 0 in lists named queue + sep + level.
@@ -28,6 +30,21 @@ def queue_depth(client: redis.Redis, queue: str) -> int:
 def unacked(client: redis.Redis) -> int:
     """Messages delivered to a worker and not yet acknowledged, all queues."""
     return int(client.hlen(UNACKED_KEY))
+
+
+def unacked_by_queue(client: redis.Redis) -> dict[str, int]:
+    """Messages delivered and not yet acknowledged, per queue. kombu stores each as
+    ``[message, exchange, routing_key]`` (JSON); ttsq's queues are direct, so the routing key is the
+    queue's name. A value that does not parse is counted under ``""``: it is held all the same."""
+    counts: dict[str, int] = {}
+    for raw in client.hvals(UNACKED_KEY):
+        try:
+            entry = json.loads(raw)
+            queue = entry[2] if isinstance(entry, list) and len(entry) == 3 and isinstance(entry[2], str) else ""
+        except (ValueError, UnicodeDecodeError):
+            queue = ""
+        counts[queue] = counts.get(queue, 0) + 1
+    return counts
 
 
 #: How many list items one read of a queue takes while looking for messages.

@@ -23,6 +23,7 @@ name                                   type       meaning
 ``worker_info{node,engine,model}``     gauge      1, naming this worker and its model
 ``worker_restarts_total{node}``        counter    times the launcher restarted this node (Redis)
 ``queue_depth{queue}``                 gauge      messages waiting in the queue (Redis, at scrape)
+``outstanding_jobs{queue}``            gauge      waiting plus delivered and unacked: scale on this
 ``unacked_messages``                   gauge      messages delivered but not yet acked, fleet-wide
 ``gpu_utilization_ratio{device}``      gauge      NVML, only where NVML is available
 ``gpu_memory_used_bytes{device}``      gauge      NVML
@@ -44,19 +45,23 @@ through the observer hooks, never by touching these series themselves.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import redis
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ttsq.broker import queue_depth, unacked
+from ttsq.broker import queue_depth, unacked_by_queue
 from ttsq.connection import connect
 from ttsq.constants import REDIS_CONNECT_TIMEOUT_S, RESTARTS_KEY
 from ttsq.envelope import REASONS
+from ttsq.health import Health, with_health
 from ttsq.observer import OUTCOMES, BatchReport, JobReport, Observer
 
 if TYPE_CHECKING:
@@ -187,10 +192,19 @@ class Metrics(Observer):
 
     # Serving -----------------------------------------------------------------------------------
 
-    def serve(self, port: int, address: str = "127.0.0.1") -> int:
-        """Serve ``/metrics`` over HTTP on ``address``:``port`` (0: a free one); return the port."""
+    def serve(self, port: int, address: str = "127.0.0.1", *, health: Callable[[], Health] | None = None) -> int:
+        """Serve ``/metrics`` over HTTP on ``address``:``port`` (0: a free one), and with ``health``
+        the probe paths of ``ttsq.health``; return the port."""
+        app = make_wsgi_app(self.registry)
         with self._lock:
-            server, _thread = start_http_server(port, addr=address, registry=self.registry)
+            server = make_server(
+                address,
+                port,
+                app if health is None else with_health(app, health),
+                _IPv6Server if ":" in address else _Server,
+                handler_class=_QuietHandler,
+            )
+            threading.Thread(target=server.serve_forever, name="ttsq-metrics", daemon=True).start()
             self._server = server
             return int(server.server_address[1])
 
@@ -203,6 +217,21 @@ class Metrics(Observer):
                 self._server = None
 
 
+class _Server(ThreadingMixIn, WSGIServer):
+    """One thread per scrape or probe: a slow Redis read never holds up a liveness probe."""
+
+    daemon_threads = True
+
+
+class _IPv6Server(_Server):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes and probes come every few seconds; they are not news."""
+
+
 class _QueueCollector(Collector):
     """Queue depth per queue and unacked messages, read from the broker at scrape time."""
 
@@ -213,19 +242,28 @@ class _QueueCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         try:
+            # Held first: a message taken between the two reads is then missed once, never counted twice.
+            held = unacked_by_queue(self._redis)
             depths = {queue: queue_depth(self._redis, queue) for queue in self.queues}
-            waiting_ack = unacked(self._redis)
         except redis.exceptions.RedisError as exc:  # a scrape must not fail because Redis blinked
             logger.debug("queue depth unavailable: %s", type(exc).__name__)
             return
         depth = GaugeMetricFamily("ttsq_queue_depth", "Messages waiting in the queue.", labels=["queue"])
+        outstanding = GaugeMetricFamily(
+            "ttsq_outstanding_jobs",
+            "Jobs of the queue not yet done: waiting in Redis plus delivered to a worker and unacked. "
+            "The series to scale workers on (every worker exports the same value: aggregate with max).",
+            labels=["queue"],
+        )
         for queue, value in depths.items():
             depth.add_metric([queue], value)
+            outstanding.add_metric([queue], value + held.get(queue, 0))
         yield depth
+        yield outstanding
         yield GaugeMetricFamily(
             "ttsq_unacked_messages",
             "Messages delivered to a worker and not yet acknowledged (all queues).",
-            value=waiting_ack,
+            value=sum(held.values()),
         )
 
 

@@ -36,6 +36,7 @@ from ttsq.connection import connect
 from ttsq.constants import HEARTBEAT_INTERVAL_S, WORKER_REDIS_PATIENCE_S
 from ttsq.engines import create_engine
 from ttsq.errors import DeadlineExceeded, InvalidRequest, JobParked, JobTimeout
+from ttsq.health import Health
 from ttsq.intake import Expected
 from ttsq.keys import content_key, object_key
 from ttsq.ledger import Ledger, ParkedJob
@@ -99,6 +100,8 @@ class WorkerRuntime:
         self.watchdog = Watchdog(self.batcher, limit_s=settings.batch_limit_s)
         self.sweeper = Sweeper(settings, self.accepted, self.observer, node=self.node)
         self._stopping = threading.Event()
+        #: Set once the engine is loaded and warm and the worker is about to consume.
+        self._warm = threading.Event()
         self._stats_beat = threading.Thread(target=self._beat, name="ttsq-beat", daemon=True)
 
     def _beat(self) -> None:
@@ -129,6 +132,20 @@ class WorkerRuntime:
             call()
         except Exception as exc:
             logger.warning("could not update fleet statistics: %s", type(exc).__name__)
+
+    def health(self) -> Health:
+        """Alive and ready, for the probes on the metrics port (``ttsq.health``)."""
+        if not self._warm.is_set():
+            # Loading: alive (a model load takes minutes), not ready. A load that fails ends the process.
+            return Health(checks={"engine": False})
+        dead = self.watchdog.check()
+        if self.stopping and not self.batcher.alive:
+            dead = None  # close() stopped it: a drain that has finished, not a death
+        try:
+            redis_ok = bool(self._broker.ping())
+        except redis.RedisError:
+            redis_ok = False
+        return Health(dead=dead, checks={"engine": dead is None, "redis": redis_ok, "accepting": not self.stopping})
 
     @property
     def stopping(self) -> bool:
@@ -164,6 +181,7 @@ class WorkerRuntime:
         self._started_at = time.time()
         self._stats_beat.start()
         self.sweeper.start()
+        self._warm.set()
         logger.info(
             "engine %s ready in %.2fs (model %s, revision %s, max_batch %d)",
             self.settings.engine,

@@ -60,12 +60,14 @@ def run_worker(settings: Settings, *, hostname: str | None = None) -> int:
         # Before the engine loads: a port already taken stops the process at once, not after a
         # minute of loading weights.
         try:
-            runtime.metrics.serve(settings.metrics_port, settings.metrics_host)
+            runtime.metrics.serve(settings.metrics_port, settings.metrics_host, health=runtime.health)
         except OSError as exc:
             raise ConfigError(
                 "TTSQ_METRICS_PORT", f"cannot serve metrics on port {settings.metrics_port}: {exc.strerror or exc}"
             ) from None
-        logging.getLogger(__name__).info("metrics on %s:%d/metrics", settings.metrics_host, settings.metrics_port)
+        logging.getLogger(__name__).info(
+            "metrics on %s:%d/metrics, probes /livez and /readyz", settings.metrics_host, settings.metrics_port
+        )
     runtime.start()
     app = worker_app(settings, runtime)
     app.set_default()  # pool threads resolve the app through Celery's process default
