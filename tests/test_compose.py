@@ -10,18 +10,21 @@ from typing import Any
 
 import compose
 
+from ttsq import __version__
 from ttsq.config import Settings
 
 ROOT = Path(__file__).parent.parent
 COMPOSE = Path(compose.__file__).parent / "docker-compose"  # the binary; the pip wrapper drops exit codes
 
 
-def run_compose(*args: str, env_file: Path) -> subprocess.CompletedProcess[str]:
+def run_compose(
+    *args: str, env_file: Path, file: Path = ROOT / "docker-compose.yml"
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
             str(COMPOSE),
             "-f",
-            str(ROOT / "docker-compose.yml"),
+            str(file),
             "--env-file",
             str(env_file),
             "--project-directory",
@@ -46,10 +49,18 @@ def test_compose_refuses_to_start_without_secrets(tmp_path: Path) -> None:
     assert out.returncode != 0 and "in .env" in out.stderr
 
 
-def rendered() -> dict[str, Any]:
+def rendered(file: Path = ROOT / "docker-compose.yml") -> dict[str, Any]:
     """The compose file as Compose resolves it, every profile on."""
     out = run_compose(
-        "--profile", "cpu", "--profile", "gpu", "config", "--format", "json", env_file=ROOT / ".env.example"
+        "--profile",
+        "cpu",
+        "--profile",
+        "gpu",
+        "config",
+        "--format",
+        "json",
+        env_file=ROOT / ".env.example",
+        file=file,
     )
     assert out.returncode == 0, out.stderr
     project: dict[str, Any] = json.loads(out.stdout)
@@ -154,3 +165,86 @@ def test_prometheus_scrapes_every_worker_on_its_metrics_port() -> None:
         host, _, port = target.partition(":")
         assert host in services and port.isdigit(), target
     assert "flower:5555" in targets
+
+
+#: Host addresses a published port may bind: loopback only. Publishing for other hosts is a choice made
+#: in an override file, not a default of this one.
+LOOPBACK = {"127.0.0.1", "::1"}
+
+
+def exposed_ports(project: dict[str, Any]) -> list[str]:
+    """Every published port that other hosts could reach: bound to every interface, or with no host
+    address at all (which Docker takes as every interface)."""
+    return [
+        f"{name}: {port.get('host_ip', '(no host address)')}:{port.get('published', '(any)')}->{port['target']}"
+        for name, service in project["services"].items()
+        for port in service.get("ports", [])
+        if port.get("host_ip") not in LOOPBACK
+    ]
+
+
+def image_tag(image: str) -> str | None:
+    """The tag of an image reference, "@digest" for one pinned by digest, None for none."""
+    name, _, digest = image.partition("@")
+    if digest:
+        return "@" + digest
+    last = name.rsplit("/", 1)[-1]  # a registry's host:port is not a tag
+    return last.rpartition(":")[2] if ":" in last else None
+
+
+def unpinned_images(project: dict[str, Any]) -> list[str]:
+    """Every service whose image is untagged or ``latest``, or that names no image."""
+    unpinned = []
+    for name, service in project["services"].items():
+        image = service.get("image")
+        if not image or image_tag(image) in (None, "latest"):
+            unpinned.append(f"{name}: {image or '(no image)'}")
+    return unpinned
+
+
+def test_every_published_port_is_on_loopback() -> None:
+    project = rendered()
+    assert any(service.get("ports") for service in project["services"].values())
+    assert exposed_ports(project) == []
+
+
+def test_every_image_is_pinned_and_ttsq_images_carry_the_package_version() -> None:
+    services = rendered()["services"]
+    assert unpinned_images({"services": services}) == []
+    ttsq_tags = {image_tag(service["image"]) for service in services.values() if is_ttsq(service)}
+    assert ttsq_tags == {__version__, f"{__version__}-gpu", f"{__version__}-gateway"}
+
+
+BAD = """
+services:
+  s3:
+    image: minio/minio:latest
+    ports: ["9000:9000", "127.0.0.1:9001:9001"]
+  any:
+    image: registry.example:5000/team/worker
+    ports: ["0.0.0.0:8080:8080", "[::]:8081:8081", "5555"]
+  pinned:
+    image: redis:7.2-alpine@sha256:0000000000000000000000000000000000000000000000000000000000000000
+    ports: ["127.0.0.1:6379:6379", "[::1]:6380:6379"]
+  built:
+    build: {context: .}
+"""
+
+
+def test_the_checks_catch_exposed_ports_and_floating_images(tmp_path: Path) -> None:
+    """The same checks on a file with the mistakes they look for, through the same parser (the compose
+    file before pinning failed both: minio on 9000 with no host address, three floating images)."""
+    bad = tmp_path / "docker-compose.yml"
+    bad.write_text(BAD)
+    project = rendered(bad)
+    assert sorted(exposed_ports(project)) == [
+        "any: (no host address):(any)->5555",
+        "any: 0.0.0.0:8080->8080",
+        "any: :::8081->8081",
+        "s3: (no host address):9000->9000",
+    ]
+    assert sorted(unpinned_images(project)) == [
+        "any: registry.example:5000/team/worker",
+        "built: (no image)",
+        "s3: minio/minio:latest",
+    ]

@@ -28,6 +28,9 @@ PAGES = [README, *sorted(DOCS.glob("*.md"))]
 #: What the README's table of documentation links to: one row per page.
 DOC_PAGES = {
     "deployment.md",
+    "scaling.md",
+    "kubernetes.md",
+    "systemd.md",
     "gateway.md",
     "configuration.md",
     "qwen.md",
