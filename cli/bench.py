@@ -7,10 +7,11 @@ import sys
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from ttsq.request import FORMATS
 
-from .common import one_line_errors, settings_of
+from .common import one_line_errors, settings_of, sources_of
 
 
 @click.command()
@@ -68,16 +69,27 @@ from .common import one_line_errors, settings_of
 )
 @click.option(
     "--engine",
+    envvar="TTSQ_ENGINE",
+    show_envvar=True,
     default=None,
-    help="Engine: of the embedded worker (default espeak), else the one "
-    "whose workers the producer expects. [TTSQ_ENGINE]",
+    help="Engine: of the embedded worker (espeak unless this flag says otherwise: not from the variable), "
+    "else the one whose workers the producer expects.",
 )
-@click.option("--max-batch", type=int, default=None, help="Embedded worker's largest batch. [TTSQ_MAX_BATCH]")
 @click.option(
-    "--max-wait-ms",
+    "--max-batch",
+    envvar="TTSQ_MAX_BATCH",
+    show_envvar=True,
     type=int,
     default=None,
-    help="Embedded worker's longest wait for a batch to fill. [TTSQ_MAX_WAIT_MS]",
+    help="Embedded worker's largest batch.",
+)
+@click.option(
+    "--max-wait-ms",
+    envvar="TTSQ_MAX_WAIT_MS",
+    show_envvar=True,
+    type=int,
+    default=None,
+    help="Embedded worker's longest wait for a batch to fill.",
 )
 @click.pass_context
 @one_line_errors
@@ -104,7 +116,7 @@ def bench(
 
     if concurrency is not None and rate is not None:
         raise click.UsageError("--concurrency and --rate exclude each other: choose a closed or an open loop")
-    if embedded and engine is None:
+    if embedded and ctx.get_parameter_source("engine") is not ParameterSource.COMMANDLINE:
         engine = "espeak"  # like `submit --embedded`: a fresh machine has no GPU model
     settings = settings_of(ctx, engine=engine, max_batch=max_batch, max_wait_ms=max_wait_ms)
     plan = benchmark.Plan(
@@ -119,16 +131,21 @@ def bench(
     )
     sentences = benchmark.load_corpus(corpus) if corpus else list(benchmark.CORPUS)
     benchmark.check_corpus(sentences, plan, Limits.from_settings(settings))  # before the progress bar shows
-    with click.progressbar(length=jobs, label="ttsq bench", file=sys.stderr) as bar:
+    # A bar on a terminal only, erased once done: the report's own first line says what ran (off a
+    # terminal, click would print the bare label as a line of its own).
+    on_terminal = sys.stderr.isatty()
+    with click.progressbar(length=jobs, label="ttsq bench", file=sys.stderr, hidden=not on_terminal) as bar:
         figures = benchmark.measure(
             settings,
             plan,
             sentences,
             embedded=embedded,
-            temporary_storage=embedded and ctx.obj["storage_url"] is None,
+            temporary_storage=embedded and sources_of(ctx)["storage_url"] == "default",
             corpus_name=str(corpus) if corpus else "built-in",
             progress=bar.update,
         )
+    if on_terminal:
+        click.echo("\x1b[1A\x1b[2K", file=sys.stderr, nl=False)  # up to the finished bar's line, and clear it
     encoded = json.dumps(figures, indent=2, ensure_ascii=False)
     if json_path is not None and str(json_path) == "-":
         click.echo(encoded)

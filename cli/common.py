@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
-from ttsq.config import Settings
+from ttsq.config import ENV_PREFIX, Settings
 from ttsq.errors import ConfigError, InvalidRequest, TTSQError
 from ttsq.request import JobResult
 
@@ -18,6 +19,39 @@ if TYPE_CHECKING:
     from ttsq.client import Client
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: The connection flags of every command, each with its help; its variable is ``TTSQ_<NAME>``.
+CONNECTION_FLAGS = (
+    ("broker_url", "Celery broker (redis://...)."),
+    ("result_backend", "Celery result backend (redis://...)."),
+    ("cache_url", "Redis for the cache index."),
+    ("storage_url", "s3://bucket/prefix or a local folder."),
+)
+
+
+def connection_options() -> list[click.Option]:
+    """The connection flags, made afresh for one command: the group and every command take them, so
+    ``ttsq --broker-url X submit`` and ``ttsq submit --broker-url X`` mean the same (the later wins)."""
+    return [
+        click.Option(
+            [f"--{name.replace('_', '-')}"],
+            envvar=ENV_PREFIX + name.upper(),
+            show_envvar=True,
+            expose_value=False,
+            callback=_keep_flag,
+            help=text,
+        )
+        for name, text in CONNECTION_FLAGS
+    ]
+
+
+def _keep_flag(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Keep a connection flag given on the command line as an override of the settings (``ctx.obj``,
+    shared by the group and its command). A value click found in the environment is not kept:
+    ``Settings.from_env`` reads the same variable, and ``ttsq config`` names it as its source."""
+    if param.name and ctx.get_parameter_source(param.name) is ParameterSource.COMMANDLINE:
+        ctx.ensure_object(dict)[param.name] = value
+    return value
 
 
 def one_line_errors(command: F) -> F:
@@ -51,8 +85,27 @@ def fail(message: str, code: int) -> None:
 
 
 def settings_of(ctx: click.Context, **overrides: Any) -> Settings:
-    """Settings from ``TTSQ_*``, the group's connection flags and the command's own flags."""
-    return Settings.from_env(**ctx.obj, **overrides)
+    """Settings from ``TTSQ_*``, the connection flags and the command's own flags."""
+    return Settings.from_env(**ctx.ensure_object(dict), **overrides)
+
+
+def sources_of(ctx: click.Context, **overrides: Any) -> dict[str, str]:
+    """Where ``settings_of`` with the same flags takes each setting from: ``flag --NAME``,
+    ``environment`` or ``default``."""
+    sources = Settings.sources(**ctx.ensure_object(dict), **overrides)
+    return {
+        name: f"flag --{name.replace('_', '-')}" if source == "override" else source for name, source in sources.items()
+    }
+
+
+def pointed_to_documents(exc: InvalidRequest, kind: str, max_text_chars: int) -> InvalidRequest:
+    """A text too long for one job: the same error, pointing to -f (a document is split into chunk
+    jobs). Here, not in the core: the HTTP gateway and ``send_task`` share that error and have no -f."""
+    if kind == "job" and exc.field == "text" and exc.reason.endswith(f"the limit is {max_text_chars}"):
+        return InvalidRequest(
+            "text", f"{exc.reason}; for a longer text use `ttsq submit -f FILE` ('-f -': stdin), split into chunk jobs"
+        )
+    return exc
 
 
 def read_text(data: bytes) -> str:

@@ -1,26 +1,43 @@
-"""Running and watching the fleet: ``ttsq worker``, ``ttsq stats``, ``ttsq flower``, ``ttsq failed``, ``ttsq retry``."""
+"""Running and watching the fleet: ``ttsq worker``, ``ttsq stats``, ``ttsq flower``, ``ttsq failed``,
+``ttsq retry``, ``ttsq dead``, and ``ttsq config`` (the settings a command here would run with)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import sys
 import time
+from typing import Any
 
 import click
 
-from .common import one_line_errors, settings_of
+from ttsq.config import ENV_PREFIX
+
+from .common import one_line_errors, settings_of, sources_of
+
+#: A setting whose name says it is a secret is shown as ``***`` whatever its value.
+_SECRET_NAME = re.compile(r"password|secret|token|key", re.I)
+#: A secret in a URL's query (``redis://host/0?password=...``).
+_SECRET_QUERY = re.compile(r"([?&;][^=&;#]*(?:password|secret|token|key)[^=&;#]*=)[^&;#]*", re.I)
 
 
 @click.command()
 @click.option(
-    "--engine", default=None, help="Engine name (espeak, qwen, qwen-fast) or package.module:Factory. [TTSQ_ENGINE]"
+    "--engine",
+    envvar="TTSQ_ENGINE",
+    show_envvar=True,
+    default=None,
+    help="Engine name (espeak, qwen, qwen-fast) or package.module:Factory.",
 )
-@click.option("--max-batch", type=int, default=None, help="Largest batch. [TTSQ_MAX_BATCH]")
+@click.option("--max-batch", envvar="TTSQ_MAX_BATCH", show_envvar=True, type=int, default=None, help="Largest batch.")
 @click.option(
     "--max-wait-ms",
+    envvar="TTSQ_MAX_WAIT_MS",
+    show_envvar=True,
     type=int,
     default=None,
-    help="Longest wait for a batch to fill after its first job. [TTSQ_MAX_WAIT_MS]",
+    help="Longest wait for a batch to fill after its first job.",
 )
 @click.option(
     "-n",
@@ -36,9 +53,11 @@ from .common import one_line_errors, settings_of
 )
 @click.option(
     "--metrics-port",
+    envvar="TTSQ_METRICS_PORT",
+    show_envvar=True,
     type=int,
     default=None,
-    help="Prometheus port; with --devices the Nth worker gets this + N; 0 turns it off. [TTSQ_METRICS_PORT]",
+    help="Prometheus port; with --devices the Nth worker gets this + N; 0 turns it off.",
 )
 @click.pass_context
 @one_line_errors
@@ -110,8 +129,9 @@ def stats(ctx: click.Context, minutes: int, ping_timeout: float, as_json: bool) 
 @click.option(
     "--basic-auth",
     envvar="FLOWER_BASIC_AUTH",
+    show_envvar=True,
     default=None,
-    help="user:password for Flower's pages and API. [FLOWER_BASIC_AUTH]",
+    help="user:password for Flower's pages and API.",
 )
 @click.option("--no-auth", is_flag=True, help="Run without authentication (trusted networks only).")
 @click.argument("flower_args", nargs=-1, type=click.UNPROCESSED)
@@ -195,3 +215,43 @@ def dead(ctx: click.Context, as_json: bool, purge: bool) -> None:
         )
     if purge and not as_json:
         click.echo(f"purged {purged}")
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the settings as JSON.")
+@click.pass_context
+@one_line_errors
+def config(ctx: click.Context, as_json: bool) -> None:
+    """Print the effective settings (TTSQ_<NAME>=value, passwords masked) and where each came from: a
+    flag, the environment or the default. Connects to nothing; a malformed value fails as at start."""
+    settings = settings_of(ctx)
+    sources = sources_of(ctx)
+    rows = [
+        (field.name, ENV_PREFIX + field.name.upper(), _shown(field.name, getattr(settings, field.name)))
+        for field in dataclasses.fields(settings)
+    ]
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    name: {"variable": variable, "value": value, "source": sources[name]}
+                    for name, variable, value in rows
+                }
+            )
+        )
+        return
+    lines = [(f"{variable}={value}", sources[name]) for name, variable, value in rows]
+    width = max(len(line) for line, _ in lines)
+    for line, source in lines:
+        click.echo(f"{line:<{width}}  # {source}")
+
+
+def _shown(name: str, value: Any) -> Any:
+    """A setting as ``ttsq config`` shows it: passwords in URLs and secrets masked."""
+    if not isinstance(value, str) or not value:
+        return value
+    if _SECRET_NAME.search(name):
+        return "***"
+    from ttsq.redaction import redact_url
+
+    return _SECRET_QUERY.sub(r"\1***", redact_url(value)) if "://" in value else value

@@ -11,8 +11,21 @@ from .common import one_line_errors, settings_of
 
 
 @click.command()
-@click.option("--host", default=None, help="Address to listen on (default 127.0.0.1). [TTSQ_GATEWAY_HOST]")
-@click.option("--port", type=int, default=None, help="Port to listen on (default 8080). [TTSQ_GATEWAY_PORT]")
+@click.option(
+    "--host",
+    envvar="TTSQ_GATEWAY_HOST",
+    show_envvar=True,
+    default=None,
+    help="Address to listen on (default 127.0.0.1).",
+)
+@click.option(
+    "--port",
+    envvar="TTSQ_GATEWAY_PORT",
+    show_envvar=True,
+    type=int,
+    default=None,
+    help="Port to listen on (default 8080).",
+)
 @click.option("--log-level", default=None, help="uvicorn's log level (default: TTSQ_LOG_LEVEL).")
 @click.pass_context
 @one_line_errors

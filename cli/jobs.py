@@ -13,7 +13,7 @@ import click
 from ttsq.errors import InvalidRequest, TTSQError
 from ttsq.request import FORMATS, LANGUAGES, JobResult
 
-from .common import one_line_errors, read_text, report, settings_of, summary
+from .common import one_line_errors, pointed_to_documents, read_text, report, settings_of, summary
 
 if TYPE_CHECKING:
     from ttsq.client import Client, Job
@@ -142,12 +142,15 @@ def submit(
     )
     kind = "lines" if each_line else "document" if text_file is not None else "job"
     settings = settings_of(ctx)
-    if embedded:
-        _submit_embedded(settings, kind, text, fields, timeout=timeout, output=output, as_json=as_json)
-        return
-    from ttsq.client import Client
+    try:
+        if embedded:
+            _submit_embedded(settings, kind, text, fields, timeout=timeout, output=output, as_json=as_json)
+            return
+        from ttsq.client import Client
 
-    _submit(Client(settings), kind, text, fields, wait=wait, timeout=timeout, output=output, as_json=as_json)
+        _submit(Client(settings), kind, text, fields, wait=wait, timeout=timeout, output=output, as_json=as_json)
+    except InvalidRequest as exc:
+        raise pointed_to_documents(exc, kind, settings.max_text_chars) from None
 
 
 def _input_text(text: str | None, text_file: Path | None) -> str:
@@ -173,9 +176,14 @@ def _request_fields(
     sampling: dict[str, Any],
 ) -> dict[str, Any]:
     """The request fields the flags give (validated later, at the edge, like any other input)."""
+    suffix = output.suffix.lower().lstrip(".") if output else ""
     if audio_format is None:
-        suffix = output.suffix.lower().lstrip(".") if output else ""
         audio_format = suffix if suffix in FORMATS else "wav"
+    elif suffix in FORMATS and suffix != audio_format.lower():
+        raise click.UsageError(
+            f"--format {audio_format} and -o {output} disagree: drop --format (the extension decides) "
+            f"or name the file .{audio_format.lower()}"
+        )
     fields: dict[str, Any] = {"mode": mode, "instruct": instruct, "language": language, "format": audio_format}
     fields.update({name: value for name, value in (("speaker", speaker), ("reference", reference)) if value})
     fields.update({name: value for name, value in sampling.items() if value is not None})
@@ -279,9 +287,10 @@ def status(ctx: click.Context, job_id: str, as_json: bool) -> None:
         click.echo(f"{info['state']} {summary(info['result'])}")
     elif "progress" in info:
         progress = info["progress"]
+        stitching = ", stitching" if progress.get("phase") == "stitching" else ""
         click.echo(
             f"{info['state']} {progress['chunks_done']}/{progress['chunks_total']} chunks, "
-            f"{progress['audio_s']:.1f} s of audio"
+            f"{progress['audio_s']:.1f} s of audio{stitching}"
         )
     else:
         click.echo(info["state"])
@@ -322,7 +331,8 @@ def _wait_with_progress(client: Client, job: Job, timeout: float) -> JobResult:
             if progress:
                 bar.length = total = int(progress["chunks_total"])  # repeated chunks run once
                 done = int(progress["chunks_done"])
-                bar.label = f"chunks ({progress['audio_s']:.0f} s of audio)"
+                stitching = ", stitching" if progress.get("phase") == "stitching" else ""
+                bar.label = f"chunks ({progress['audio_s']:.0f} s of audio{stitching})"
                 bar.update(done - shown)
                 shown = done
             if info["state"] in ("SUCCESS", "FAILURE", "REVOKED"):

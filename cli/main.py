@@ -3,7 +3,8 @@
 Thin by design: parse flags, build ``Settings``, call ``ttsq``. Errors are one line on stderr and a
 non-zero exit (2 for bad input or settings, 1 for everything else), never a traceback. The commands
 live by family: ``jobs`` (submit, status, result), ``voices``, ``fleet`` (worker, stats, flower,
-failed, retry) and ``bench``; this module is the group and the entry point.
+failed, retry, dead, config) and ``bench``; this module is the group and the entry point. The connection
+flags (``--broker-url`` ...) are the group's and every command's: before or after the command's name.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import click
 from ttsq import __version__
 
 from .bench import bench
-from .common import fail
-from .fleet import dead, failed, flower, retry, stats, worker
+from .common import connection_options, fail
+from .fleet import config, dead, failed, flower, retry, stats, worker
 from .gateway import keys, serve
 from .jobs import result, status, submit
 from .voices import voices
@@ -24,32 +25,25 @@ from .voices import voices
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ttsq")
-@click.option("--broker-url", envvar="TTSQ_BROKER_URL", help="Celery broker (redis://...). [TTSQ_BROKER_URL]")
-@click.option(
-    "--result-backend", envvar="TTSQ_RESULT_BACKEND", help="Celery result backend (redis://...). [TTSQ_RESULT_BACKEND]"
-)
-@click.option("--cache-url", envvar="TTSQ_CACHE_URL", help="Redis for the cache index. [TTSQ_CACHE_URL]")
-@click.option(
-    "--storage-url", envvar="TTSQ_STORAGE_URL", help="s3://bucket/prefix or a local folder. [TTSQ_STORAGE_URL]"
-)
 @click.pass_context
-def cli(
-    ctx: click.Context,
-    broker_url: str | None,
-    result_backend: str | None,
-    cache_url: str | None,
-    storage_url: str | None,
-) -> None:
+def cli(ctx: click.Context) -> None:
     """ttsq: distributed text-to-speech on Celery and Redis."""
-    ctx.obj = {
-        "broker_url": broker_url,
-        "result_backend": result_backend,
-        "cache_url": cache_url,
-        "storage_url": storage_url,
-    }
+    ctx.ensure_object(dict)  # the connection flags given on the command line (``common.settings_of``)
 
 
-for _command in (submit, status, result, voices, failed, retry, dead, worker, serve, keys, bench, stats, flower):
+def _take_connection_flags(command: click.Command) -> None:
+    """Give ``command`` (every command of a group) the connection flags the group takes."""
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            _take_connection_flags(sub)
+    else:
+        command.params.extend(connection_options())
+
+
+_COMMANDS = (submit, status, result, voices, failed, retry, dead, worker, serve, keys, bench, stats, flower, config)
+cli.params.extend(connection_options())
+for _command in _COMMANDS:
+    _take_connection_flags(_command)
     cli.add_command(_command)
 
 

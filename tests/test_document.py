@@ -235,7 +235,9 @@ def test_status_shows_progress_rising_while_a_document_runs(
                     seen.append(progress["chunks_done"])
                 if len(seen) == 2:  # what a person sees
                     plain = run_cli("status", job.id, settings=slow).stdout.decode()
-                    assert re.fullmatch(r"(PROGRESS \d/6 chunks, [\d.]+ s of audio|SUCCESS .*)\n", plain), plain
+                    assert re.fullmatch(
+                        r"(PROGRESS \d/6 chunks, [\d.]+ s of audio(, stitching)?|SUCCESS .*)\n", plain
+                    ), plain
             if info["state"] == "SUCCESS":
                 break
             time.sleep(0.2)

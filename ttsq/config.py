@@ -332,6 +332,20 @@ class Settings:
             raise ConfigError("overrides", f"unknown settings {sorted(unknown)}")
         return cls(**values)
 
+    @classmethod
+    def sources(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> dict[str, str]:
+        """Where ``from_env`` with the same arguments takes each field from: ``override`` (a flag),
+        ``environment`` (its ``TTSQ_*`` variable) or ``default``."""
+        env = os.environ if environ is None else environ
+        return {
+            field.name: "override"
+            if overrides.get(field.name) is not None
+            else "environment"
+            if ENV_PREFIX + field.name.upper() in env
+            else "default"
+            for field in dataclasses.fields(cls)
+        }
+
     def to_env(self) -> dict[str, str]:
         """The ``TTSQ_*`` variables that reproduce these settings in a child process."""
         return {ENV_PREFIX + field.name.upper(): str(getattr(self, field.name)) for field in dataclasses.fields(self)}

@@ -250,11 +250,13 @@ class DocumentResult(JobResult):
 
 
 class Progress(TypedDict):
-    """The ``PROGRESS`` state's meta: what ``ttsq status`` shows while a document runs."""
+    """The ``PROGRESS`` state's meta: what ``ttsq status`` shows while a document runs, from its fan-out
+    until its result: ``phase`` is ``synthesizing`` while chunks run, then ``stitching``."""
 
     chunks_done: int
     chunks_total: int
     audio_s: float
+    phase: str
 
 
 def read_document(client: Any, key: str) -> dict[str, Any] | None:

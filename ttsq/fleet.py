@@ -50,6 +50,7 @@ def snapshot(
         broker.close()
     answered = _ping(settings, ping_timeout) if ping_timeout > 0 and workers else set()
     for worker in workers:
+        worker["device"] = worker.get("device") or "cpu"  # as the table shows it (a heartbeat of an older worker)
         worker["responding"] = worker.get("node") in answered if ping_timeout > 0 else None
         worker["uptime_s"] = round(max(0.0, now - float(worker.get("started_at", now))), 1)
 
@@ -93,7 +94,7 @@ def format_table(snap: dict[str, Any]) -> str:
         for w in workers:
             ping = {True: "ok", False: "no answer", None: "-"}[w.get("responding")]
             lines.append(
-                f"{w.get('node', '?'):<28} {w.get('engine', '?'):<8} {w.get('device', '') or 'cpu':<7} "
+                f"{w.get('node', '?'):<28} {w.get('engine', '?'):<8} {w.get('device') or 'cpu':<7} "
                 f"{w.get('pid', 0):>7} {_duration(w.get('uptime_s', 0.0)):>8} {w.get('jobs', 0):>6} "
                 f"{w.get('restarts', 0):>8}  {ping}"
             )

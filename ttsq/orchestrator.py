@@ -8,13 +8,15 @@ What a document is (validation, key, seed, result shape) is ``ttsq.document``; t
    inherits the document task's id, so the id the user holds ends up carrying the stitched result.
 2. **Progress.** Each chunk job that succeeds (Celery's ``task_success``) records its audio seconds in
    a Redis hash for the document and stores the custom state ``PROGRESS`` (chunks done / total, audio
-   seconds) on the document's id; ``ttsq status`` and ``AsyncResult.info`` read it, and a
-   ``task-progress`` event shows it in Flower.
-3. **Stitch.** The stitch job reads each chunk's audio through the cache index (never trusting the
-   chord's result list: a redelivered chunk may report twice), joins them (``ttsq.audio.join``) with
-   a crossfade inside a cut sentence, a short pause between sentences and a longer one between
-   paragraphs, encodes the requested format, stores it under the document key, indexes it last and
-   returns its URL with the time span of every chunk and every sentence.
+   seconds, phase ``synthesizing``) on the document's id; ``ttsq status`` and ``AsyncResult.info`` read
+   it, and a ``task-progress`` event shows it in Flower.
+3. **Stitch.** The stitch job (which carries the document's id, and stores no ``STARTED`` over its
+   progress) first stores ``PROGRESS`` with phase ``stitching``; then it reads each chunk's audio
+   through the cache index (never trusting the chord's result list: a redelivered chunk may report
+   twice), joins them (``ttsq.audio.join``) with a crossfade inside a cut sentence, a short pause
+   between sentences and a longer one between paragraphs, encodes the requested format, stores it
+   under the document key, indexes it last and returns its URL with the time span of every chunk
+   and every sentence.
 
 **Resume.** A worker that dies mid-document loses nothing: its chunk messages are redelivered (late
 acks), finished chunks are acked and stored. A document re-submitted after a crash joins the running
@@ -74,6 +76,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+#: The field of a document's progress hash that says its stitch has begun (beside one per chunk index).
+_STITCHING = "stitching"
 
 # Set a document's result to PROGRESS unless it already holds a final state (Celery's ready states).
 _PROGRESS_UNLESS_DONE = """
@@ -154,6 +158,8 @@ class Orchestrator:
             "key": key,
             "format": document.fields["format"],
             "seed": seed,
+            # Every chunk carries a seed; a derived one is not the user's, so espeak ignoring it is no news.
+            "seed_given": document.fields.get("seed") is not None,
             "characters": len(document.text),
             "options": asdict(document.options),
             "chunks": [
@@ -217,7 +223,7 @@ class Orchestrator:
     def _chunk_done(self, doc_id: str, total: int, index: int, duration_s: float) -> None:
         node = self.runtime.node
         self.runtime.accepted.touch(doc_id)  # the document is making progress (``ttsq.sweeper``)
-        progress = self._count(doc_id, total, index=index, duration_s=duration_s)
+        progress = self._count(doc_id, total, durations={index: duration_s})
         summary = f"{progress['chunks_done']}/{total} chunks, {progress['audio_s']:.1f} s of audio"
         try:
             with self.app.events.default_dispatcher(hostname=node) as dispatcher:
@@ -227,23 +233,39 @@ class Orchestrator:
         except Exception as exc:  # events are for watching; the state above is the record
             logger.debug("could not send a progress event: %s", type(exc).__name__)
 
-    def _count(self, doc_id: str, total: int, *, index: int | None = None, duration_s: float = 0.0) -> Progress:
-        """Record chunk ``index`` as done (if given) and store the document's progress from the count.
+    def _count(
+        self,
+        doc_id: str,
+        total: int,
+        *,
+        durations: Mapping[int, float] | None = None,
+        stitching: bool = False,
+    ) -> Progress:
+        """Record chunks as done (``durations``: chunk index -> audio seconds), and the stitch as
+        started if so, then store the document's progress from the count.
 
         Chunks of one batch finish together on several task threads (and workers): counting and
         storing under one lock per document keeps the stored progress from going backwards (a
-        thread that counted 3 storing after one that counted 4)."""
+        thread that counted 3 storing after one that counted 4, or a redelivered chunk storing
+        ``synthesizing`` after the stitch began)."""
         hash_key = PROGRESS_PREFIX + doc_id
         with self._redis.lock(hash_key + ":lock", timeout=10, blocking_timeout=10):
             pipe = self._redis.pipeline()
-            if index is not None:
-                # One field per chunk index: a redelivered chunk overwrites itself instead of counting twice.
-                pipe.hset(hash_key, str(index), duration_s)
+            # One field per chunk index: a redelivered chunk overwrites itself instead of counting twice.
+            for index, seconds in (durations or {}).items():
+                pipe.hset(hash_key, str(index), seconds)
+            if stitching:
+                pipe.hset(hash_key, _STITCHING, 1)
+            if durations or stitching:
                 pipe.expire(hash_key, self.settings.result_ttl_s)
-            pipe.hvals(hash_key)
-            values = pipe.execute()[-1]
+            pipe.hgetall(hash_key)
+            fields = pipe.execute()[-1]
+            chunks = [float(v) for name, v in fields.items() if name != _STITCHING]
             progress = Progress(
-                chunks_done=len(values), chunks_total=total, audio_s=round(sum(float(v) for v in values), 3)
+                chunks_done=len(chunks),
+                chunks_total=total,
+                audio_s=round(sum(chunks), 3),
+                phase="stitching" if _STITCHING in fields else "synthesizing",
             )
             self._store_progress(doc_id, progress)
         return progress
@@ -281,6 +303,18 @@ class Orchestrator:
             if isinstance(results, list)
             else set()
         )
+        total = len({chunk["key"] for chunk in plan["chunks"] if chunk["key"]})
+        # The chord fired: every chunk has returned, though the last one's own count (``task_success``
+        # comes after the chord join) may not be in yet. Count them all from the results here.
+        durations = {
+            index: float(r["duration_s"])
+            for index, r in enumerate(results if isinstance(results, list) else [])
+            if index < total and isinstance(r, Mapping) and isinstance(r.get("duration_s"), (int, float))
+        }
+        try:  # the document's state keeps its progress while it is stitched: never back to STARTED
+            self._count(task_id, total, durations=durations, stitching=True)
+        except Exception as exc:  # progress is for watching: the stitch goes on without it
+            logger.warning("document %s: could not store progress: %s", task_id, type(exc).__name__)
         options = Options(**plan["options"])
         started = time.perf_counter()
         pieces: list[npt.NDArray[np.float32] | None] = []
@@ -319,7 +353,9 @@ class Orchestrator:
         if not runtime.storage.put(target, encoded.data, encoded.content_type):
             encoded = probe(runtime.storage.get(target), plan["format"])
         identity = runtime.engine.identity
-        ignored = sorted({name for entry in entries for name in entry["ignored"]})
+        ignored = sorted(
+            {name for entry in entries for name in entry["ignored"] if name != "seed" or plan.get("seed_given", True)}
+        )
         audio_entry = StoredAudio(
             object_key=target,
             format=plan["format"],

@@ -107,12 +107,12 @@ class FleetStats:
 
 
 def worker_info(*, node: str, engine: str, model: str, device: str, started_at: float, jobs: int) -> dict[str, Any]:
-    """The heartbeat a worker publishes."""
+    """The heartbeat a worker publishes (``device``: its GPUs, ``cpu`` if it has none)."""
     return {
         "node": node,
         "engine": engine,
         "model": model,
-        "device": device,
+        "device": device or "cpu",
         "pid": os.getpid(),
         "started_at": started_at,
         "jobs": jobs,

@@ -128,7 +128,9 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> Orchestrator:
             raise InvalidRequest("args", "ttsq.document takes keyword arguments only (kwargs=...)")
         return orchestrator.fan_out(self, kwargs)
 
-    @app.task(name=STITCH_TASK_NAME, base=GuardedTask, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
+    # The stitch carries the document's id: a STARTED stored over its PROGRESS would take the document's
+    # progress back; the stitch stores PROGRESS (phase stitching) itself.
+    @app.task(name=STITCH_TASK_NAME, base=GuardedTask, track_started=False, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
     def stitch(self: Any, results: Any = None, *, plan: dict[str, Any]) -> Any:
         return orchestrator.stitch(self, results, plan)
 

@@ -1,0 +1,264 @@
+"""The command line as a new user meets it (issue 17): help that names its variables, ``ttsq config``,
+flags after the command, messages that say what to do, outputs that agree with themselves.
+
+Real parts throughout: subprocesses of ``ttsq``, the suite's redis-server and S3 server, real
+``ttsq worker`` processes with espeak.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from click.testing import CliRunner
+from support import WorkerProcess, queue_length, run_cli
+
+from ttsq.cli.main import cli
+from ttsq.client import Client
+from ttsq.config import Settings
+from ttsq.embedded import free_port
+
+StartWorker = Callable[..., WorkerProcess]
+CONNECTION = ("broker_url", "result_backend", "cache_url", "storage_url")
+
+
+def flat(text: str) -> str:
+    """Help text with its line wrapping undone."""
+    return " ".join(text.split())
+
+
+# --- 1. help names the variables; ttsq config ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "variables"),
+    [
+        ([], ["TTSQ_BROKER_URL", "TTSQ_RESULT_BACKEND", "TTSQ_CACHE_URL", "TTSQ_STORAGE_URL"]),
+        (["submit"], ["TTSQ_BROKER_URL", "TTSQ_STORAGE_URL"]),
+        (["worker"], ["TTSQ_ENGINE", "TTSQ_MAX_BATCH", "TTSQ_MAX_WAIT_MS", "TTSQ_METRICS_PORT", "TTSQ_BROKER_URL"]),
+        (["bench"], ["TTSQ_ENGINE", "TTSQ_MAX_BATCH", "TTSQ_MAX_WAIT_MS", "TTSQ_CACHE_URL"]),
+        (["serve"], ["TTSQ_GATEWAY_HOST", "TTSQ_GATEWAY_PORT", "TTSQ_CACHE_URL"]),
+        (["keys", "add"], ["TTSQ_CACHE_URL"]),
+    ],
+)
+def test_help_names_the_variable_of_every_option_that_has_one(args: list[str], variables: list[str]) -> None:
+    result = CliRunner().invoke(cli, [*args, "--help"])
+    assert result.exit_code == 0, result.output
+    for variable in variables:
+        assert f"env var: {variable}" in flat(result.output), (variable, result.output)
+
+
+def test_config_prints_the_effective_settings_where_each_came_from_and_masks_secrets() -> None:
+    env = {
+        "TTSQ_CACHE_URL": "redis://:hunter2@cache-host:6379/2?password=hunter3",
+        "TTSQ_MAX_BATCH": "16",
+    }
+    flags = ["--broker-url", "redis://ops:s3cret@broker-host:6379/0"]
+    text = run_cli(*flags, "config", env=env)
+    assert text.returncode == 0, text.stderr
+    lines = {line.split("=", 1)[0]: line for line in text.stdout.decode().splitlines()}
+    assert "hunter" not in text.stdout.decode() and "s3cret" not in text.stdout.decode()
+    assert lines["TTSQ_BROKER_URL"].split()[0] == "TTSQ_BROKER_URL=redis://ops:***@broker-host:6379/0"
+    assert lines["TTSQ_BROKER_URL"].endswith("# flag --broker-url")
+    assert lines["TTSQ_CACHE_URL"].endswith("# environment")
+    assert lines["TTSQ_MAX_BATCH"].split()[0] == "TTSQ_MAX_BATCH=16"
+    assert lines["TTSQ_ENGINE"].split() == ["TTSQ_ENGINE=espeak", "#", "default"]
+    assert len(lines) == len(Settings.__dataclass_fields__)
+
+    as_json = run_cli("config", *flags, "--json", env=env)  # the flag after the command, too
+    assert as_json.returncode == 0, as_json.stderr
+    data = json.loads(as_json.stdout)
+    assert "hunter" not in as_json.stdout.decode() and "s3cret" not in as_json.stdout.decode()
+    assert data["broker_url"] == {
+        "variable": "TTSQ_BROKER_URL",
+        "value": "redis://ops:***@broker-host:6379/0",
+        "source": "flag --broker-url",
+    }
+    assert data["max_batch"] == {"variable": "TTSQ_MAX_BATCH", "value": 16, "source": "environment"}
+    assert data["result_backend"]["source"] == "default"
+    assert data["cache_url"]["value"] == "redis://:***@cache-host:6379/2?password=***"
+
+    bad = run_cli("config", env={"TTSQ_MAX_BATCH": "0"})
+    assert bad.returncode == 2 and bad.stderr.decode().strip() == "ttsq: error: TTSQ_MAX_BATCH: must be 1..256"
+
+
+# --- 2. the global options after the subcommand --------------------------------------------------
+
+
+def test_connection_flags_work_after_the_subcommand_and_the_later_one_wins(
+    settings: Settings, start_worker: StartWorker
+) -> None:
+    start_worker(settings)
+    down = f"redis://127.0.0.1:{free_port()}"
+    # The environment points at a Redis that is not there: only the flags reach the real one.
+    env = {"TTSQ_BROKER_URL": f"{down}/0", "TTSQ_RESULT_BACKEND": f"{down}/1", "TTSQ_CACHE_URL": f"{down}/2"}
+    real = [arg for name in CONNECTION for arg in (f"--{name.replace('_', '-')}", getattr(settings, name))]
+    wrong = [arg for name in CONNECTION[:3] for arg in (f"--{name.replace('_', '-')}", f"{down}/0")]
+    out = run_cli("submit", *real, "Flags after the command.", "--json", settings=settings, env=env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["format"] == "wav"
+    queued = run_cli(*wrong, "submit", "Both places.", *real, "--no-wait", "--json", settings=settings, env=env)
+    assert queued.returncode == 0, queued.stderr
+    job_id = json.loads(queued.stdout)["id"]
+    result = run_cli(*wrong, "result", job_id, *real, "--json", settings=settings, env=env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["duration_s"] > 0
+
+
+# --- 3. a text over the limit points to -f -------------------------------------------------------
+
+
+def test_a_text_over_the_job_limit_points_to_documents(settings: Settings) -> None:
+    out = run_cli("submit", "Long sentence here. " * 300, "--timeout", "2", settings=settings)
+    message = out.stderr.decode().strip()
+    assert out.returncode == 2 and len(message.splitlines()) == 1, message
+    assert message.startswith("ttsq: error: invalid text: is 5999 characters; the limit is 5000")
+    assert "ttsq submit -f FILE" in message
+    assert queue_length(settings) == 0
+    # The core error, shared with the HTTP gateway and send_task, says nothing about a flag.
+    from ttsq.errors import InvalidRequest
+
+    with Client(settings) as client, pytest.raises(InvalidRequest) as info:
+        client.submit("Long sentence here. " * 300)
+    assert "-f" not in str(info.value)
+
+
+# --- 4. a document's state never goes back to STARTED while it is stitched -----------------------
+
+
+@contextmanager
+def published_states(settings: Settings) -> Iterator[list[dict[str, Any]]]:
+    """Every task state the result backend publishes while the block runs (this test's Redis only)."""
+    listener = redis.Redis.from_url(settings.result_backend).pubsub()
+    listener.psubscribe("celery-task-meta-*")
+    messages: list[dict[str, Any]] = []
+    stop = threading.Event()
+
+    def listen() -> None:
+        while not stop.is_set():
+            message = listener.get_message(timeout=0.2)
+            if message and message["type"] == "pmessage":
+                messages.append(json.loads(message["data"]))
+
+    thread = threading.Thread(target=listen, daemon=True)
+    thread.start()
+    try:
+        yield messages
+    finally:
+        stop.set()
+        thread.join(10)
+        listener.close()
+
+
+def test_a_document_being_stitched_keeps_its_progress(settings: Settings, start_worker: StartWorker) -> None:
+    chunked = settings.replace(doc_target_chars=1)
+    start_worker(chunked)
+    with published_states(chunked) as messages, Client(chunked) as client:
+        job = client.submit_document(" ".join(f"Stitch sentence {n}." for n in range(5)))
+        assert job.wait(timeout=120)["document"]["chunks"] == 5  # type: ignore[typeddict-item]
+    states = [(m["status"], m["result"]) for m in messages if m.get("task_id") == job.id]
+    names = [state for state, _ in states]
+    assert names[-1] == "SUCCESS" and "PROGRESS" in names, names
+    after = names[names.index("PROGRESS") :]
+    assert set(after) == {"PROGRESS", "SUCCESS"}, names  # never back to STARTED
+    last = states[-2][1]
+    assert last["phase"] == "stitching" and last["chunks_done"] == last["chunks_total"] == 5, states
+    phases = [result["phase"] for state, result in states if state == "PROGRESS"]
+    assert phases[0] == "synthesizing" and phases == sorted(phases, key=["synthesizing", "stitching"].index)
+
+    # What `ttsq status` prints in that state (recorded as the worker stored it, on an id of this test's).
+    from ttsq.app import make_app
+
+    app = make_app(chunked)
+    try:
+        app.backend.store_result("papercut-stitching", last, "PROGRESS")
+    finally:
+        app.close()
+    out = run_cli("status", "papercut-stitching", settings=chunked)
+    assert out.stdout.decode() == f"PROGRESS 5/5 chunks, {last['audio_s']:.1f} s of audio, stitching\n", out
+
+
+# --- 5. -o and --format that disagree ------------------------------------------------------------
+
+
+def test_output_extension_and_format_that_disagree_are_a_usage_error(settings: Settings, tmp_path: Path) -> None:
+    target = tmp_path / "x.flac"
+    out = run_cli("submit", "Which one?", "-o", str(target), "--format", "mp3", "--timeout", "2", settings=settings)
+    message = out.stderr.decode().strip()
+    assert out.returncode == 2 and len(message.splitlines()) == 1, message
+    assert "--format mp3" in message and f"-o {target}" in message
+    assert not target.exists() and queue_length(settings) == 0
+
+
+# --- 6. only documents draw a chunks bar ---------------------------------------------------------
+
+
+def test_only_a_document_draws_a_chunks_bar(settings: Settings, start_worker: StartWorker, tmp_path: Path) -> None:
+    start_worker(settings)
+    single = run_cli("submit", "One short job.", "-o", str(tmp_path / "one.wav"), settings=settings)
+    assert single.returncode == 0, single.stderr
+    assert single.stderr == b""
+    document = tmp_path / "doc.txt"
+    document.write_text("One sentence. Another one.\n\nA paragraph.", encoding="utf-8")
+    out = run_cli("submit", "-f", str(document), "-o", str(tmp_path / "doc.wav"), settings=settings)
+    assert out.returncode == 0, out.stderr
+    assert "chunks" in out.stderr.decode()
+
+
+# --- 7. ttsq bench starts with its report --------------------------------------------------------
+
+
+def test_bench_output_starts_with_its_report(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TTSQ_")}
+    out = subprocess.run(
+        [sys.executable, "-m", "ttsq.cli.main", "bench", "--embedded", "-n", "4"],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # what a terminal shows: both streams
+        timeout=120,
+    )
+    lines = out.stdout.decode().splitlines()
+    assert out.returncode == 0, lines[-20:]
+    assert lines[0].startswith("ttsq bench: synthesize, 4 jobs"), lines[:3]
+
+
+# --- 8. ttsq stats: the table and its JSON name the same device ----------------------------------
+
+
+def test_stats_table_and_json_name_the_same_device(settings: Settings, start_worker: StartWorker) -> None:
+    worker = start_worker(settings)
+    data = json.loads(run_cli("stats", "--json", "--ping-timeout", "0", settings=settings).stdout)
+    (entry,) = [w for w in data["workers"] if w["node"] == worker.hostname]
+    assert entry["device"] == "cpu"  # this test's worker sees no GPU (CUDA_VISIBLE_DEVICES unset)
+    table = run_cli("stats", "--ping-timeout", "0", settings=settings).stdout.decode()
+    (row,) = [line for line in table.splitlines() if line.startswith(worker.hostname)]
+    assert row.split()[2] == entry["device"]
+
+
+# --- 9. ignored lists only the fields the user set -----------------------------------------------
+
+
+def test_a_document_reports_only_the_ignored_fields_the_user_set(
+    settings: Settings, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    start_worker(settings)
+    document = tmp_path / "doc.txt"
+    document.write_text("One sentence. Another one.", encoding="utf-8")
+    plain = run_cli("submit", "-f", str(document), "--json", settings=settings)
+    assert plain.returncode == 0, plain.stderr
+    assert json.loads(plain.stdout)["ignored"] == []
+    line = run_cli("submit", "-f", str(document), "--format", "ogg", settings=settings).stdout.decode()
+    assert "ignored" not in line, line
+    seeded = run_cli("submit", "-f", str(document), "--seed", "7", "--instruct", "calm", "--json", settings=settings)
+    assert seeded.returncode == 0, seeded.stderr
+    assert json.loads(seeded.stdout)["ignored"] == ["instruct", "seed"]
