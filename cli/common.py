@@ -136,7 +136,8 @@ def summary(result: JobResult) -> str:
     source = "cached" if result["cached"] else "synthesized"
     document = result.get("document")
     if isinstance(document, dict):  # a stitched document
-        source = f"{document['chunks']} chunks ({document['cached_chunks']} from the cache), {source}"
+        chunks = document["chunks"]
+        source = f"{chunks} chunk{'' if chunks == 1 else 's'} ({document['cached_chunks']} from the cache), {source}"
     ignored = f" (ignored: {', '.join(result['ignored'])})" if result["ignored"] else ""
     truncated = " (truncated at the frame cap)" if result["truncated"] else ""
     return (

@@ -319,10 +319,10 @@ def result(ctx: click.Context, job_id: str, timeout: float, output: Path | None,
 
 def _wait_with_progress(client: Client, job: Job, timeout: float) -> JobResult:
     """Wait for a document, with a progress bar of its chunks on stderr (read from its PROGRESS state)."""
-    if job.result is not None or job.id is None:
-        return job.wait(timeout)
+    if job.result is not None or job.id is None or job.chunks <= 1:
+        return job.wait(timeout)  # one chunk is one job: a bar of 0/1 then 1/1 says nothing
     deadline = time.monotonic() + timeout
-    total = max(job.chunks, 1)
+    total = job.chunks
     with click.progressbar(length=total, label="chunks", file=sys.stderr, show_pos=True) as bar:
         shown = 0
         while time.monotonic() < deadline:

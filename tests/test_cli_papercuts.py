@@ -207,8 +207,16 @@ def test_only_a_document_draws_a_chunks_bar(settings: Settings, start_worker: St
     single = run_cli("submit", "One short job.", "-o", str(tmp_path / "one.wav"), settings=settings)
     assert single.returncode == 0, single.stderr
     assert single.stderr == b""
+    # A document that fits one chunk is one job too: no bar (it drew "chunks 1/1" before).
+    short = tmp_path / "short.txt"
+    short.write_text("One sentence. Another one.", encoding="utf-8")
+    out = run_cli("submit", "-f", str(short), "-o", str(tmp_path / "short.wav"), settings=settings)
+    assert out.returncode == 0, out.stderr
+    assert b"chunks" not in out.stderr, out.stderr
+    assert "1 chunk (0 from the cache)" in out.stdout.decode()
+    # Several chunks (200 characters each by default): the bar counts them.
     document = tmp_path / "doc.txt"
-    document.write_text("One sentence. Another one.\n\nA paragraph.", encoding="utf-8")
+    document.write_text(" ".join(f"Sentence number {i} of a document with several chunks." for i in range(12)))
     out = run_cli("submit", "-f", str(document), "-o", str(tmp_path / "doc.wav"), settings=settings)
     assert out.returncode == 0, out.stderr
     assert "chunks" in out.stderr.decode()
