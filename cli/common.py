@@ -122,6 +122,14 @@ def report(result: JobResult, *, output: Path | None, as_json: bool, client: Cli
     import json
 
     if output is not None:
+        from ttsq.request import FORMATS
+
+        suffix = output.suffix.lower().lstrip(".")
+        if suffix in FORMATS and suffix != result["format"]:  # never a .mp3 file that holds a WAV
+            raise click.UsageError(
+                f"-o {output} names {suffix}, but the result is {result['format']}: name the file "
+                f".{result['format']}, or submit again with --format {suffix}"
+            )
         output.write_bytes(client.download(result))
     if as_json:
         click.echo(json.dumps(result, ensure_ascii=False))

@@ -199,6 +199,22 @@ def test_output_extension_and_format_that_disagree_are_a_usage_error(settings: S
     assert not target.exists() and queue_length(settings) == 0
 
 
+def test_result_refuses_to_write_a_wav_result_into_an_mp3_name(
+    settings: Settings, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    start_worker(settings)
+    queued = run_cli("submit", "A WAV result.", "--no-wait", "--json", settings=settings)
+    job_id = json.loads(queued.stdout)["id"]
+    target = tmp_path / "x.mp3"
+    out = run_cli("result", job_id, "-o", str(target), settings=settings)
+    message = out.stderr.decode().strip()
+    assert out.returncode == 2 and "the result is wav" in message and "--format mp3" in message, message
+    assert not target.exists()
+    wav = tmp_path / "x.wav"
+    assert run_cli("result", job_id, "-o", str(wav), settings=settings).returncode == 0
+    assert wav.read_bytes()[:4] == b"RIFF"
+
+
 # --- 6. only documents draw a chunks bar ---------------------------------------------------------
 
 
