@@ -30,7 +30,10 @@ Every ttsq process (worker, launcher, producer, `ttsq submit`, `ttsq flower`) re
 environment variables below, once, at start; where a command has a flag of the same name, the flag wins
 (`ttsq worker --max-batch 16`). From Python, `Settings.from_env()` in `ttsq/config.py` reads the same
 variables, and `Settings(...)` or `settings.replace(...)` builds one directly. Nothing in ttsq reads the
-environment at import time.
+environment at import time. `ttsq COMMAND --help` names each flag's variable (`[env var: TTSQ_...]`), the
+connection flags (`--broker-url`, `--result-backend`, `--cache-url`, `--storage-url`) go before or after
+the command's name, and `ttsq config` prints the settings in effect, each with where it came from (a flag,
+the environment, the default), secrets masked (`--json` for a script).
 
 S3 credentials are deliberately not settings: they come from boto3's own chain (`AWS_ACCESS_KEY_ID` and
 `AWS_SECRET_ACCESS_KEY`, the shared config files, an instance role), so they never travel in task
