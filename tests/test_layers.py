@@ -39,6 +39,7 @@ CORE = {
     "ttsq.voices",
     "ttsq.splitter",
     "ttsq.document",
+    "ttsq.fidelity",
     "ttsq.envelope",
     "ttsq.accepted",
     "ttsq.apikeys",

