@@ -4,7 +4,9 @@ Plain words only: no digits, no abbreviations, no names a small recognizer would
 spelling of, so that a word the recognizer misses is a word the audio did not say clearly, not a
 spelling choice (``ttsq.fidelity.normalize`` turns digits into words anyway, for the recognizer's side).
 Every sentence is distinct: a chunk of the document is never the same text as another chunk, so a
-stitch that drops, repeats or swaps one is a change in the words.
+stitch that drops, repeats or swaps one is a change in the words. The Korean sentences
+(``KOREAN_SENTENCES``) follow the same rules; the benchmark also scores them by characters
+(``ttsq.fidelity.check_characters``).
 """
 
 from __future__ import annotations
@@ -138,3 +140,25 @@ the lights come on one by one in the windows. It is a quiet place, and nothing m
 But the people who live in it will tell you, if you ask them, that a small place can hold a great many \
 stories, as long as someone is willing to listen and to write them down.
 """
+
+#: The Korean corpus of ``benchmarks/fidelity.py --languages ko``: short sentences of everyday Korean,
+#: polite endings, no digits (a recognizer may write a number word either way), no loanwords a
+#: recognizer would have to guess the spelling of.
+KOREAN_SENTENCES = (
+    "오늘 아침에는 비가 조용히 내렸습니다.",
+    "저는 매일 아침 공원에서 산책을 합니다.",
+    "할머니께서 맛있는 김치찌개를 끓여 주셨어요.",
+    "버스가 늦게 와서 회사에 조금 늦었어요.",
+    "주말에 친구들과 함께 영화를 보러 갔습니다.",
+    "창문을 열면 시원한 바람이 들어옵니다.",
+    "도서관은 저녁 늦게까지 문을 엽니다.",
+    "시장에서 사과와 배를 조금 샀어요.",
+    "아이들이 운동장에서 즐겁게 뛰어놀고 있습니다.",
+    "내일은 날씨가 맑고 따뜻하겠습니다.",
+    "따뜻한 차를 마시면서 신문을 읽었어요.",
+    "강아지가 문 앞에서 주인을 기다리고 있어요.",
+    "겨울이 오기 전에 두꺼운 옷을 준비하세요.",
+    "우리는 기차를 타고 바닷가 마을로 여행을 떠났습니다.",
+    "선생님께서 학생들에게 책을 소리 내어 읽으라고 하셨습니다.",
+    "저녁을 먹은 뒤에 가족과 함께 이야기를 나눴어요.",
+)

@@ -30,6 +30,7 @@ import os
 import re
 import subprocess
 import sys
+import unicodedata
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -39,7 +40,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import soundfile as sf
-from fidelity_corpus import DOCUMENT
+from fidelity_corpus import DOCUMENT, KOREAN_SENTENCES
 from support import WorkerProcess, run_cli
 
 from ttsq.audio import decode, encode
@@ -47,7 +48,7 @@ from ttsq.cache import CacheIndex
 from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.document import Options
-from ttsq.fidelity import Recognizer, Report, align, check, normalize, number_words
+from ttsq.fidelity import Recognizer, Report, align, characters, check, check_characters, normalize, number_words
 from ttsq.orchestrator import join_chunks
 from ttsq.splitter import normalize as normalize_text
 from ttsq.storage import open_storage
@@ -129,6 +130,22 @@ def test_align_is_a_minimum_edit_alignment() -> None:
     report = check("the cat sat on the mat", "the cat sat the mat down")
     assert (report.substitutions, report.deletions, report.insertions) == (0, 1, 1)
     assert report.wer == pytest.approx(2 / 6) and report.missing == ["on"] and report.inserted == ["down"]
+
+
+def test_korean_is_scored_by_characters_without_spaces_or_punctuation() -> None:
+    text = KOREAN_SENTENCES[1]  # 저는 매일 아침 공원에서 산책을 합니다.
+    assert "".join(characters(text)) == "저는매일아침공원에서산책을합니다"
+    # Spacing and punctuation are not errors; jamo typed apart are composed into the same syllables.
+    assert check_characters(text, "저는 매일아침 공원에서, 산책을 합니다!").cer == 0
+    assert characters(unicodedata.normalize("NFD", text)) == characters(text)
+    # One wrong syllable: one character in sixteen, but the whole word in the WER.
+    report = check_characters(text, "저는 매일 아침 공원에서 산책을 합니까")
+    assert (report.reference_chars, report.substitutions, report.deletions, report.insertions) == (16, 1, 0, 0)
+    assert report.cer == pytest.approx(1 / 16) and check(text, "저는 매일 아침 공원에서 산책을 합니까").wer == 1 / 6
+    # A syllable dropped and one added are a deletion and an insertion.
+    report = check_characters("오늘 아침", "오 아침에")
+    assert (report.substitutions, report.deletions, report.insertions) == (0, 1, 1) and report.cer == 0.5
+    assert check_characters("", "").cer == 0 and check_characters("비가", "").cer == 1
 
 
 def test_the_check_names_a_dropped_a_repeated_and_a_swapped_chunk_in_text() -> None:

