@@ -8,12 +8,15 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import redis
 import soundfile as sf
 from bad_inputs import BAD_REQUESTS
 from support import FAULTY, TESTS, WorkerProcess, queue_length, s3_keys
@@ -145,6 +148,32 @@ def test_wait_times_out_clearly_when_no_worker_runs(settings: Settings) -> None:
     job = Client(settings).submit("nobody is listening")
     with pytest.raises(JobTimeout):
         job.wait(timeout=1)
+
+
+def test_a_waiter_finds_a_result_whose_publish_it_missed(settings: Settings, start_worker: StartWorker) -> None:
+    # Redis may take a result's SET and PUBLISH before a waiter's SUBSCRIBE (it arrives on another
+    # connection), and Celery reads the stored state only as a wait begins: the waiter must find the result
+    # by reading again, not sleep to its timeout. Seen once in CI: one of ten waiters on one job hung 30 s.
+    start_worker(settings)
+    client = Client(settings)
+    done = dict(client.submit("A result to hand to a second job.").wait(timeout=30))
+    # A job no worker serves (its own queue): accepted, so known, and PENDING until the test stores it.
+    elsewhere = Client(settings.replace(queue=f"{settings.queue}-nobody"))
+    job = elsewhere.submit("Nobody serves this queue.")
+    waited: list[object] = []
+    waiter = threading.Thread(target=lambda: waited.append(elsewhere.wait(job.id or "", timeout=30)), daemon=True)
+    started = time.monotonic()
+    waiter.start()
+    time.sleep(1.0)  # the waiter has read PENDING and subscribed
+    meta = {"status": "SUCCESS", "result": done, "traceback": None, "children": [], "task_id": job.id}
+    backend = redis.Redis.from_url(settings.result_backend)
+    backend.set(f"celery-task-meta-{job.id}", json.dumps(meta))  # stored, never published
+    backend.close()
+    waiter.join(30)
+    assert waited and waited[0]["key"] == done["key"], waited  # type: ignore[index]
+    assert time.monotonic() - started < 10  # found on a re-read (every 2 s), not at the 30 s timeout
+    client.close()
+    elsewhere.close()
 
 
 def test_broker_down_after_a_claim_releases_it(settings: Settings, redis_client: object) -> None:

@@ -95,6 +95,10 @@ class Job:
         return self.result
 
 
+#: A waiter reads a job's stored result again this often, besides listening for its publish.
+WAIT_RECHECK_S = 2.0
+
+
 class Client:
     """A producer bound to one settings object. Cheap to keep, safe to share between threads."""
 
@@ -351,16 +355,31 @@ class Client:
     def wait(self, task_id: str, *, timeout: float | None = None) -> JobResult:
         """The result of a task, with a URL made now; raise its error if it failed, ``UnknownJob`` at once
         for an id ttsq never accepted."""
+        from celery.exceptions import TimeoutError as CeleryTimeout
+
         self._check_known(task_id)
         async_result = self.async_result(task_id)
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            # The embedded mode runs a worker in this process; waiting here is not inside a task.
-            value = async_result.get(timeout=timeout, disable_sync_subtasks=False, propagate=True)
+            while True:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    # The embedded mode runs a worker in this process; waiting here is not inside a task.
+                    value = async_result.get(
+                        timeout=WAIT_RECHECK_S if left is None else min(left, WAIT_RECHECK_S),
+                        disable_sync_subtasks=False,
+                        propagate=True,
+                    )
+                    break
+                except CeleryTimeout:
+                    if left is not None and left <= WAIT_RECHECK_S:
+                        raise
+                    # Celery reads the stored result once, as a wait begins, then listens for its publish.
+                    # Redis may take a result's SET and PUBLISH before this waiter's SUBSCRIBE (another
+                    # connection): that publish never reaches it. Each new get() reads the stored state again.
         except TTSQError:
             raise
         except Exception as exc:
-            from celery.exceptions import TimeoutError as CeleryTimeout
-
             # Stop listening for it now: left pending, Celery unsubscribes during interpreter shutdown,
             # reconnecting to a Redis that may be gone and printing a traceback.
             with contextlib.suppress(Exception):
