@@ -169,6 +169,9 @@ def test_a_waiter_finds_a_result_whose_publish_it_missed(settings: Settings, sta
     backend = redis.Redis.from_url(settings.result_backend)
     backend.set(f"celery-task-meta-{job.id}", json.dumps(meta))  # stored, never published
     backend.close()
+    broker = redis.Redis.from_url(settings.broker_url)
+    broker.delete(elsewhere.settings.queue)  # this test's own queue: its message will never be served
+    broker.close()
     waiter.join(30)
     assert waited and waited[0]["key"] == done["key"], waited  # type: ignore[index]
     assert time.monotonic() - started < 10  # found on a re-read (every 2 s), not at the 30 s timeout

@@ -72,8 +72,21 @@ def test_liveness_goes_false_when_the_engine_hangs_and_true_again_after_the_rest
     settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+    # Its own Redis: the hung job stays unacked in it after the test, where nobody else counts it.
+    server = RedisServer(directory=str(tmp_path / "redis"))
+    os.makedirs(server.directory)
+    server.start()
+    url = server.url
     port = free_port()
-    faulty = settings.replace(engine=FAULTY, metrics_port=port, batch_timeout_s=3, job_timeout_s=12)
+    faulty = settings.replace(
+        engine=FAULTY,
+        metrics_port=port,
+        batch_timeout_s=3,
+        job_timeout_s=12,
+        broker_url=f"{url}/0",
+        result_backend=f"{url}/1",
+        cache_url=f"{url}/2",
+    )
     launcher = Launcher(faulty, "cpu:1", tmp_path / "launcher.log", host="health")
     try:
         first = launcher.wait_ready(["cpu0@health"], timeout=SLACK_S)["cpu0@health"]
@@ -103,6 +116,7 @@ def test_liveness_goes_false_when_the_engine_hangs_and_true_again_after_the_rest
         client.close()
     finally:
         launcher.stop()
+        server.stop()
 
 
 def test_readiness_follows_redis_and_liveness_rides_out_the_outage(
