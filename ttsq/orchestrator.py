@@ -76,6 +76,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+#: How long a stitched document's progress hash stays, for chunk counts that arrive after the stitch.
+STITCHED_PROGRESS_TTL_S = 600
 #: The field of a document's progress hash that says its stitch has begun (beside one per chunk index).
 _STITCHING = "stitching"
 
@@ -224,6 +226,11 @@ class Orchestrator:
         node = self.runtime.node
         self.runtime.accepted.touch(doc_id)  # the document is making progress (``ttsq.sweeper``)
         progress = self._count(doc_id, total, durations={index: duration_s})
+        if progress["phase"] == "stitching":
+            # The last chunk's own count runs after the chord join has sent the stitch, which counts
+            # every chunk itself and may have finished already: an event now would reach Flower after
+            # the document's task-succeeded and replace its result with this count.
+            return
         summary = f"{progress['chunks_done']}/{total} chunks, {progress['audio_s']:.1f} s of audio"
         try:
             with self.app.events.default_dispatcher(hostname=node) as dispatcher:
@@ -260,6 +267,8 @@ class Orchestrator:
                 pipe.expire(hash_key, self.settings.result_ttl_s)
             pipe.hgetall(hash_key)
             fields = pipe.execute()[-1]
+            if _STITCHING in fields and not stitching:
+                self._redis.expire(hash_key, STITCHED_PROGRESS_TTL_S)  # a late chunk: the stitch's TTL holds
             chunks = [float(v) for name, v in fields.items() if name != _STITCHING]
             progress = Progress(
                 chunks_done=len(chunks),
@@ -383,7 +392,9 @@ class Orchestrator:
         # Last: the index never points at an object that is not there.
         self._redis.set(DOCUMENT_PREFIX + key, canonical_json(record).decode(), ex=self.settings.cache_ttl_s or None)
         runtime.cache.release(key, task_id)
-        self._redis.delete(PROGRESS_PREFIX + task_id)
+        # Not deleted: a chunk whose count comes after the stitch must still find the stitching mark
+        # (``_chunk_done``); the hash goes once nothing late can come.
+        self._redis.expire(PROGRESS_PREFIX + task_id, STITCHED_PROGRESS_TTL_S)
         logger.info(
             "document %s: stitched %d chunks into %s (%.2fs audio) in %.2fs",
             task_id,
