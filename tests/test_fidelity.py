@@ -56,9 +56,10 @@ from ttsq.storage import open_storage
 StartWorker = Callable[..., WorkerProcess]
 ROOT = Path(__file__).parent.parent
 
-#: Every chunk's recall (its words heard in place) must reach this. Measured worst: 0.67 in the
-#: stitched document (0.56 for a chunk transcribed alone); a dropped or swapped chunk scores 0.0-0.2.
-MIN_CHUNK_RECALL = 0.5
+#: Every chunk's recall (its words heard in place) must reach this. Measured worst: 0.67-0.78 in five
+#: runs of the stitched document, and 0.45 once in a clean-clone CI run (0.56 for a chunk transcribed
+#: alone); a dropped or swapped chunk scores 0.0-0.2. Halfway between the two.
+MIN_CHUNK_RECALL = 0.3
 #: The stitched document may be this much worse in WER than its chunks transcribed one by one
 #: (measured: 0.016 to 0.048 better). Whisper reads long audio in 30-second windows and can lose or
 #: double a word at each window edge: 450 s of audio is 15 edges, at most about 30 of 1,600 words.
