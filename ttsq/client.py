@@ -241,6 +241,9 @@ class Client:
                 claimed = True
                 # The job that held the claim may have indexed the audio between our look-up and our claim.
                 if (hit := cached(key)) is not None:
+                    # An identical submit may have joined this claim meanwhile: it waits on task_id, which
+                    # is never sent. Its answer is this one, stored under task_id (and published).
+                    self._answer_joiners(task_id, hit)
                     return hit
             try:
                 self.app.send_task(
@@ -258,6 +261,15 @@ class Client:
             if not sent:  # joined, answered from the cache, or not sent (also on Ctrl-C)
                 self._withdraw(task_id, key if claimed else None)
         return Job(id=task_id, key=key, client=self)
+
+    def _answer_joiners(self, task_id: str, hit: Job) -> None:
+        """Store a cached answer as the result of a claim's job that will never be sent."""
+        if hit.result is None:
+            return
+        try:
+            self.app.backend.store_result(task_id, dict(hit.result), states.SUCCESS)
+        except Exception as exc:  # whoever joined waits to its timeout; this submit has its answer
+            logger.warning("could not answer the submits that joined job %s: %s", task_id, type(exc).__name__)
 
     def _withdraw(self, task_id: str, claimed_key: str | None) -> None:
         """Undo the record (and the claim) of a job that was not sent: a record left behind would have the
