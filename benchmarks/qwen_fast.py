@@ -51,9 +51,10 @@ def main() -> None:
     parser.add_argument("--bandwidth", type=float, default=4.8e12, help="device bytes/s for the roofline (H200)")
     parser.add_argument(
         "--threads",
-        type=int,
-        default=0,
-        help="torch intra-op threads per torch thread, both engines (TTSQ_TORCH_THREADS; 0: each engine's policy)",
+        default="0",
+        help="torch intra-op threads per torch thread, both engines (TTSQ_TORCH_THREADS; 0: each engine's "
+        "policy); a comma-separated list runs the fixed batches once per setting (the batcher's threads; "
+        "qwen-fast's codec thread keeps its policy) and reports each engine at its best",
     )
     parser.add_argument("--json", dest="json_path", help="also write the figures here")
     args = parser.parse_args()
@@ -66,6 +67,9 @@ def main() -> None:
     from ttsq.engines.qwen_fast import QwenFastEngine
 
     batches = [int(b) for b in args.batches.split(",")]
+    sweep = [int(t) for t in args.threads.split(",")]
+    if any(t < 0 for t in sweep):
+        parser.error("--threads: 0 or more threads per setting")
     slots = max(max(batches), args.slots)
     with tempfile.TemporaryDirectory() as scratch:
         model = Path(args.model) if args.model else build(Path(scratch) / args.size, "voice_design", args.size)
@@ -75,7 +79,7 @@ def main() -> None:
             qwen_device=args.device,
             max_batch=slots,
             qwen_max_frames=max(256, args.frames, args.max_frames),
-            torch_threads=args.threads,
+            torch_threads=sweep[0] if len(sweep) == 1 else 0,
         )
         stock = QwenEngine(settings)
         fast = QwenFastEngine(settings.replace(engine="qwen-fast"))
@@ -97,12 +101,13 @@ def main() -> None:
             if cuda:
                 torch.cuda.synchronize()
 
-        rows = fixed_batches(args, batches, stock, fast, sync, cuda, torch)
+        rows = fixed_batches(args, batches, sweep, stock, fast, sync, cuda, torch)
         stock.close()
         fast.close()
         mixed = mixed_lengths(args, settings) if args.jobs else {}
         if args.json_path:
-            Path(args.json_path).write_text(json.dumps({"device": device, "rows": rows, "mixed": mixed}, indent=2))
+            figures = {"device": device, "rows": rows, "best": best_settings(rows), "mixed": mixed}
+            Path(args.json_path).write_text(json.dumps(figures, indent=2))
 
 
 class Stages:
@@ -145,7 +150,7 @@ class Stages:
 
 
 def fixed_batches(
-    args: Any, batches: list[int], stock: Any, fast: Any, sync: Any, cuda: bool, torch: Any
+    args: Any, batches: list[int], sweep: list[int], stock: Any, fast: Any, sync: Any, cuda: bool, torch: Any
 ) -> list[dict[str, Any]]:
     from ttsq.engines.qwen import usable_cores
     from ttsq.request import SynthesisRequest
@@ -173,34 +178,38 @@ def fixed_batches(
         peak = torch.cuda.max_memory_allocated() if cuda else 0
         return seconds, peak
 
-    def codec(size: int) -> float:
-        """The codec decode both engines run on a finished batch (the same call on the same shapes),
-        on every core: what both do once the last frame is made."""
+    def codec(engine: Any, size: int) -> float:
+        """The engine's codec decode of a finished batch, on every core: what it does once the last
+        frame is made (qwen-fast's decoder is ``qwen_codec``'s rewrite of stock's)."""
         codes = torch.randint(0, 2048, (args.frames, 16), device=fast.loop.device)
         if not cuda:
             torch.set_num_threads(usable_cores())
         sync()
         started = time.perf_counter()
         with torch.inference_mode():
-            fast._tts.model.speech_tokenizer.decode([{"audio_codes": codes} for _ in range(size)])
+            engine._tts.model.speech_tokenizer.decode([{"audio_codes": codes} for _ in range(size)])
         sync()
         return time.perf_counter() - started
 
     print(
         f"\nfixed batches, {args.frames} frames per request ({args.frames / FRAMES_PER_SECOND:.2f} s of audio); "
-        "'codec s' is the codec decode of the batch, the same work in both engines; 'loop x' the speedup "
-        "without it"
+        "'codec s' is each engine's codec decode of the batch on every core (stock's decoder, then "
+        "qwen-fast's rewrite of it); 'loop x' the speedup without them"
     )
     header = (
         f"{'batch':>5} {'stock a-s/s':>12} {'fast a-s/s':>11} {'speedup':>8} {'stock ms/fr':>12} "
-        f"{'fast ms/fr':>11} {'codec s':>8} {'loop x':>7}"
+        f"{'fast ms/fr':>11} {'codec s':>11} {'loop x':>7}"
     )
     if cuda:
         header += f" {'fast GiB':>9} {'roofline':>9}"
     print(header)
     rows = []
-    for size in batches:
-        times: dict[str, list[float]] = {"stock": [], "fast": [], "codec": []}
+    policy = {"stock": stock.torch_threads, "fast": fast.torch_threads}
+    for size, setting in ((size, setting) for size in batches for setting in sweep):
+        if len(sweep) > 1 and not cuda:
+            stock.torch_threads, fast.torch_threads = setting or policy["stock"], setting or policy["fast"]
+            print(f"threads: stock {stock.torch_threads}, fast {fast.torch_threads}" + (" (policy)" * (not setting)))
+        times: dict[str, list[float]] = {"stock": [], "fast": [], "codec_stock": [], "codec_fast": []}
         peak = 0
         stages.reset()
         for _ in range(args.repeats):
@@ -209,12 +218,15 @@ def fixed_batches(
                 times[name].append(seconds)
                 if name == "fast":
                     peak = max(peak, used)
-            times["codec"].append(codec(size))
+            times["codec_stock"].append(codec(stock, size))
+            times["codec_fast"].append(codec(fast, size))
         audio_s = size * args.frames / FRAMES_PER_SECOND
         s_stock, s_fast = statistics.median(times["stock"]), statistics.median(times["fast"])
-        s_codec = min(statistics.median(times["codec"]), 0.99 * s_fast)
+        c_stock = min(statistics.median(times["codec_stock"]), 0.99 * s_stock)
+        c_fast = min(statistics.median(times["codec_fast"]), 0.99 * s_fast)
         row = {
             "batch": size,
+            "threads": {"stock": stock.torch_threads, "fast": fast.torch_threads, "policy": not setting},
             "audio_s": round(audio_s, 2),
             "stock_audio_s_per_s": round(audio_s / s_stock, 2),
             "fast_audio_s_per_s": round(audio_s / s_fast, 2),
@@ -222,12 +234,14 @@ def fixed_batches(
             "stock_ms_per_frame": round(1000 * s_stock / args.frames, 2),
             "fast_ms_per_frame": round(1000 * s_fast / args.frames, 2),
             "fast_realtime_per_stream": round(audio_s / s_fast / size, 2),
-            "codec_s": round(s_codec, 3),
-            "loop_speedup": round((s_stock - s_codec) / (s_fast - s_codec), 2),
+            "codec_stock_s": round(c_stock, 3),
+            "codec_fast_s": round(c_fast, 3),
+            "loop_speedup": round((s_stock - c_stock) / (s_fast - c_fast), 2),
         }
         line = (
             f"{size:>5} {row['stock_audio_s_per_s']:>12} {row['fast_audio_s_per_s']:>11} {row['speedup']:>7}x "
-            f"{row['stock_ms_per_frame']:>12} {row['fast_ms_per_frame']:>11} {row['codec_s']:>8} "
+            f"{row['stock_ms_per_frame']:>12} {row['fast_ms_per_frame']:>11} "
+            f"{row['codec_stock_s']:>5}/{row['codec_fast_s']:<5} "
             f"{row['loop_speedup']:>6}x"
         )
         if cuda:
@@ -240,7 +254,15 @@ def fixed_batches(
         print(line, flush=True)
     print("qwen-fast's stages per batch, s (codec_tail: the codec after the last frame, overlapping nothing)")
     for row in rows:
-        print(f"{row['batch']:>5} " + "  ".join(f"{k} {v}" for k, v in row["fast_stages_s"].items()))
+        threads = f"threads {row['threads']['fast']}  " if len(sweep) > 1 else ""
+        print(f"{row['batch']:>5} {threads}" + "  ".join(f"{k} {v}" for k, v in row["fast_stages_s"].items()))
+    if len(sweep) > 1:
+        print("each engine at its best thread setting")
+        for size, best in best_settings(rows).items():
+            print(
+                f"{size:>5} stock {best['stock_audio_s_per_s']} a-s/s ({best['stock_threads']} threads), fast "
+                f"{best['fast_audio_s_per_s']} ({best['fast_threads']}): {best['speedup']}x"
+            )
     single = next((r for r in rows if r["batch"] == 1), None)
     if single:
         print(
@@ -248,6 +270,23 @@ def fixed_batches(
             f"(stock {single['stock_audio_s_per_s']}x)"
         )
     return rows
+
+
+def best_settings(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Per batch size, each engine's fastest thread setting and the speedup between the two."""
+    best: dict[int, dict[str, Any]] = {}
+    for size in dict.fromkeys(row["batch"] for row in rows):
+        same = [row for row in rows if row["batch"] == size]
+        stock = max(same, key=lambda row: row["stock_audio_s_per_s"])
+        fast = max(same, key=lambda row: row["fast_audio_s_per_s"])
+        best[size] = {
+            "stock_audio_s_per_s": stock["stock_audio_s_per_s"],
+            "stock_threads": stock["threads"]["stock"],
+            "fast_audio_s_per_s": fast["fast_audio_s_per_s"],
+            "fast_threads": fast["threads"]["fast"],
+            "speedup": round(fast["fast_audio_s_per_s"] / stock["stock_audio_s_per_s"], 2),
+        }
+    return best
 
 
 def bytes_per_frame(fast: Any, rows: int, frames: int) -> float:
