@@ -9,6 +9,8 @@ For each system (an engine with a batch window or a thread setting), every round
   once with ``Client.submit`` to a ``ttsq worker`` on a private Redis (a local folder for storage),
   timed from the first submit to the last result.
 
+Rounds alternate which of the two runs first, so that a drift in the machine's speed falls on both.
+
 Every request has the same frame count (random weights never sample their end token) and the same
 seed (the batcher groups jobs by seed and sampling). Prints audio seconds per second of both, their
 ratio (1.0: the queue costs nothing), and the batch sizes the worker formed. Systems:
@@ -67,6 +69,24 @@ def system_settings(name: str, base: Settings) -> Settings:
     if threads:
         settings = settings.replace(torch_threads=int(threads))
     return settings
+
+
+def called_directly(engine: Any, requests: list[Any], max_batch: int) -> float:
+    """Seconds for ``requests`` through ``engine.synthesize_batch`` in full batches, one after another."""
+    started = time.perf_counter()
+    for start in range(0, len(requests), max_batch):
+        outputs = engine.synthesize_batch(requests[start : start + max_batch])
+        if any(isinstance(out, Exception) for out in outputs):
+            raise SystemExit(f"a direct call failed: {outputs}")
+    return time.perf_counter() - started
+
+
+def through_queue(client: Any, texts: list[str], frames: int, timeout: float) -> tuple[float, list[dict[str, Any]]]:
+    """Seconds from the first submit to the last result, and the results."""
+    started = time.perf_counter()
+    jobs = [client.submit(text, max_new_tokens=frames, seed=1) for text in texts]
+    done = [job.wait(timeout) for job in jobs]
+    return time.perf_counter() - started, done
 
 
 def main() -> None:
@@ -152,19 +172,17 @@ def run(args: Any) -> dict[str, Any]:
                     def texts(kind: str, tag: str = f"{name} {number} {os.getpid()}") -> list[str]:
                         return [f"{kind} {tag} {i}. {TEXT}" for i in range(args.jobs)]
 
-                    requests = [
+                    direct_requests = [
                         SynthesisRequest(text=text, max_new_tokens=args.frames, seed=1) for text in texts("direct")
                     ]
-                    started = time.perf_counter()
-                    for start in range(0, len(requests), args.max_batch):
-                        outputs = engine.synthesize_batch(requests[start : start + args.max_batch])
-                        if any(isinstance(out, Exception) for out in outputs):
-                            raise SystemExit(f"{name}: a direct call failed: {outputs}")
-                    direct_s = time.perf_counter() - started
-                    started = time.perf_counter()
-                    jobs = [client.submit(text, max_new_tokens=args.frames, seed=1) for text in texts("queue")]
-                    done = [job.wait(args.timeout) for job in jobs]
-                    queue_s = time.perf_counter() - started
+                    # Odd rounds run the queue first: a machine whose speed drifts over a round (this
+                    # 2-core one moved 15% between rounds) then tilts the ratio both ways, not one.
+                    if number % 2:
+                        queue_s, done = through_queue(client, texts("queue"), args.frames, args.timeout)
+                        direct_s = called_directly(engine, direct_requests, args.max_batch)
+                    else:
+                        direct_s = called_directly(engine, direct_requests, args.max_batch)
+                        queue_s, done = through_queue(client, texts("queue"), args.frames, args.timeout)
                     audio_s = args.jobs * args.frames / FRAMES_PER_SECOND
                     sizes = sorted(Counter(result["batch_size"] for result in done).items(), reverse=True)
                     # A stock batch's jobs share one synthesis_s; qwen-fast's rows each have their own.
@@ -194,7 +212,7 @@ def run(args: Any) -> dict[str, Any]:
                 }
     print("\nmedian queue/direct ratio, and queue audio-s/s:")
     for name, system in results["systems"].items():
-        print(f"{name:>14} {system['median_ratio']:>6}  {system['median_queue_audio_s_per_s']:>8}")
+        print(f"{name:>14} {system['median_ratio']:>6.3f}  {system['median_queue_audio_s_per_s']:>8.2f}")
     return results
 
 

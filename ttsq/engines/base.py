@@ -222,6 +222,17 @@ class ContinuousEngine(Engine, Protocol):
         ...
 
 
+def has_cpu_tensors(engine: object) -> bool:
+    """Whether a loaded engine computes with tensors in this process's own heap (torch on the CPU).
+
+    Optional, like the continuous protocol: an engine says so with a true ``tensors_on_cpu``
+    attribute once loaded; one that does not say computes elsewhere (a GPU, espeak's library). The
+    worker tunes glibc's allocator by it (``workers/celery_worker.py``): every intermediate tensor of
+    a CPU engine is a ``malloc``, and a small fixed mmap threshold makes each one a fresh mapping.
+    """
+    return getattr(engine, "tensors_on_cpu", False) is True
+
+
 def is_continuous(engine: object) -> bool:
     """Whether an engine takes requests one by one between frames (``ContinuousEngine``)."""
     return all(callable(getattr(engine, name, None)) for name in ("free_slots", "admit", "step"))

@@ -111,6 +111,8 @@ class QwenEngine:
         self.quant_report: QuantReport | None = None
         self.torch_threads = 0
         self.prompts_computed = 0
+        #: Set at load: the model computes on the CPU, out of this process's heap (``has_cpu_tensors``).
+        self.tensors_on_cpu = False
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -155,6 +157,7 @@ class QwenEngine:
             )
         self._samples_per_frame = int(codec.get_decode_upsample_rate())
         self._device, self._dtype_name, self._attention_name = device, dtype_name, attention
+        self.tensors_on_cpu = not on_cuda
         if self.settings.qwen_quant != "none":
             from ttsq.engines.qwen_quant import quantize
 
