@@ -2,13 +2,18 @@
 
     python benchmarks/soak.py                 # 10,000 jobs, the espeak engine, cache misses only
     python benchmarks/soak.py --jobs 300 --json
+    python benchmarks/soak.py --engine qwen --jobs 2000   # a tiny random-weight checkpoint on the CPU
 
-It starts a private redis-server and two workers (espeak, a local storage folder), submits every
+It starts a private redis-server and two workers (espeak by default, a local storage folder), submits every
 job through ``ttsq.client.Client`` with a distinct text (so the cache never answers), waits for all
 of them, and checks that every job completed and that none ran twice (one synthesis and one stored
 object per job). While it runs it samples each worker's resident memory (VmRSS) and prints it
 against the jobs done so far: the figure to watch is the growth after warm-up, which stays flat
 when nothing leaks. Nothing here asserts on time.
+
+``--engine qwen`` or ``qwen-fast`` soaks a worker whose engine computes on the CPU, the one case where
+the worker leaves glibc's mmap threshold adaptive (``workers/celery_worker.py``): every job is
+``--frames`` codec frames of a tiny random-weight checkpoint built for the run (or ``--model``).
 """
 
 from __future__ import annotations
@@ -88,6 +93,9 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=3600, help="give up after this many seconds")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the audio and worker logs (a temp folder)")
+    parser.add_argument("--engine", choices=("espeak", "qwen", "qwen-fast"), default="espeak")
+    parser.add_argument("--model", help="qwen: an existing VoiceDesign checkpoint folder (default: a tiny one)")
+    parser.add_argument("--frames", type=int, default=8, help="qwen: codec frames per job (default 8)")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="ttsq-soak-"))
@@ -102,13 +110,21 @@ def main() -> int:
         max_batch=args.max_batch,
         log_level="WARNING",
         metrics_port=0,
+        engine=args.engine,
     )  # two workers on one host: no metrics port
+    submit_options: dict[str, Any] = {}
+    if args.engine != "espeak":
+        from ttsq.engines.qwen_checkpoint import build
+
+        model = Path(args.model) if args.model else build(work / "tiny", "voice_design")
+        settings = settings.replace(qwen_model=str(model), qwen_device="cpu", qwen_max_frames=max(256, args.frames))
+        submit_options["max_new_tokens"] = args.frames
     workers: list[subprocess.Popen[bytes]] = []
     try:
         for n in range(args.workers):
             workers.append(start_worker(settings, f"w{n + 1}", work / f"w{n + 1}.log"))
         cache = connect(settings.cache_url)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + (120 if args.engine == "espeak" else 600)
         while not cache.exists(FLEET_PREFIX + settings.queue):
             if time.monotonic() > deadline or any(w.poll() is not None for w in workers):
                 raise SystemExit(f"workers did not start; see {work}")
@@ -142,7 +158,7 @@ def main() -> int:
         thread = threading.Thread(target=sampler, daemon=True)
         thread.start()
         client = Client(settings)
-        jobs = [client.submit(text_for(i)) for i in range(args.jobs)]
+        jobs = [client.submit(text_for(i), **submit_options) for i in range(args.jobs)]
         submitted_s = time.monotonic() - started
         give_up = started + args.timeout
         keys = set()
@@ -159,6 +175,7 @@ def main() -> int:
         first, last = samples[0]["rss_kib"], samples[-1]["rss_kib"]
         warm = next((s for s in samples if s["jobs_done"] >= args.jobs * 0.2), samples[0])["rss_kib"]
         summary = {
+            "engine": args.engine,
             "jobs": args.jobs,
             "completed": len(keys),
             "synthesized": synthesized,
@@ -185,7 +202,7 @@ def main() -> int:
                 f"stored {stored} -> {'OK: all done, none twice' if summary['ok'] else 'MISMATCH'}"
             )
             print(
-                f"duration {duration:.1f}s ({summary['jobs_per_s']} jobs/s) with {args.workers} workers, "
+                f"duration {duration:.1f}s ({summary['jobs_per_s']} jobs/s) with {args.workers} {args.engine} workers, "
                 f"max_batch {args.max_batch}; submitting took {submitted_s:.1f}s"
             )
             print("t_s      jobs_done  " + "  ".join(f"w{n + 1}_rss_MiB" for n in range(args.workers)))

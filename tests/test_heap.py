@@ -15,11 +15,14 @@ blocks come from the heap.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+GLIBC_VARIABLE = "MALLOC_MMAP_THRESHOLD_"
 
 SCRIPT = r"""
 import ctypes, json, sys
@@ -55,10 +58,15 @@ engine.close()
 """
 
 
-def tuned(tmp_path: Path, **settings: object) -> dict[str, object]:
+def tuned(tmp_path: Path, env: dict[str, str] | None = None, **settings: object) -> dict[str, object]:
     settings = {"storage_url": str(tmp_path / "audio"), "metrics_port": 0, **settings}
+    environment = {k: v for k, v in os.environ.items() if k != GLIBC_VARIABLE} | (env or {})
     out = subprocess.run(
-        [sys.executable, "-c", SCRIPT, json.dumps(settings)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", SCRIPT, json.dumps(settings)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=environment,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -90,3 +98,11 @@ def test_torch_on_the_cpu_keeps_the_adaptive_threshold(
     # Freed once, a block of this size raises glibc's threshold past it: the later ones are heap.
     mapped = result["mapped"]
     assert isinstance(mapped, list) and mapped[1:] == [False, False]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_glibcs_own_variable_is_the_operators_choice_and_is_kept(tmp_path: Path) -> None:
+    # A threshold above the blocks' size, set by the operator: the worker must not lower it to 64 KiB.
+    result = tuned(tmp_path, env={GLIBC_VARIABLE: str(1024 * 1024)}, engine="espeak")
+    assert f"set by {GLIBC_VARIABLE}=1048576" in str(result["said"])
+    assert result["mapped"] == [False, False, False]
