@@ -22,7 +22,7 @@ from celery import Celery
 
 from ttsq.config import Settings
 from ttsq.engines import create_engine
-from ttsq.request import SynthesisRequest
+from ttsq.job import SynthesisRequest
 
 if TYPE_CHECKING:
     from ttsq.engines.base import Engine

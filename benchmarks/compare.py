@@ -37,8 +37,8 @@ from typing import Any
 
 from ttsq.config import Settings
 from ttsq.constants import FLEET_PREFIX
-from ttsq.embedded import RedisServer, free_port, parent_death_signal
 from ttsq.ops import bench
+from ttsq.ops.redis_server import RedisServer, free_port, parent_death_signal
 
 ROOT = Path(__file__).resolve().parent.parent
 BUCKET = "ttsq-bench"
@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             # (60 to 491 frames for this corpus), minutes on a CPU. The smoke test caps each job instead.
             corpus = [replace(s, fields={**s.fields, "max_new_tokens": TINY_QWEN_FRAMES}) for s in corpus]
             if not base.qwen_model:
-                from ttsq.engines.qwen_checkpoint import build
+                from ttsq.testing.qwen_checkpoint import build
 
                 base = base.replace(qwen_model=str(build(folder / "tiny-qwen", "voice_design")))
         if args.storage == "s3":
@@ -231,7 +231,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         assert redis.process is not None
         redis_pid = redis.process.pid
 
-        from ttsq.connection import connect
+        from ttsq.records.connection import connect
 
         cache = connect(base.cache_url)
         deadline = time.monotonic() + 120

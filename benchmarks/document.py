@@ -30,8 +30,8 @@ from pathlib import Path
 from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.document import Document, Options
-from ttsq.embedded import Embedded
-from ttsq.request import Limits
+from ttsq.job import Limits
+from ttsq.ops.embedded import Embedded
 
 
 def corpus(chars: int) -> str:

@@ -6,7 +6,7 @@
 For each engine, starts the embedded stack (a private Redis, an in-process worker, a temporary local
 folder), submits every sentence of the fixed English corpus (``tests/fidelity_corpus.py``, no digits)
 as an ordinary job, downloads each file and transcribes it with Whisper ``tiny.en`` on the CPU
-(``ttsq.fidelity``, the extra ``fidelity``), then prints a markdown table: word error rate, words
+(``ttsq.testing.fidelity``, the extra ``fidelity``), then prints a markdown table: word error rate, words
 missing, words inserted, and the worst sentence's recall. ``--document`` also submits the long
 document of the round-trip test (fifteen hundred words) and reports its WER, its chunks' recall
 (worst and mean) and the WER of its chunks transcribed one by one.
@@ -36,9 +36,9 @@ from typing import Any
 
 from ttsq.client import Client
 from ttsq.config import Settings
-from ttsq.embedded import Embedded
-from ttsq.fidelity import CharacterReport, Recognizer, Report, check, check_characters
+from ttsq.ops.embedded import Embedded
 from ttsq.splitter import normalize
+from ttsq.testing.fidelity import CharacterReport, Recognizer, Report, check, check_characters
 
 #: Codec frames per job with the tiny random checkpoint (about 2 s of noise), as ``compare.py --tiny``.
 TINY_QWEN_FRAMES = 24
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                 model = args.model or settings.qwen_model
                 if not model:
                     # Random weights never sample their end token: cap every job, or it runs to its frame cap.
-                    from ttsq.engines.qwen_checkpoint import build
+                    from ttsq.testing.qwen_checkpoint import build
 
                     model = str(build(Path(folder) / "tiny-qwen", "voice_design"))
                     fields["max_new_tokens"] = TINY_QWEN_FRAMES

@@ -40,12 +40,12 @@ from typing import Any
 import httpx
 import numpy as np
 
-from ttsq.apikeys import ApiKeys
 from ttsq.client import Client
 from ttsq.config import Settings
-from ttsq.connection import connect
 from ttsq.constants import FLEET_PREFIX
-from ttsq.embedded import RedisServer, free_port
+from ttsq.gateway.apikeys import ApiKeys
+from ttsq.ops.redis_server import RedisServer, free_port
+from ttsq.records.connection import connect
 
 
 def env_of(settings: Settings) -> dict[str, str]:

@@ -40,10 +40,10 @@ import redis
 from ttsq.client import Client, Job
 from ttsq.config import Settings
 from ttsq.constants import FLEET_PREFIX
-from ttsq.embedded import RedisServer
 from ttsq.errors import BrokerError
+from ttsq.job import SynthesisRequest
 from ttsq.keys import content_key
-from ttsq.request import SynthesisRequest
+from ttsq.ops.redis_server import RedisServer
 
 
 @dataclass

@@ -73,8 +73,8 @@ def run(args: Any) -> dict[str, Any]:
     import torch
 
     from ttsq.config import Settings
-    from ttsq.engines.qwen_checkpoint import build
-    from ttsq.engines.qwen_fast import QwenFastEngine
+    from ttsq.engines.qwen.fast import QwenFastEngine
+    from ttsq.testing.qwen_checkpoint import build
 
     quants = [q for q in args.quant.split(",") if q]
     untimed = {q for q in args.untimed.split(",") if q}
@@ -149,7 +149,7 @@ def print_memory(engines: dict[str, Any], memory: dict[str, int]) -> None:
 
 def decode(engine: Any, prompts: list[Any], frames: int, torch: Any) -> float:
     """Seconds for the rows to make ``frames`` frames each through the engine's loop (greedy)."""
-    from ttsq.engines.qwen_sampling import Sampling
+    from ttsq.engines.qwen.sampling import Sampling
 
     loop = engine.loop
     if engine._device.startswith("cuda"):
@@ -243,8 +243,8 @@ def teacher_forced(args: Any, want: dict[str, Any], quantized: Any, prompts: lis
 def _record(engine: Any, prompts: list[Any], frames: int, forced: Any, torch: Any) -> dict[str, Any]:
     """Run the rows through a recording copy of the engine's loop: every codebook's logits, and the
     codes chosen (greedy), or ``forced`` ones (slots x frames x 16) fed instead."""
-    from ttsq.engines.qwen_decode import DecodeLoop
-    from ttsq.engines.qwen_sampling import Sampling, SubSampling
+    from ttsq.engines.qwen.decode import DecodeLoop
+    from ttsq.engines.qwen.sampling import Sampling, SubSampling
 
     logits: list[list[Any]] = [[] for _ in range(16)]
 

@@ -44,7 +44,7 @@ from typing import Any
 
 from ttsq.config import Settings
 from ttsq.constants import FLEET_PREFIX
-from ttsq.embedded import RedisServer
+from ttsq.ops.redis_server import RedisServer
 
 # Run as a script, this folder is on the path, not the repository: compare.py's process helpers are
 # imported from beside it.
@@ -109,11 +109,11 @@ def run(args: Any) -> dict[str, Any]:
     import os
 
     from ttsq.client import Client
-    from ttsq.connection import connect
     from ttsq.engines import create_engine
-    from ttsq.engines.qwen import usable_cores
-    from ttsq.engines.qwen_checkpoint import build
-    from ttsq.request import SynthesisRequest
+    from ttsq.engines.qwen.engine import usable_cores
+    from ttsq.job import SynthesisRequest
+    from ttsq.records.connection import connect
+    from ttsq.testing.qwen_checkpoint import build
 
     cores = usable_cores()
     names = [name.format(cores=cores) for name in args.systems.split(",") if name]

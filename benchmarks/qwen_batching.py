@@ -45,9 +45,9 @@ def main() -> None:
     import torch
 
     from ttsq.config import Settings
-    from ttsq.engines.qwen import QwenEngine
-    from ttsq.engines.qwen_checkpoint import build
-    from ttsq.request import SynthesisRequest
+    from ttsq.engines.qwen.engine import QwenEngine
+    from ttsq.job import SynthesisRequest
+    from ttsq.testing.qwen_checkpoint import build
 
     with tempfile.TemporaryDirectory() as scratch:
         model = Path(args.model) if args.model else build(Path(scratch) / args.size, "voice_design", args.size)

@@ -62,9 +62,9 @@ def main() -> None:
     import torch
 
     from ttsq.config import Settings
-    from ttsq.engines.qwen import QwenEngine
-    from ttsq.engines.qwen_checkpoint import build
-    from ttsq.engines.qwen_fast import QwenFastEngine
+    from ttsq.engines.qwen.engine import QwenEngine
+    from ttsq.engines.qwen.fast import QwenFastEngine
+    from ttsq.testing.qwen_checkpoint import build
 
     batches = [int(b) for b in args.batches.split(",")]
     sweep = [int(t) for t in args.threads.split(",")]
@@ -152,8 +152,8 @@ class Stages:
 def fixed_batches(
     args: Any, batches: list[int], sweep: list[int], stock: Any, fast: Any, sync: Any, cuda: bool, torch: Any
 ) -> list[dict[str, Any]]:
-    from ttsq.engines.qwen import usable_cores
-    from ttsq.request import SynthesisRequest
+    from ttsq.engines.qwen.engine import usable_cores
+    from ttsq.job import SynthesisRequest
 
     stages = Stages(fast, sync)
 
@@ -315,9 +315,9 @@ def bytes_per_frame(fast: Any, rows: int, frames: int) -> float:
 
 
 def mixed_lengths(args: Any, settings: Any) -> dict[str, Any]:
-    from ttsq.batching import Batcher
+    from ttsq.batching.batcher import Batcher
     from ttsq.engines import create_engine
-    from ttsq.request import SynthesisRequest
+    from ttsq.job import SynthesisRequest
 
     schedule = random.Random(7)
     arrivals, at = [], 0.0

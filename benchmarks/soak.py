@@ -32,12 +32,12 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from ttsq.cache import CacheIndex
 from ttsq.client import Client
 from ttsq.config import Settings
-from ttsq.connection import connect
 from ttsq.constants import FLEET_PREFIX
-from ttsq.embedded import RedisServer
+from ttsq.ops.redis_server import RedisServer
+from ttsq.records.cache import CacheIndex
+from ttsq.records.connection import connect
 
 WORDS = (
     "amber",
@@ -114,7 +114,7 @@ def main() -> int:
     )  # two workers on one host: no metrics port
     submit_options: dict[str, Any] = {}
     if args.engine != "espeak":
-        from ttsq.engines.qwen_checkpoint import build
+        from ttsq.testing.qwen_checkpoint import build
 
         model = Path(args.model) if args.model else build(work / "tiny", "voice_design")
         settings = settings.replace(qwen_model=str(model), qwen_device="cpu", qwen_max_frames=max(256, args.frames))

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from ttsq.request import FORMATS
+from ttsq.job import FORMATS
 
 from .common import one_line_errors, settings_of, sources_of
 
@@ -111,8 +111,8 @@ def bench(
     max_wait_ms: int | None,
 ) -> None:
     """Measure throughput and latency: N jobs at a fixed concurrency or arrival rate."""
+    from ttsq.job import Limits
     from ttsq.ops import bench as benchmark
-    from ttsq.request import Limits
 
     if concurrency is not None and rate is not None:
         raise click.UsageError("--concurrency and --rate exclude each other: choose a closed or an open loop")

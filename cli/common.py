@@ -13,7 +13,7 @@ from click.core import ParameterSource
 
 from ttsq.config import ENV_PREFIX, Settings
 from ttsq.errors import ConfigError, InvalidRequest, TTSQError
-from ttsq.request import JobResult
+from ttsq.job import JobResult
 
 if TYPE_CHECKING:
     from ttsq.client import Client
@@ -122,7 +122,7 @@ def report(result: JobResult, *, output: Path | None, as_json: bool, client: Cli
     import json
 
     if output is not None:
-        from ttsq.request import FORMATS
+        from ttsq.job import FORMATS
 
         suffix = output.suffix.lower().lstrip(".")
         if suffix in FORMATS and suffix != result["format"]:  # never a .mp3 file that holds a WAV

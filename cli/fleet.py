@@ -78,8 +78,8 @@ def worker(
         import os
         import socket
 
-        from ttsq.devices import plan
-        from ttsq.supervisor import Supervisor
+        from ttsq.workers.devices import plan
+        from ttsq.workers.supervisor import Supervisor
 
         logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s launcher %(name)s: %(message)s")
         slots, chosen = plan(devices, os.environ)
@@ -112,7 +112,7 @@ def worker(
 @one_line_errors
 def stats(ctx: click.Context, minutes: int, ping_timeout: float, as_json: bool) -> None:
     """Queue depths, workers online, throughput and cache hit ratio over the last minutes."""
-    from ttsq.fleet import format_table, snapshot
+    from ttsq.ops.fleet import format_table, snapshot
 
     snap = snapshot(settings_of(ctx), minutes=minutes, ping_timeout=ping_timeout)
     click.echo(json.dumps(snap) if as_json else format_table(snap))
@@ -141,7 +141,7 @@ def flower(
     ctx: click.Context, address: str, port: int, basic_auth: str | None, no_auth: bool, flower_args: tuple[str, ...]
 ) -> None:
     """Run Flower on ttsq's broker, with basic auth. Extra arguments go to Flower (--persistent=True, ...)."""
-    from ttsq.flower import run_flower
+    from ttsq.ops.flower import run_flower
 
     sys.exit(
         run_flower(
@@ -191,8 +191,8 @@ def retry(ctx: click.Context, job_id: str) -> None:
 def dead(ctx: click.Context, as_json: bool, purge: bool) -> None:
     """List messages workers refused to run (malformed envelopes, unknown tasks), newest first: when,
     queue, why and task id, never their text. They are kept raw in Redis (the last 1000)."""
-    from ttsq.connection import connect, redis_errors
-    from ttsq.envelope import DeadLetters
+    from ttsq.records.connection import connect, redis_errors
+    from ttsq.records.deadletters import DeadLetters
 
     settings = settings_of(ctx)
     client = connect(settings.broker_url, decode=False)

@@ -38,7 +38,7 @@ def serve(ctx: click.Context, host: str | None, port: int | None, log_level: str
     try:
         import uvicorn
 
-        from ttsq.server import create_gateway
+        from ttsq.gateway.app import create_gateway
     except ImportError as exc:
         raise EngineUnavailable(f"the gateway needs its extra: pip install 'ttsq[gateway]' ({exc})") from exc
     uvicorn.run(
@@ -76,8 +76,8 @@ def keys() -> None:
 @one_line_errors
 def keys_add(ctx: click.Context, name: str, rate_per_min: int, quota_audio_s: float, as_json: bool) -> None:
     """Create a key named NAME and print its token, once: it is not stored, only its hash."""
-    from ttsq.apikeys import ApiKeys
-    from ttsq.connection import connect, redis_errors
+    from ttsq.gateway.apikeys import ApiKeys
+    from ttsq.records.connection import connect, redis_errors
 
     settings = settings_of(ctx)
     with redis_errors(settings.cache_url):
@@ -93,8 +93,8 @@ def keys_add(ctx: click.Context, name: str, rate_per_min: int, quota_audio_s: fl
 @one_line_errors
 def keys_list(ctx: click.Context, as_json: bool) -> None:
     """List the keys: name, id, limits, audio served today, revoked or not (never a token)."""
-    from ttsq.apikeys import ApiKeys
-    from ttsq.connection import connect, redis_errors
+    from ttsq.gateway.apikeys import ApiKeys
+    from ttsq.records.connection import connect, redis_errors
 
     settings = settings_of(ctx)
     with redis_errors(settings.cache_url):
@@ -119,8 +119,8 @@ def keys_list(ctx: click.Context, as_json: bool) -> None:
 @one_line_errors
 def keys_revoke(ctx: click.Context, name_or_id: str) -> None:
     """Revoke the live key with this name or id: every gateway refuses it at once (403)."""
-    from ttsq.apikeys import ApiKeys
-    from ttsq.connection import connect, redis_errors
+    from ttsq.gateway.apikeys import ApiKeys
+    from ttsq.records.connection import connect, redis_errors
 
     settings = settings_of(ctx)
     with redis_errors(settings.cache_url):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ttsq.errors import InvalidRequest, TTSQError
-from ttsq.request import FORMATS, LANGUAGES, JobResult
+from ttsq.job import FORMATS, LANGUAGES, JobResult
 
 from .common import one_line_errors, pointed_to_documents, read_text, report, settings_of, summary
 
@@ -237,8 +237,8 @@ def _submit_embedded(
     import signal
 
     from ttsq.client import Client
-    from ttsq.embedded import Embedded
-    from ttsq.request import Limits, SynthesisRequest
+    from ttsq.job import Limits, SynthesisRequest
+    from ttsq.ops.embedded import Embedded
 
     # SIGTERM becomes SystemExit, so the private Redis and worker are stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

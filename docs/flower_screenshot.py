@@ -28,7 +28,7 @@ from moto.server import ThreadedMotoServer
 
 from ttsq.client import Client
 from ttsq.config import Settings
-from ttsq.embedded import RedisServer, free_port
+from ttsq.ops.redis_server import RedisServer, free_port
 
 ROOT = Path(__file__).parent.parent
 AUTH = "ops:screenshot"

@@ -21,7 +21,7 @@ import redis
 from support import BUCKET, SECRET, GatewayProcess, WorkerProcess
 
 from ttsq.config import Settings
-from ttsq.embedded import RedisServer, free_port
+from ttsq.ops.redis_server import RedisServer, free_port
 
 
 @pytest.fixture(scope="session")
@@ -97,7 +97,7 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
 
 
 def pytest_report_header(config: Any) -> str:
-    from ttsq.embedded import redis_server_executable
+    from ttsq.ops.redis_server import redis_server_executable
 
     return f"ttsq tests: redis-server at {redis_server_executable()}"
 
@@ -134,7 +134,7 @@ def qwen_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
     root = tmp_path_factory.mktemp("qwen")
     kinds = ("voice_design", "custom_voice", "base")
     script = (
-        "import sys\nfrom ttsq.engines.qwen_checkpoint import build\n"
+        "import sys\nfrom ttsq.testing.qwen_checkpoint import build\n"
         "for kind in sys.argv[2:]:\n    build(f'{sys.argv[1]}/{kind}', kind)\n"
     )
     subprocess.run([sys.executable, "-c", script, str(root), *kinds], check=True, capture_output=True, timeout=300)

@@ -29,7 +29,7 @@ from ttsq.errors import EngineError
 
 if TYPE_CHECKING:
     from ttsq.engines.base import EngineOutput
-    from ttsq.request import SynthesisRequest
+    from ttsq.job import SynthesisRequest
 
 SLOW_S = 1.0
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from ttsq.engines.qwen_decode import DecodeLoop, Prompt
-from ttsq.engines.qwen_fast import QwenFastEngine
-from ttsq.engines.qwen_sampling import Sampling
+from ttsq.engines.qwen.decode import DecodeLoop, Prompt
+from ttsq.engines.qwen.fast import QwenFastEngine
+from ttsq.engines.qwen.sampling import Sampling
 
 ADMIT, FRAME, CODEC, SLOW_CODEC, DIE, DIE_ADMITTING = 0.11, 0.22, 0.33, 0.44, 0.55, 0.66
 SLOW_S = 1.5

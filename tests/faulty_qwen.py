@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from ttsq.engines.qwen import QwenEngine
+from ttsq.engines.qwen.engine import QwenEngine
 
 if TYPE_CHECKING:
-    from ttsq.request import SynthesisRequest
+    from ttsq.job import SynthesisRequest
 
 OOM_ABOVE = 2
 

@@ -2,11 +2,11 @@
 
 Plain words only: no digits, no abbreviations, no names a small recognizer would have to guess the
 spelling of, so that a word the recognizer misses is a word the audio did not say clearly, not a
-spelling choice (``ttsq.fidelity.normalize`` turns digits into words anyway, for the recognizer's side).
+spelling choice (``ttsq.testing.fidelity.normalize`` turns digits into words anyway, for the recognizer's side).
 Every sentence is distinct: a chunk of the document is never the same text as another chunk, so a
 stitch that drops, repeats or swaps one is a change in the words. The Korean sentences
 (``KOREAN_SENTENCES``) follow the same rules; the benchmark also scores them by characters
-(``ttsq.fidelity.check_characters``).
+(``ttsq.testing.fidelity.check_characters``).
 """
 
 from __future__ import annotations

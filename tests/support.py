@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ttsq.config import Settings
 from ttsq.constants import FLEET_PREFIX, WORKER_PREFIX
-from ttsq.embedded import free_port
+from ttsq.ops.redis_server import free_port
 
 #: The S3 bucket the suite's moto server holds; each test writes under its own prefix.
 BUCKET = "ttsq-test"
@@ -364,8 +364,8 @@ class GatewayProcess:
 
 def api_key(settings: Settings, name: str = "test", **limits: float) -> str:
     """A new API key's token (``ttsq keys add`` does the same)."""
-    from ttsq.apikeys import ApiKeys
-    from ttsq.connection import connect
+    from ttsq.gateway.apikeys import ApiKeys
+    from ttsq.records.connection import connect
 
     client = connect(settings.cache_url)
     try:

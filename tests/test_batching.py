@@ -8,12 +8,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from ttsq.batching import Batcher, BatchItem
+from ttsq.batching.batcher import Batcher, BatchItem
 from ttsq.config import Settings
 from ttsq.engines import create_engine
 from ttsq.engines.base import Engine, EngineOutput
 from ttsq.errors import EngineError, EngineUnavailable, InvalidRequest
-from ttsq.request import SynthesisRequest
+from ttsq.job import SynthesisRequest
 
 
 @pytest.fixture(scope="module")

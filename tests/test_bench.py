@@ -21,9 +21,9 @@ from ttsq.config import Settings
 from ttsq.constants import STATS_PREFIX
 from ttsq.engines.espeak import EspeakEngine
 from ttsq.errors import InvalidRequest
+from ttsq.job import SynthesisRequest
 from ttsq.keys import content_key
 from ttsq.ops import bench
-from ttsq.request import SynthesisRequest
 
 StartWorker = Callable[..., WorkerProcess]
 

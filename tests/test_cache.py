@@ -4,11 +4,11 @@ import time
 
 import redis
 
-from ttsq.cache import CacheIndex
 from ttsq.config import Settings
-from ttsq.embedded import free_port
 from ttsq.errors import BrokerError
-from ttsq.request import StoredAudio
+from ttsq.job import StoredAudio
+from ttsq.ops.redis_server import free_port
+from ttsq.records.cache import CacheIndex
 
 ENTRY = StoredAudio(
     object_key="audio/ab/ab.wav",

@@ -18,7 +18,7 @@ from support import WorkerProcess, queue_length, run_cli, settings_env
 
 from ttsq.cli.main import cli
 from ttsq.config import Settings
-from ttsq.embedded import free_port
+from ttsq.ops.redis_server import free_port
 
 StartWorker = Callable[..., WorkerProcess]
 

@@ -21,7 +21,7 @@ from support import WorkerProcess, published_states, queue_length, run_cli
 from ttsq.cli.main import cli
 from ttsq.client import Client
 from ttsq.config import Settings
-from ttsq.embedded import free_port
+from ttsq.ops.redis_server import free_port
 
 StartWorker = Callable[..., WorkerProcess]
 CONNECTION = ("broker_url", "result_backend", "cache_url", "storage_url")

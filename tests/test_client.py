@@ -22,10 +22,10 @@ from bad_inputs import BAD_REQUESTS
 from support import FAULTY, TESTS, WorkerProcess, queue_length, s3_keys
 
 from ttsq.app import make_app
-from ttsq.cache import CacheIndex
 from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.errors import BrokerError, EngineError, InvalidRequest, JobTimeout
+from ttsq.records.cache import CacheIndex
 
 StartWorker = Callable[..., WorkerProcess]
 KOREAN = "안녕하세요. 티티에스큐 음성 합성 테스트입니다."
@@ -182,8 +182,8 @@ def test_a_waiter_finds_a_result_whose_publish_it_missed(settings: Settings, sta
 def test_broker_down_after_a_claim_releases_it(settings: Settings, redis_client: object) -> None:
     """With the cache up and the model known, a submit claims the key before it enqueues; if the
     broker is down, the claim must not outlive the failure."""
-    from ttsq.embedded import free_port
     from ttsq.engines.base import EngineIdentity
+    from ttsq.ops.redis_server import free_port
 
     CacheIndex(settings.cache_url, ttl_s=0).publish_identity(
         settings.queue, EngineIdentity(engine="espeak", model="espeak-ng", revision="test", sample_rate=22050).to_dict()
@@ -199,7 +199,7 @@ def test_broker_down_after_a_claim_releases_it(settings: Settings, redis_client:
 
 
 def test_broker_down_is_a_broker_error(settings: Settings) -> None:
-    from ttsq.embedded import free_port
+    from ttsq.ops.redis_server import free_port
 
     down = f"redis://127.0.0.1:{free_port()}"
     client = Client(settings.replace(broker_url=f"{down}/0", result_backend=f"{down}/1", cache_url=f"{down}/2"))
@@ -220,7 +220,7 @@ def test_client_raises_a_typed_error_and_queues_nothing(
 def test_result_backend_down_while_waiting_is_a_broker_error(tmp_path: Path) -> None:
     from support import run_cli
 
-    from ttsq.embedded import RedisServer
+    from ttsq.ops.redis_server import RedisServer
 
     server = RedisServer().start()
     private = Settings(

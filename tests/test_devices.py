@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ttsq.devices import Slot, discover_gpus, plan
 from ttsq.errors import ConfigError
+from ttsq.workers.devices import Slot, discover_gpus, plan
 
 
 def test_cpu_specs() -> None:
@@ -51,7 +51,7 @@ def test_discovery_without_a_gpu_finds_none_and_does_not_import_torch() -> None:
     import sys
 
     code = (
-        "import sys, os; os.environ.pop('CUDA_VISIBLE_DEVICES', None); from ttsq.devices import discover_gpus;"
+        "import sys, os; os.environ.pop('CUDA_VISIBLE_DEVICES', None); from ttsq.workers.devices import discover_gpus;"
         "discover_gpus(os.environ); print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -24,15 +24,15 @@ import soundfile as sf
 from document_corpus import corpus
 from support import Flower, WorkerProcess, published_states, run_cli, wait_until
 
-from ttsq.cache import CacheIndex
 from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.constants import DOCUMENT_TASK_NAME
 from ttsq.document import Document, Options
 from ttsq.engines.base import EngineIdentity
 from ttsq.errors import InvalidRequest
+from ttsq.job import Limits, SynthesisRequest
 from ttsq.keys import content_key
-from ttsq.request import Limits, SynthesisRequest
+from ttsq.records.cache import CacheIndex
 from ttsq.splitter import normalize
 
 StartWorker = Callable[..., WorkerProcess]
@@ -445,7 +445,7 @@ def test_stop_listening_degrades_gracefully_if_celery_internals_change(settings:
     # document task after its chord was sent.
     from celery import Celery
 
-    from ttsq.orchestrator import stop_listening
+    from ttsq.worker.documents import stop_listening
 
     app = Celery(broker=settings.broker_url, backend=settings.result_backend)
     backend = app.backend

@@ -36,7 +36,7 @@ from ttsq.config import Settings
 from ttsq.engines import create_engine
 from ttsq.engines.base import FRAMES_PER_SECOND, Engine, EngineIdentity, EngineOutput, is_continuous
 from ttsq.errors import EngineError, InvalidRequest
-from ttsq.request import LANGUAGES, MODES, SynthesisRequest
+from ttsq.job import LANGUAGES, MODES, SynthesisRequest
 from ttsq.storage import LocalStorage
 from ttsq.voices import add_voice
 

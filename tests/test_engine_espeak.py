@@ -13,7 +13,7 @@ from ttsq.engines import REGISTRY, create_engine
 from ttsq.engines.base import Engine, EngineOutput
 from ttsq.engines.espeak import guess_language
 from ttsq.errors import ConfigError, EngineError
-from ttsq.request import LANGUAGES, SynthesisRequest
+from ttsq.job import LANGUAGES, SynthesisRequest
 
 SENTENCES = {
     "chinese": "今天天气很好。",

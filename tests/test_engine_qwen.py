@@ -17,16 +17,16 @@ import pytest
 import soundfile
 from faulty_qwen import OutOfMemoryQwen
 
-from ttsq.batch_scheduler import length_bucket
-from ttsq.batching import Batcher
+from ttsq.batching.batcher import Batcher
+from ttsq.batching.batches import length_bucket
 from ttsq.config import Settings
 from ttsq.engines.base import EngineOutput, frame_cap
-from ttsq.engines.qwen import QwenEngine, checkpoint_revision
+from ttsq.engines.qwen.engine import QwenEngine, checkpoint_revision
 from ttsq.errors import ConfigError, InvalidRequest
-from ttsq.metrics import Metrics
-from ttsq.request import SynthesisRequest
+from ttsq.job import SynthesisRequest
 from ttsq.storage import LocalStorage
 from ttsq.voices import add_voice
+from ttsq.worker.metrics import Metrics
 
 SAMPLES_PER_FRAME = 1920  # 24 kHz / 12.5 frames per second
 

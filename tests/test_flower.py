@@ -16,7 +16,7 @@ from support import Flower, WorkerProcess, listening_on, run_cli
 from ttsq.app import make_app
 from ttsq.client import Client
 from ttsq.config import Settings
-from ttsq.embedded import free_port
+from ttsq.ops.redis_server import free_port
 from ttsq.redaction import describe_kwargs, redact_result
 
 StartWorker = Callable[..., WorkerProcess]

@@ -24,7 +24,7 @@ from support import FAULTY, SECRET, TESTS, GatewayProcess, WorkerProcess, api_ke
 
 from ttsq.config import Settings
 from ttsq.constants import CACHE_PREFIX
-from ttsq.embedded import RedisServer
+from ttsq.ops.redis_server import RedisServer
 
 StartWorker = Callable[..., WorkerProcess]
 StartGateway = Callable[..., GatewayProcess]
@@ -258,7 +258,7 @@ def test_keys_limits_and_quota_hold_across_two_gateways(
     assert info.value.code == "insufficient_quota"
     # Revoked: refused at once, everywhere.
     revoked = api_key(settings, "revoked")
-    from ttsq.apikeys import ApiKeys
+    from ttsq.gateway.apikeys import ApiKeys
 
     ApiKeys(redis.Redis.from_url(settings.cache_url)).revoke(
         next(
@@ -413,7 +413,7 @@ def test_every_redis_script_runs_on_the_redis_the_embedded_mode_falls_back_to(
         document = api.post("/v1/jobs", json={"text": text}).json()
         assert document["chunks"] > 1
         wait_until(lambda: api.get(f"/v1/jobs/{document['id']}").json()["state"] == "SUCCESS", 120, "the document")
-    from ttsq.apikeys import ApiKeys
+    from ttsq.gateway.apikeys import ApiKeys
 
     keys = ApiKeys(redis.Redis.from_url(old.cache_url))
     assert keys.used_today(next(key for key in keys.list() if key.name.startswith("old"))) > 1.0

@@ -22,8 +22,8 @@ from support import FAULTY, TESTS, Launcher, WorkerProcess, scrape, value, wait_
 
 from ttsq.client import Client
 from ttsq.config import Settings
-from ttsq.embedded import RedisServer, free_port
-from ttsq.worker import WorkerRuntime
+from ttsq.ops.redis_server import RedisServer, free_port
+from ttsq.worker.runtime import WorkerRuntime
 
 SLACK_S = 60
 

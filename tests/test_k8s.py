@@ -27,7 +27,7 @@ from support import missing_tool
 from ttsq.app import queue_for
 from ttsq.cli.main import cli as ttsq_cli
 from ttsq.config import Settings
-from ttsq.gateway import OPEN_PATHS
+from ttsq.gateway.state import OPEN_PATHS
 
 ROOT = Path(__file__).parent.parent
 K8S = ROOT / "deploy" / "k8s"

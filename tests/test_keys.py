@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from ttsq.engines.base import EngineIdentity
+from ttsq.job import SynthesisRequest
 from ttsq.keys import content_key, object_key
-from ttsq.request import SynthesisRequest
 
 IDENTITY = EngineIdentity(engine="espeak", model="espeak-ng", revision="1.52.0", sample_rate=22050)
 REQUEST = {
@@ -78,7 +78,7 @@ def test_key_is_the_same_on_other_python_versions() -> None:
         f"import sys; sys.path.insert(0, {root!r})\n"
         "from types import SimpleNamespace\n"
         "from ttsq.keys import content_key\n"
-        "from ttsq.request import SynthesisRequest\n"
+        "from ttsq.job import SynthesisRequest\n"
         f"identity = SimpleNamespace(engine='espeak', model='espeak-ng', revision='1.52.0', sample_rate=22050)\n"
         f"print(content_key(SynthesisRequest.from_dict({REQUEST!r}), identity))\n"
     )

@@ -1,9 +1,11 @@
-"""The house reads one way: no import circles, and no import from the core or the app definition up into
-the worker stack or the producers (docs/development.md, "Layers").
+"""The house reads one way: no import circles, and imports that run down the layers only
+(docs/development.md, "Layers").
 
-The graph is read from the source with ``ast`` (every ``import`` and ``from ... import``, also those
-inside functions and under ``TYPE_CHECKING``: a lazy import is still a dependency), over ``ttsq/`` and
-the folders installed as ``ttsq.cli`` and ``ttsq.workers``.
+Layers are read from where a module lives, not from a table: a new module in ``ttsq/records/`` is a
+record, one in ``ttsq/worker/`` is the worker's. The graph is read from the source with ``ast`` (every
+``import`` and ``from ... import``, also those inside functions and under ``TYPE_CHECKING``: a lazy
+import is still a dependency), over ``ttsq/`` and the folders installed as ``ttsq.cli`` and
+``ttsq.workers``.
 """
 
 from __future__ import annotations
@@ -17,115 +19,58 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Source folders and the package name each is installed as (pyproject.toml, [tool.setuptools]).
 PACKAGES = {"ttsq": ROOT / "ttsq", "ttsq.cli": ROOT / "cli", "ttsq.workers": ROOT / "workers"}
 
-CORE = {
-    "ttsq",
-    "ttsq.constants",
-    "ttsq.errors",
-    "ttsq.config",
-    "ttsq.request",
-    "ttsq.keys",
-    "ttsq.engines.base",
-    "ttsq.audio",
-    "ttsq.storage",
-    "ttsq.connection",
-    "ttsq.redaction",
-    "ttsq.cache",
-    "ttsq.ledger",
-    "ttsq.stats",
-    "ttsq.broker",
-    "ttsq.results",
-    "ttsq.observer",
-    "ttsq.health",
-    "ttsq.voices",
-    "ttsq.splitter",
-    "ttsq.document",
-    "ttsq.fidelity",
-    "ttsq.envelope",
-    "ttsq.accepted",
-    "ttsq.apikeys",
+#: The layers, top down, each a list of module-name prefixes (a prefix matches itself and what lies
+#: under it; the longest matching prefix wins). A module may import its own layer and any layer below
+#: it, never one above; the two producer and worker stacks never import each other.
+LAYERS: dict[str, tuple[str, ...]] = {
+    # What starts processes and composes both stacks: free to import anything below it.
+    "entrypoint": ("ttsq.cli", "ttsq.workers", "ttsq.ops", "ttsq.testing"),
+    "producer": ("ttsq.client", "ttsq.gateway"),
+    "worker": ("ttsq.worker",),
+    "batching": ("ttsq.batching",),
+    "engines": ("ttsq.engines",),
+    "app": ("ttsq.app",),
+    # The core: flat nouns, what Redis keeps, and the engine protocol every layer above speaks.
+    "core": ("ttsq", "ttsq.records", "ttsq.engines.base"),
 }
-APP = {"ttsq.app"}
-#: The worker stack, top down: a module may import its own rank or lower ranks, never a higher one.
-WORKER = [
-    {"ttsq.tasks", "ttsq.consumer"},
-    {"ttsq.orchestrator"},
-    {"ttsq.worker"},
-    {"ttsq.metrics", "ttsq.watchdog", "ttsq.sweeper", "ttsq.gate"},
-    {"ttsq.batching"},
-    {"ttsq.batch_scheduler", "ttsq.slot_scheduler"},
-    {"ttsq.intake"},
-    {
-        "ttsq.engines",
-        "ttsq.engines.espeak",
-        "ttsq.engines.qwen",
-        "ttsq.engines.qwen_fast",
-        "ttsq.engines.qwen_decode",
-        "ttsq.engines.qwen_layers",
-        "ttsq.engines.qwen_codec",
-        "ttsq.engines.qwen_quant",
-        "ttsq.engines.qwen_sampling",
-        "ttsq.engines.qwen_checkpoint",
-    },
-]
-PRODUCERS = {
-    "ttsq.client",
-    "ttsq.fleet",
-    "ttsq.speech",
-    "ttsq.waiter",
-    "ttsq.apierror",
-    "ttsq.gateway",
-    "ttsq.routes",
-    "ttsq.server",
+#: What each layer may import (its own layer included).
+ALLOWED: dict[str, set[str]] = {
+    "entrypoint": set(LAYERS),
+    "producer": {"producer", "app", "core"},
+    "worker": {"worker", "batching", "engines", "app", "core"},
+    "batching": {"batching", "engines", "core"},
+    "engines": {"engines", "core"},
+    "app": {"app", "core"},
+    "core": {"core"},
 }
-#: What starts processes and composes both stacks (the command line, the worker entrypoint, the launcher,
-#: the embedded mode, operations tools): free to import anything below it.
-ENTRYPOINTS = {
-    "ttsq.embedded",
-    "ttsq.supervisor",
-    "ttsq.devices",
-    "ttsq.flower",
-    "ttsq.ops",
-    "ttsq.ops.bench",
-    "ttsq.ops.corpus",
-    "ttsq.ops.report",
-    "ttsq.cli",
-    "ttsq.cli.main",
-    "ttsq.cli.common",
-    "ttsq.cli.jobs",
-    "ttsq.cli.voices",
-    "ttsq.cli.fleet",
-    "ttsq.cli.bench",
-    "ttsq.cli.gateway",
-    "ttsq.workers",
-    "ttsq.workers.celery_worker",
+#: Libraries a layer must never import, whatever the module: the batcher is plain threads (its one
+#: thread owns the engine), so Celery and kombu stay above it; the core and the records stay free of
+#: the worker's Celery plumbing too (the app definition is the one core-side place Celery is named).
+FORBIDDEN_LIBRARIES: dict[str, tuple[str, ...]] = {
+    "batching": ("celery", "kombu"),
+    "engines": ("celery", "kombu"),
 }
-#: Imported only inside the qwen engines.
+#: Imported only inside the qwen engines (and the shipped checkpoint builder).
 HEAVY = ("torch", "transformers", "qwen_tts", "torchaudio")
-HEAVY_ALLOWED = {
-    "ttsq.engines.qwen",
-    "ttsq.engines.qwen_fast",
-    "ttsq.engines.qwen_decode",
-    "ttsq.engines.qwen_layers",
-    "ttsq.engines.qwen_codec",
-    "ttsq.engines.qwen_quant",
-    "ttsq.engines.qwen_sampling",
-    "ttsq.engines.qwen_checkpoint",
-}
+HEAVY_ALLOWED = ("ttsq.engines.qwen", "ttsq.testing.qwen_checkpoint")
 
 
-def layer_of(module: str) -> tuple[str, int]:
-    if module in CORE:
-        return "core", 0
-    if module in APP:
-        return "app", 0
-    for rank, modules in enumerate(WORKER):
-        if module in modules:
-            return "worker", rank
-    if module in PRODUCERS:
-        return "producer", 0
-    if module in ENTRYPOINTS:
-        return "entrypoint", 0
-    raise KeyError(module)
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def layer_of(module: str) -> str:
+    """The layer of a module: its longest matching prefix."""
+    if module == "ttsq":
+        return "entrypoint"  # the package's face re-exports the client, the request and the errors
+    best, length = None, -1
+    for layer, prefixes in LAYERS.items():
+        for prefix in prefixes:
+            if _under(module, prefix) and len(prefix) > length:
+                best, length = layer, len(prefix)
+    if best is None:
+        raise KeyError(module)
+    return best
 
 
 def modules() -> dict[str, Path]:
@@ -170,7 +115,8 @@ def graph() -> dict[str, set[str]]:
     return {module: imports(path, module, set(found)) for module, path in found.items()}
 
 
-def heavy_imports(path: Path) -> set[str]:
+def library_imports(path: Path) -> set[str]:
+    """Top-level names of the libraries a file imports (absolute imports only)."""
     out = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         names = (
@@ -180,18 +126,25 @@ def heavy_imports(path: Path) -> set[str]:
             if isinstance(node, ast.ImportFrom) and not node.level
             else []
         )
-        out |= {name for name in names if name.split(".")[0] in HEAVY}
+        out |= {name.split(".")[0] for name in names if name}
     return out
 
 
+def heavy_imports(path: Path) -> set[str]:
+    return {name for name in library_imports(path) if name in HEAVY}
+
+
 def test_every_module_has_a_place_in_the_layers() -> None:
-    unplaced = []
-    for module in modules():
-        try:
-            layer_of(module)
-        except KeyError:
-            unplaced.append(module)
-    assert not unplaced, f"place these in tests/test_layers.py (and docs/development.md): {unplaced}"
+    assert {layer_of(module) for module in modules()} == set(LAYERS)
+
+
+#: ``ttsq/``'s top level: a few flat core nouns; anything more finds a folder by layer.
+TOP_LEVEL_MODULES = 20
+
+
+def test_the_top_level_holds_only_the_core_nouns() -> None:
+    flat = sorted(p.stem for p in (ROOT / "ttsq").glob("*.py") if p.stem != "__init__")
+    assert len(flat) <= TOP_LEVEL_MODULES, f"ttsq/ holds {len(flat)} modules; give some a folder: {flat}"
 
 
 #: A product module may grow past this many lines only with a reason in its docstring.
@@ -234,46 +187,61 @@ def test_no_import_circles() -> None:
     )
 
 
-def test_imports_run_one_way() -> None:
-    allowed = {
-        "core": {"core"},
-        "app": {"core", "app"},
-        "worker": {"core", "app", "worker"},
-        "producer": {"core", "app", "producer"},
-    }
-    names = modules()
+def wrong_imports(edges: dict[str, set[str]]) -> list[str]:
+    """Every import that runs against the layers, as ``source (layer) imports target (layer)``."""
     wrong = []
-    for source, targets in graph().items():
-        layer, rank = layer_of(source)
-        if layer == "entrypoint":
-            continue
+    for source, targets in edges.items():
+        layer = layer_of(source)
         for target in targets:
-            target_layer, target_rank = layer_of(target)
-            if target_layer not in allowed[layer] or (layer == target_layer == "worker" and target_rank < rank):
-                wrong.append(
-                    f"{names[source].relative_to(ROOT)} ({layer}) imports "
-                    f"{names[target].relative_to(ROOT)} ({target_layer})"
-                )
-    assert not wrong, "imports against the layers:\n" + "\n".join(sorted(wrong))
+            if layer_of(target) not in ALLOWED[layer]:
+                wrong.append(f"{source} ({layer}) imports {target} ({layer_of(target)})")
+    return sorted(wrong)
+
+
+def test_imports_run_one_way() -> None:
+    wrong = wrong_imports(graph())
+    assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
+
+
+def test_the_batcher_and_the_engines_never_import_celery() -> None:
+    wrong = {
+        module: sorted(found)
+        for module, path in modules().items()
+        if (found := library_imports(path) & set(FORBIDDEN_LIBRARIES.get(layer_of(module), ())))
+    }
+    assert not wrong, f"Celery below the worker: {wrong}"
 
 
 def test_torch_transformers_and_qwen_tts_stay_inside_the_qwen_engines() -> None:
     wrong = {
         module: sorted(heavy)
         for module, path in modules().items()
-        if module not in HEAVY_ALLOWED and (heavy := heavy_imports(path))
+        if not any(_under(module, prefix) for prefix in HEAVY_ALLOWED) and (heavy := heavy_imports(path))
     }
     assert not wrong, f"heavy imports outside the qwen engines: {wrong}"
 
 
-@pytest.mark.parametrize(("source", "target"), [("ttsq.request", "ttsq.tasks"), ("ttsq.batching", "ttsq.worker")])
+@pytest.mark.parametrize(
+    ("source", "target"),
+    [
+        ("ttsq.job", "ttsq.worker.tasks"),  # the core reaching the worker stack
+        ("ttsq.records.cache", "ttsq.batching.batcher"),  # a record reaching the batcher
+        ("ttsq.batching.batcher", "ttsq.worker.runtime"),  # the batcher reaching up to the runtime
+        ("ttsq.worker.runtime", "ttsq.gateway.state"),  # one stack reaching the other
+        ("ttsq.gateway.routes", "ttsq.worker.tasks"),
+        ("ttsq.engines.espeak", "ttsq.batching.jobs"),
+    ],
+)
 def test_the_checker_sees_a_forbidden_import(source: str, target: str, tmp_path: Path) -> None:
-    """The rules above can fail: a core module reaching the worker stack, or the batcher reaching up to the
-    runtime, is reported."""
+    """The rules can fail: each of these imports, written into a module, is reported."""
     path = tmp_path / "probe.py"
     path.write_text(f"from __future__ import annotations\n\ndef late() -> None:\n    import {target}\n")
     found = imports(path, source, set(modules()))
     assert found == {target}
-    layer, rank = layer_of(source)
-    target_layer, target_rank = layer_of(target)
-    assert target_layer != layer or target_rank < rank
+    assert wrong_imports({source: found}) == [f"{source} ({layer_of(source)}) imports {target} ({layer_of(target)})"]
+
+
+def test_the_checker_sees_celery_in_the_batcher(tmp_path: Path) -> None:
+    path = tmp_path / "probe.py"
+    path.write_text("from __future__ import annotations\n\nfrom celery import Celery\n")
+    assert library_imports(path) & set(FORBIDDEN_LIBRARIES["batching"]) == {"celery"}

@@ -21,8 +21,8 @@ from support import WorkerProcess, run_cli, s3_keys, wait_until
 from ttsq.app import make_app
 from ttsq.client import Client, Job
 from ttsq.config import Settings
-from ttsq.embedded import RedisServer
 from ttsq.errors import BrokerError, UnknownJob
+from ttsq.ops.redis_server import RedisServer
 
 StartWorker = Callable[..., WorkerProcess]
 GRACE_S = 2

@@ -10,9 +10,9 @@ from support import WorkerProcess, listening_on, scrape, value
 from ttsq.app import make_app
 from ttsq.client import Client
 from ttsq.config import Settings
-from ttsq.embedded import free_port
 from ttsq.errors import InvalidRequest
-from ttsq.metrics import Metrics
+from ttsq.ops.redis_server import free_port
+from ttsq.worker.metrics import Metrics
 
 StartWorker = Callable[..., WorkerProcess]
 

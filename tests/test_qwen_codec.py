@@ -1,4 +1,4 @@
-"""qwen-fast's codec decoder (``ttsq.engines.qwen_codec``) against qwen-tts's own, on the same codes.
+"""qwen-fast's codec decoder (``ttsq.engines.qwen.codec``) against qwen-tts's own, on the same codes.
 
 The rewrite must give the stock decoder's audio within float rounding: 1e-5 of full scale, under a
 third of one 16-bit PCM step, on the tiny checkpoint's codec and on the full-size architecture, for rows
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from ttsq.engines.qwen_codec import FoldedSnake, PointwiseConv, rewrite
+from ttsq.engines.qwen.codec import FoldedSnake, PointwiseConv, rewrite
 
 TOLERANCE = 1e-5
 
@@ -84,7 +84,7 @@ def test_the_full_size_codec_rewritten_decodes_the_stock_audio() -> None:
     from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2DecoderConfig
     from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Decoder
 
-    from ttsq.engines.qwen_checkpoint import _FULL_DECODER
+    from ttsq.testing.qwen_checkpoint import _FULL_DECODER
 
     torch.manual_seed(2)
     decoder = Qwen3TTSTokenizerV2Decoder(Qwen3TTSTokenizerV2DecoderConfig(**_FULL_DECODER)).eval()

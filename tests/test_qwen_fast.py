@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from ttsq.engines.qwen_decode import DecodeLoop, Prompt
-from ttsq.engines.qwen_sampling import Sampling, SubSampling
+from ttsq.engines.qwen.decode import DecodeLoop, Prompt
+from ttsq.engines.qwen.sampling import Sampling, SubSampling
 
 GREEDY = {"do_sample": False, "subtalker_dosample": False}
 TEXTS = [
@@ -254,7 +254,7 @@ def test_seeded_sampling_does_not_depend_on_the_batch(models: dict[str, Any], su
 @pytest.fixture(scope="module")
 def quantized(qwen_checkpoints: dict[str, Path]) -> Callable[[str, str], Any]:
     """Fresh checkpoints with quantized decoder layers, one per (kind, quantization), loaded once."""
-    from ttsq.engines.qwen_quant import quantize
+    from ttsq.engines.qwen.quant import quantize
 
     loaded: dict[tuple[str, str], Any] = {}
 
@@ -300,7 +300,7 @@ def test_int8_rows_joining_mid_flight_in_static_shapes_equal_stock(quantized: Ca
 def test_grouped_top_k_keeps_exactly_the_top_k_values() -> None:
     """``top`` ranks only the groups whose maxima can hold a top-k score: same values as ``topk``,
     indices that point at them, also with ties and with the whole top-k inside one group."""
-    from ttsq.engines.qwen_sampling import top
+    from ttsq.engines.qwen.sampling import top
 
     generator = torch.Generator().manual_seed(0)
     scores = torch.randn(6, 2048, generator=generator)
@@ -321,7 +321,7 @@ def test_grouped_top_k_keeps_exactly_the_top_k_values() -> None:
 def fast(qwen_checkpoints: dict[str, Path]) -> Any:
     """A qwen-fast engine with two slots, not loaded yet (the batcher loads it on its thread)."""
     from ttsq.config import Settings
-    from ttsq.engines.qwen_fast import QwenFastEngine
+    from ttsq.engines.qwen.fast import QwenFastEngine
 
     return QwenFastEngine(
         Settings(engine="qwen-fast", qwen_model=str(qwen_checkpoints["voice_design"]), qwen_max_frames=256, max_batch=2)
@@ -330,7 +330,7 @@ def fast(qwen_checkpoints: dict[str, Path]) -> Any:
 
 def test_identity_is_the_qwen_engines_under_its_own_name(fast: Any, qwen_checkpoints: dict[str, Path]) -> None:
     from ttsq.config import Settings
-    from ttsq.engines.qwen import QwenEngine
+    from ttsq.engines.qwen.engine import QwenEngine
 
     stock = QwenEngine(
         Settings(engine="qwen", qwen_model=str(qwen_checkpoints["voice_design"]), qwen_max_frames=256)
@@ -349,10 +349,10 @@ def test_a_long_text_is_refused_at_the_edge_by_the_identity(qwen_checkpoints: di
     a text that would not fit a slot (the stock engine takes it)."""
     from ttsq.config import Settings
     from ttsq.engines.base import EngineIdentity
-    from ttsq.engines.qwen import QwenEngine
-    from ttsq.engines.qwen_fast import QwenFastEngine
+    from ttsq.engines.qwen.engine import QwenEngine
+    from ttsq.engines.qwen.fast import QwenFastEngine
     from ttsq.errors import InvalidRequest
-    from ttsq.request import SynthesisRequest
+    from ttsq.job import SynthesisRequest
 
     model = str(qwen_checkpoints["voice_design"])
     fast = QwenFastEngine(Settings(engine="qwen-fast", qwen_model=model)).identity
@@ -368,9 +368,9 @@ def test_a_long_text_is_refused_at_the_edge_by_the_identity(qwen_checkpoints: di
 def test_short_jobs_leave_while_a_long_one_decodes(fast: Any) -> None:
     """Through the batcher: two slots, one long job and five short ones submitted behind it. Each short
     job joins as a slot frees and is done long before the long one (no job waits for its batch)."""
-    from ttsq.batching import Batcher
+    from ttsq.batching.batcher import Batcher
     from ttsq.errors import InvalidRequest
-    from ttsq.request import SynthesisRequest
+    from ttsq.job import SynthesisRequest
 
     batcher = Batcher(fast, max_batch=2, max_wait_s=5.0)  # the wait never applies: slots take jobs at once
     batcher.start()
@@ -401,8 +401,8 @@ def test_short_jobs_leave_while_a_long_one_decodes(fast: Any) -> None:
 def test_an_isolated_job_decodes_alone(fast: Any) -> None:
     """A redelivered job that may have crashed a worker runs with no neighbour, in continuous mode too:
     it waits for the slots to empty, and nothing joins it until it is done."""
-    from ttsq.batching import Batcher
-    from ttsq.request import SynthesisRequest
+    from ttsq.batching.batcher import Batcher
+    from ttsq.job import SynthesisRequest
 
     batcher = Batcher(fast, max_batch=2, max_wait_s=0.01)
     batcher.start()
@@ -462,7 +462,7 @@ def test_static_sampling_draws_what_the_exact_shapes_draw(models: dict[str, Any]
 def test_top_k_zero_means_no_top_k(models: dict[str, Any]) -> None:
     """``top_k: 0`` (as a checkpoint's generation_config.json may say) keeps every code, as in Hugging
     Face's generate; it is not a top-1 (greedy) cut."""
-    from ttsq.engines.qwen_sampling import top_k_of
+    from ttsq.engines.qwen.sampling import top_k_of
 
     tts = models["voice_design"]
     loop = DecodeLoop(tts.model, slots=1, positions=512, max_frames=64, sub=SubSampling(top_k=0))
@@ -486,7 +486,7 @@ def test_sampling_keeps_and_weighs_what_hugging_faces_warpers_keep(
     their probabilities. Deterministic (fixed logits and seeds)."""
     from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-    from ttsq.engines.qwen_sampling import sample, top_k_of
+    from ttsq.engines.qwen.sampling import sample, top_k_of
 
     vocab, draws = 64, 20_000
     logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(7)) * 3

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from faulty_fast import ADMIT, CODEC, DIE, DIE_ADMITTING, FRAME, SLOW_CODEC, FaultyFastEngine
 
-from ttsq.batching import Batcher
+from ttsq.batching.batcher import Batcher
 from ttsq.config import Settings
 from ttsq.errors import EngineError
-from ttsq.request import SynthesisRequest
+from ttsq.job import SynthesisRequest
 
 TIMEOUT = 120
 

@@ -28,8 +28,8 @@ from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.engines import create_engine
 from ttsq.engines.base import frame_cap
+from ttsq.job import SynthesisRequest
 from ttsq.keys import content_key
-from ttsq.request import SynthesisRequest
 
 
 @pytest.mark.parametrize("kind", ["voice_design", "base"])

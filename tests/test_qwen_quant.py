@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from ttsq.config import Settings
-from ttsq.engines.qwen import QwenEngine
-from ttsq.engines.qwen_fast import QwenFastEngine
-from ttsq.engines.qwen_quant import QuantizedLinear, quantize
+from ttsq.engines.qwen.engine import QwenEngine
+from ttsq.engines.qwen.fast import QwenFastEngine
+from ttsq.engines.qwen.quant import QuantizedLinear, quantize
 from ttsq.errors import ConfigError
+from ttsq.job import SynthesisRequest
 from ttsq.keys import content_key
-from ttsq.request import SynthesisRequest
 
 
 def linear(inputs: int = 96, outputs: int = 40, bias: bool = True) -> torch.nn.Linear:

@@ -31,11 +31,11 @@ from support import (
 )
 
 from ttsq.app import queue_for
-from ttsq.cache import CacheIndex
 from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.engines.base import EngineIdentity, frame_cap
 from ttsq.errors import InvalidRequest
+from ttsq.records.cache import CacheIndex
 
 
 @pytest.mark.parametrize("kind", ["voice_design", "custom_voice", "base"])

@@ -6,7 +6,7 @@ import pytest
 from bad_inputs import BAD_REQUESTS
 
 from ttsq.errors import InvalidRequest, TTSQError
-from ttsq.request import LANGUAGES, SynthesisRequest
+from ttsq.job import LANGUAGES, SynthesisRequest
 
 
 @pytest.mark.parametrize(("data", "field"), BAD_REQUESTS)

@@ -16,7 +16,7 @@ from support import WorkerProcess
 
 from ttsq.client import Client
 from ttsq.config import Settings
-from ttsq.embedded import free_port, redis_server_executable
+from ttsq.ops.redis_server import free_port, redis_server_executable
 
 StartWorker = Callable[..., WorkerProcess]
 PASSWORD = "s3cret-for-tls-test"

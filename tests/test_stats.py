@@ -13,8 +13,8 @@ from support import WorkerProcess, run_cli
 from ttsq.app import make_app
 from ttsq.client import Client
 from ttsq.config import Settings
-from ttsq.fleet import format_table, snapshot
-from ttsq.stats import FleetStats
+from ttsq.ops.fleet import format_table, snapshot
+from ttsq.records.stats import FleetStats
 
 StartWorker = Callable[..., WorkerProcess]
 BURST = 32

@@ -70,7 +70,7 @@ def test_local_storage_leaves_no_partial_files(tmp_path: Path) -> None:
 
 
 def test_unreachable_s3_is_a_storage_error() -> None:
-    from ttsq.embedded import free_port
+    from ttsq.ops.redis_server import free_port
 
     storage = S3Storage(BUCKET, "", endpoint_url=f"http://127.0.0.1:{free_port()}", region="us-east-1")
     with pytest.raises(StorageError):

@@ -16,11 +16,11 @@ import pytest
 import redis
 from support import FAULTY, TESTS, Launcher, queue_length, scrape, value
 
-from ttsq.cache import CacheIndex
 from ttsq.client import Client, Job
 from ttsq.config import Settings
 from ttsq.constants import RESTARTS_KEY
-from ttsq.embedded import free_port
+from ttsq.ops.redis_server import free_port
+from ttsq.records.cache import CacheIndex
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import pytest
 from support import missing_tool
 
 from ttsq.config import Settings
-from ttsq.supervisor import EXIT_CONFIG, Supervisor
+from ttsq.workers.supervisor import EXIT_CONFIG, Supervisor
 
 ROOT = Path(__file__).parent.parent
 UNITS = ROOT / "deploy" / "systemd"

@@ -15,8 +15,8 @@ from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.constants import TASK_NAME
 from ttsq.errors import InvalidRequest
-from ttsq.tasks import worker_app
-from ttsq.worker import WorkerRuntime
+from ttsq.worker.runtime import WorkerRuntime
+from ttsq.worker.tasks import worker_app
 
 StartWorker = Callable[..., WorkerProcess]
 

@@ -10,11 +10,11 @@ import redis
 from support import WorkerProcess, queue_length, s3_keys
 
 from ttsq.app import make_app
-from ttsq.cache import CacheIndex
 from ttsq.client import Client
 from ttsq.config import Settings
-from ttsq.envelope import DeadLetters
 from ttsq.errors import InvalidRequest, StorageError
+from ttsq.records.cache import CacheIndex
+from ttsq.records.deadletters import DeadLetters
 
 StartWorker = Callable[..., WorkerProcess]
 
@@ -98,7 +98,7 @@ def test_frame_cap_truncation_is_flagged_in_the_result(settings: Settings, start
 def test_storage_down_at_the_worker_fails_the_job_and_indexes_nothing(
     settings: Settings, start_worker: StartWorker
 ) -> None:
-    from ttsq.embedded import free_port
+    from ttsq.ops.redis_server import free_port
 
     broken = start_worker(settings.replace(s3_endpoint_url=f"http://127.0.0.1:{free_port()}"), name="broken")
     client = Client(settings)

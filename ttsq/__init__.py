@@ -1,16 +1,78 @@
 """ttsq: distributed text-to-speech on Celery and Redis.
 
-Follow one job through the modules in this order: ``request`` (what a job is) → ``keys`` (its
-content hash) → ``client`` (cache short-circuit, single flight, enqueue) → ``tasks`` (the Celery
-task) → ``worker`` (re-check, batch, encode, store, index) → ``batching`` → ``engines`` →
-``audio`` → ``storage`` → ``cache``.
+The public face::
+
+    from ttsq import Client, SynthesisRequest, JobResult, TTSQError
+
+Follow one job through the code in the order of the data flow: ``job`` (what a job is) → ``keys``
+(its content hash) → ``client`` (cache short-circuit, single flight, ``records.submit.send_job``) →
+``worker.tasks`` (the Celery task) → ``worker.pipeline`` (re-check, batch, store, index) →
+``batching`` → ``engines`` → ``audio`` → ``storage`` → ``records.cache``. docs/development.md draws
+the layers.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from ttsq.constants import VERSION
+from ttsq.errors import (
+    BrokerError,
+    ConfigError,
+    CorruptRecord,
+    DeadlineExceeded,
+    EngineError,
+    EngineOutOfMemory,
+    EngineUnavailable,
+    InvalidRequest,
+    JobError,
+    JobFailed,
+    JobParked,
+    JobTimeout,
+    StorageError,
+    TTSQError,
+    UnknownJob,
+)
+from ttsq.job import JobResult, SynthesisRequest
+
+if TYPE_CHECKING:
+    from ttsq.client import Client
+
+__version__ = VERSION
+
+__all__ = [
+    "BrokerError",
+    "Client",
+    "ConfigError",
+    "CorruptRecord",
+    "DeadlineExceeded",
+    "EngineError",
+    "EngineOutOfMemory",
+    "EngineUnavailable",
+    "InvalidRequest",
+    "JobError",
+    "JobFailed",
+    "JobParked",
+    "JobResult",
+    "JobTimeout",
+    "StorageError",
+    "SynthesisRequest",
+    "TTSQError",
+    "UnknownJob",
+    "__version__",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # ``Client`` pulls in Celery and the records: loaded on first use, so a worker or a tool that
+    # imports only ``ttsq.errors`` or ``ttsq.job`` pays nothing for it (PEP 562).
+    if name == "Client":
+        from ttsq.client import Client
+
+        return Client
+    raise AttributeError(f"module 'ttsq' has no attribute {name!r}")
+
 
 # A library logs where its user configures logging, and nowhere else: without this, a warning from a
 # producer (a storage retry) would reach the command line's stderr through Python's last resort handler.

@@ -1,7 +1,7 @@
 """The Celery app definition: every Celery setting ttsq depends on, and which queue a job goes to.
 
 One explicit app per settings object (no ``shared_task``, no ``current_app``). Producers send through
-it by task name; a worker registers ttsq's tasks on it (``ttsq.tasks``). Nothing here runs a job.
+it by task name; a worker registers ttsq's tasks on it (``ttsq.worker.tasks``). Nothing here runs a job.
 
 Each mode has its own queue (``queue_for``): ``ttsq`` for voice_design, the default, and
 ``ttsq.custom_voice`` / ``ttsq.voice_clone`` for the others, because a worker serves the mode of the
@@ -35,7 +35,7 @@ def queue_for(base: str, mode: str) -> str:
 
 
 def make_app(settings: Settings, *, worker: bool = False) -> Celery:
-    """The Celery app for these settings, with no task registered (``ttsq.tasks`` adds them on a worker)."""
+    """The Celery app for these settings, with no task registered (``ttsq.worker.tasks`` adds them on a worker)."""
     app = Celery("ttsq", set_as_current=False)
     app.conf.update(celery_config(settings, worker=worker))
     return app

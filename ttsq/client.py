@@ -31,11 +31,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from celery import states
 
-from ttsq.accepted import AcceptedJobs
 from ttsq.app import make_app, queue_for
-from ttsq.broker import message_held
-from ttsq.cache import CacheIndex
-from ttsq.connection import connect, patiently
 from ttsq.constants import (
     CLAIM_HEADER,
     DOCUMENT_TASK_NAME,
@@ -48,11 +44,15 @@ from ttsq.constants import (
 from ttsq.document import Document, Options, read_document
 from ttsq.engines.base import EngineIdentity
 from ttsq.errors import BrokerError, CorruptRecord, InvalidRequest, JobFailed, JobTimeout, TTSQError, UnknownJob
+from ttsq.job import MODES, JobResult, Limits, RequestFields, SynthesisRequest
 from ttsq.keys import content_key
-from ttsq.ledger import Ledger, ParkedJob
-from ttsq.request import MODES, JobResult, Limits, RequestFields, SynthesisRequest
+from ttsq.records.accepted import AcceptedJobs
+from ttsq.records.attempts import Ledger, ParkedJob
+from ttsq.records.cache import CacheIndex
+from ttsq.records.connection import connect, patiently
+from ttsq.records.queues import message_held
+from ttsq.records.stats import FleetStats
 from ttsq.results import Results
-from ttsq.stats import FleetStats
 from ttsq.storage import Storage, open_storage
 
 if TYPE_CHECKING:
@@ -224,7 +224,7 @@ class Client:
         if key is not None and task == TASK_NAME:
             headers[CLAIM_HEADER] = key
         # Recorded before it is claimed and sent: a job that owns a claim always has a record until it
-        # finishes, and a message lost on its way to a worker is sent again from it (``ttsq.accepted``).
+        # finishes, and a message lost on its way to a worker is sent again from it (``ttsq.records.accepted``).
         seq = self.accepted.accept(task_id, task=task, queue=queue, kwargs=kwargs, headers=headers)
         sent = claimed = False
         try:

@@ -5,6 +5,9 @@ Everything that lands in Redis is namespaced ``ttsq:``. Changing any of these is
 
 from __future__ import annotations
 
+#: ttsq's own version (``ttsq.__version__``, ``ttsq --version``, the gateway's OpenAPI document).
+VERSION = "0.1.0"
+
 #: The public task. Web backends call ``send_task(TASK_NAME, kwargs=...)`` without importing ttsq.
 TASK_NAME = "ttsq.synthesize"
 
@@ -74,7 +77,7 @@ REDIS_SOCKET_TIMEOUT_S = 30
 REDIS_HEALTH_CHECK_INTERVAL_S = 30
 
 # The accepted-job ledger (the cache database): every job a producer accepted, until it finishes, so a
-# message lost between the broker and a worker is sent again (``ttsq.accepted``).
+# message lost between the broker and a worker is sent again (``ttsq.records.accepted``).
 ACCEPTED_PREFIX = "ttsq:accepted:"  # + task id -> hash: task, queue, kwargs, headers, seq, accepted_at, seen_at
 UNSEEN_PREFIX = "ttsq:unseen:"  # + queue -> zset: task id by seq, accepted and not yet received by a worker
 RECEIVED_KEY = "ttsq:received"  # zset: task id by the time a worker received it, until it finishes
@@ -84,13 +87,13 @@ SWEEPER_LOCK_PREFIX = "ttsq:sweeper:"  # + base queue -> the worker running the 
 #: How long an accepted job's record lives at most (seconds): a backstop; records go when jobs finish.
 ACCEPTED_TTL_S = 7 * 24 * 3600
 
-#: Message header with the job's place in its queue's acceptance order (``ttsq.accepted``).
+#: Message header with the job's place in its queue's acceptance order (``ttsq.records.accepted``).
 SEQ_HEADER = "ttsq_seq"
 
-#: Dead letters (the broker database): messages a worker refused to run, raw (``ttsq.envelope``).
+#: Dead letters (the broker database): messages a worker refused to run, raw (``ttsq.worker.envelope``).
 DEAD_LETTERS_KEY = "ttsq:dead"
 
-# The HTTP gateway's API keys and limits (the cache database; ``ttsq.apikeys``).
+# The HTTP gateway's API keys and limits (the cache database; ``ttsq.gateway.apikeys``).
 APIKEY_PREFIX = "ttsq:apikey:"  # + SHA-256 of the token -> hash: id, name, created_at, revoked_at, limits
 APIKEY_IDS_KEY = "ttsq:apikeys"  # hash: key id -> SHA-256 of its token
 RATE_PREFIX = "ttsq:rate:"  # + key id + ":" + Unix minute -> requests in that minute; TTL 120 s

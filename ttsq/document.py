@@ -15,7 +15,7 @@ ordinary job. This module is shared by producers and workers, so both compute th
    from the document (so a re-submit gets the same seed, and so the same chunk keys).
 
 The worker side (fan-out into a chord of chunk jobs, progress, the stitch) is
-``ttsq.orchestrator``.
+``ttsq.worker.documents``.
 
 **What the seed does and does not guarantee (VoiceDesign).** Each chunk is sampled with the same
 voice description and the same seed, so a re-submitted document has the same chunk keys and is
@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any, TypedDict, cast
 from ttsq.constants import DOCUMENT_PREFIX, DOCUMENT_SCHEMA_VERSION
 from ttsq.engines.base import FRAMES_PER_SECOND
 from ttsq.errors import InvalidRequest
+from ttsq.job import JobResult, Limits, SynthesisRequest, check_characters, speakable
 from ttsq.keys import canonical_json
-from ttsq.request import JobResult, Limits, SynthesisRequest, check_characters, speakable
 from ttsq.splitter import SPLITTER_VERSION, Chunk, normalize, split
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from ttsq.constants import KEY_SCHEMA_VERSION, POSTPROCESS_VERSION
 
 if TYPE_CHECKING:
     from ttsq.engines.base import EngineIdentity
-    from ttsq.request import SynthesisRequest
+    from ttsq.job import SynthesisRequest
 
 
 #: File extension per output format.

@@ -17,13 +17,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from ttsq.errors import CorruptRecord
+from ttsq.job import JobResult, no_timings
 from ttsq.keys import is_object_key
-from ttsq.request import JobResult, no_timings
 
 if TYPE_CHECKING:
     from ttsq.config import Settings
     from ttsq.document import DocumentResult
-    from ttsq.request import StoredAudio, Timings
+    from ttsq.job import StoredAudio, Timings
     from ttsq.storage import Storage
 
 logger = logging.getLogger(__name__)

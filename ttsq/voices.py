@@ -25,7 +25,7 @@ import soundfile
 
 from ttsq.audio import decode
 from ttsq.errors import InvalidRequest
-from ttsq.request import REFERENCE_PATTERN
+from ttsq.job import REFERENCE_PATTERN
 
 if TYPE_CHECKING:
     from ttsq.storage import Storage

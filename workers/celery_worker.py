@@ -13,11 +13,11 @@ import socket
 import sys
 from typing import TYPE_CHECKING
 
-from ttsq.consumer import GatedConsumer
 from ttsq.engines.base import has_cpu_tensors
 from ttsq.errors import ConfigError
-from ttsq.tasks import worker_app
-from ttsq.worker import WorkerRuntime
+from ttsq.worker.gate import GatedConsumer
+from ttsq.worker.runtime import WorkerRuntime
+from ttsq.worker.tasks import worker_app
 
 if TYPE_CHECKING:
     from ttsq.config import Settings

@@ -63,7 +63,7 @@ def main() -> None:
 def run(args: Any) -> int:
     """Start Redis and the worker, bench, stop both; return the exit status (0: every job done)."""
     from ttsq.config import Settings
-    from ttsq.embedded import RedisServer
+    from ttsq.ops.redis_server import RedisServer
 
     deadline = time.monotonic() + args.budget_s
     work = Path(args.work)

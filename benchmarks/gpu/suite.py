@@ -23,7 +23,7 @@ step past its limit is killed with everything it started and recorded as ``timeo
    pyproject.toml's ``package-dir``); that folder goes first on every step's PYTHONPATH, so
    transformers 4.57.3 shadows the image's 5.x. Then an import check that records the versions in use
    and the GPU. (Dry run: the check alone, on this environment.)
-2. ``build``: the random-weight checkpoint, ``ttsq.engines.qwen_checkpoint`` ``voice_design``
+2. ``build``: the random-weight checkpoint, ``ttsq.testing.qwen_checkpoint`` ``voice_design``
    ``full`` (the published 1.7B architecture; ``tiny`` in a dry run).
 3. ``qwen_fast``: ``benchmarks/qwen_fast.py`` on that checkpoint, bf16 on CUDA (the engines' ``auto``),
    CUDA graphs on (qwen-fast captures them by itself on CUDA): stock qwen-tts against qwen-fast at
@@ -233,8 +233,8 @@ for name in ("torch", "torchaudio", "transformers", "qwen-tts", "accelerate", "h
         found[name] = md.version(name)
     except md.PackageNotFoundError:
         found[name] = None
-import torch, qwen_tts, ttsq.cli.main, ttsq.engines.qwen_fast
-from ttsq.embedded import redis_server_executable
+import torch, qwen_tts, ttsq.cli.main, ttsq.engines.qwen.fast
+from ttsq.ops.redis_server import redis_server_executable
 found["cuda"] = torch.cuda.is_available()
 found["device"] = torch.cuda.get_device_name(0) if found["cuda"] else "cpu"
 found["redis_server"] = redis_server_executable()
@@ -278,7 +278,7 @@ def step_install(suite: Suite, limit_s: float) -> dict[str, Any]:
 
 def step_build(suite: Suite, limit_s: float) -> dict[str, Any]:
     folder = suite.work / f"voice_design-{suite.sizes.checkpoint}"
-    command = suite.python("-m", "ttsq.engines.qwen_checkpoint", str(folder), "--kind", "voice_design")
+    command = suite.python("-m", "ttsq.testing.qwen_checkpoint", str(folder), "--kind", "voice_design")
     ran = suite.run("build", [*command, "--size", suite.sizes.checkpoint], limit_s)
     if not ran.ok:
         raise failure("the build", ran)

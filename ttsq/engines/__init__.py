@@ -15,8 +15,8 @@ if TYPE_CHECKING:
 #: name -> "module:factory". A new engine is one line here and one module beside this file.
 REGISTRY: dict[str, str] = {
     "espeak": "ttsq.engines.espeak:EspeakEngine",
-    "qwen": "ttsq.engines.qwen:QwenEngine",
-    "qwen-fast": "ttsq.engines.qwen_fast:QwenFastEngine",
+    "qwen": "ttsq.engines.qwen.engine:QwenEngine",
+    "qwen-fast": "ttsq.engines.qwen.fast:QwenFastEngine",
 }
 
 

@@ -25,7 +25,7 @@ from ttsq.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from ttsq.config import Settings
-    from ttsq.request import SynthesisRequest
+    from ttsq.job import SynthesisRequest
 
 
 #: Qwen3-TTS's codec runs at 12.5 frames per second of audio; ``max_new_tokens`` counts these frames.

@@ -20,7 +20,7 @@ from ttsq.errors import EngineError, EngineUnavailable, InvalidRequest
 
 if TYPE_CHECKING:
     from ttsq.config import Settings
-    from ttsq.request import SynthesisRequest
+    from ttsq.job import SynthesisRequest
 
 logger = logging.getLogger(__name__)
 

@@ -33,10 +33,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ttsq.errors import InvalidRequest
+from ttsq.job import Limits, SynthesisRequest
 from ttsq.keys import content_key
 from ttsq.ops.corpus import CORPUS, Plan, Sentence, bust_marker, check_corpus, load_corpus, make_requests
 from ttsq.ops.report import QUEUE_OVERHEAD_LABEL, STAGES, Outcome, format_report, report
-from ttsq.request import Limits, SynthesisRequest
 
 if TYPE_CHECKING:
     from ttsq.client import Client
@@ -217,7 +217,7 @@ def measure(
     check_corpus(corpus, plan, Limits.from_settings(settings))
     with ExitStack() as stack:
         if embedded:
-            from ttsq.embedded import Embedded
+            from ttsq.ops.embedded import Embedded
 
             if temporary_storage:
                 folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="ttsq-bench-"))

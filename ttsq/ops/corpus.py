@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ttsq.errors import InvalidRequest
-from ttsq.request import Limits, SynthesisRequest
+from ttsq.job import Limits, SynthesisRequest
 
 BenchMode = Literal["synthesize", "cache-hit"]
 

@@ -1,0 +1,283 @@
+"""Batches for an engine that takes a list and returns it whole (espeak, stock qwen).
+
+Jobs wait in groups that can share a forward pass (``SynthesisRequest.group``: same mode, seed,
+sampling). A group runs as soon as it holds ``max_batch`` jobs; mixed traffic therefore fills each
+group's batch instead of splitting one collection into small passes. Each batch is ordered by text
+length to limit padding.
+
+A group that is not full waits for more only while more are coming, because an engine like this one
+holds the device for a whole batch's time however few rows it has (stock qwen's first batch of a
+burst used to leave with 2 to 6 of 16 jobs). It runs at the first of:
+
+- its oldest job has waited ``max_wait_s`` (``TTSQ_MAX_WAIT_MS``), the bound;
+- a job's deadline would be missed by waiting any longer (less the recent engine call time);
+- nothing more is known to be coming (no task thread is checking a job it took, ``Intake.incoming``,
+  and the broker holds none for this worker, ``backlog``) and none has arrived for a pause: three
+  mean gaps of the recent arrival stream, at least a quarter of ``max_wait_s`` and ``MIN_PAUSE_S``
+  (what a lone job waits); or, still with nothing known to be coming, the group has waited
+  ``FILL_SHARE`` of a recent engine call, past which a fuller pass is not worth the wait.
+
+Waiting starts when the device is free: time queued behind a running batch does not count against
+the pause or the share (it does count against the bound).
+
+A failed item fails only its own future. If the engine call itself raises, the batch is retried one
+item at a time so that one poison item cannot fail its neighbours. If it raises ``EngineOutOfMemory``,
+the batch is split in halves and each half retried, and the half's size is remembered for that length
+bucket (longest text, rounded up to a power of two): later batches of similar texts are cut to that
+size up front instead of failing on the device again. Each item reports the size and time of the
+engine call it actually rode in.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+from ttsq.batching.jobs import BatchItem, Intake, Waiting, audio_seconds, bookkeep, late, recent_mean
+from ttsq.errors import DeadlineExceeded, EngineError, EngineOutOfMemory, TTSQError
+from ttsq.observer import BatchReport, Observer
+
+if TYPE_CHECKING:
+    from ttsq.engines.base import Engine, EngineOutput
+    from ttsq.job import SynthesisRequest
+
+logger = logging.getLogger(__name__)
+
+#: An output or exception, the size of the engine call it came from, that call's seconds, and this
+#: output's share of them (apportioned by generated audio length).
+_Ran = tuple["EngineOutput | Exception", int, float, float]
+
+#: How long a lone job waits for company when no arrival stream is known (the old fixed window).
+MIN_PAUSE_S = 0.02
+#: A pause of this many mean arrival gaps means the stream has stopped...
+PAUSE_GAPS = 3.0
+#: ... and never a pause shorter than this share of the bound: a thread scheduled late on a busy
+#: machine is not the end of a burst.
+PAUSE_SHARE = 0.25
+#: A group waits at most this share of a recent engine call's time: past it, a bigger batch later
+#: costs its waiting jobs more than the fuller pass saves.
+FILL_SHARE = 0.5
+#: While jobs are on their way, the batcher looks again this often (their arrival wakes it sooner).
+_POLL_S = 0.005
+#: How often a waiting batch asks the broker how many jobs are queued.
+_BACKLOG_EVERY_S = 0.05
+
+
+class BatchScheduler:
+    """Forms batches from the intake's groups and runs them on the engine (batcher thread only)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        intake: Intake,
+        observer: Observer,
+        *,
+        max_batch: int,
+        max_wait_s: float,
+        backlog: Callable[[], int] | None = None,
+    ) -> None:
+        self._backlog = backlog
+        self._backlog_read: tuple[float, int] = (-1.0, 0)  # (when, what) the broker last said
+        self.engine = engine
+        self.intake = intake
+        self.observer = observer
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_s
+        #: Mean seconds of the recent engine calls (None before the first), and when the last ended.
+        self.recent_call_s: float | None = None
+        self.idle_since = 0.0
+        self.busy_since: float | None = None
+        #: Length bucket -> largest batch known to fit on the device, learnt from out-of-memory errors.
+        self.largest_fit: dict[int, int] = {}
+        self.oom_splits = 0
+
+    def abandon(self, future: Future[BatchItem]) -> None:
+        """A job already in a batch finishes with its batch: nothing to free."""
+
+    def run(self) -> None:
+        while (batch := self._next_batch()) is not None:
+            if not batch:
+                continue
+            bookkeep([w.on_enter for w in batch])
+            group = sorted(((w.request, w.future) for w in batch), key=lambda pair: len(pair[0].text))
+            try:
+                self._run_group(group)
+            except BaseException as exc:  # never let the thread die with futures unresolved
+                logger.exception("batcher failed outside the engine")
+                for _, future in group:
+                    if not future.done():
+                        future.set_exception(EngineError(f"batcher failure: {exc!r}"))
+            finally:
+                bookkeep([w.on_exit for w in batch])
+
+    def _next_batch(self) -> list[Waiting] | None:
+        """Wait for the next batch to be due: a group that is full, or one that should not wait any
+        longer (module docstring). Returns None once stopped and drained."""
+        intake, pending = self.intake, self.intake.pending
+        while True:
+            # Everything that arrived while the last batch ran joins its group before any choice.
+            intake.drain(block_until=None)
+            full = next((key for key, group in pending.items() if len(group) >= self.max_batch), None)
+            if full is not None:
+                return self._take(full)
+            if intake.stop_seen:  # run what is pending, then end
+                return self._take(next(iter(pending))) if pending else None
+            now = time.monotonic()
+            coming = bool(pending) and self.coming(now)
+            due_at = {key: self._due_at(group, now, coming) for key, group in pending.items()}
+            due = min(due_at, key=due_at.__getitem__, default=None)
+            if due is not None and due_at[due] <= now:
+                return self._take(due)
+            wake = float("inf") if due is None else due_at[due]
+            if coming:
+                wake = min(wake, now + _POLL_S)  # a job on its way may also leave without arriving
+            intake.drain(block_until=wake)
+
+    def _due_at(self, group: list[Waiting], now: float, coming: bool) -> float:
+        """When a group that is not full stops waiting for company (monotonic seconds); ``coming``:
+        whether jobs are known to be on their way."""
+        oldest = group[0]
+        due = oldest.deadline  # submitted + max_wait_s: the bound
+        recent = self.recent_call_s
+        deadlines = [w.request.deadline for w in group if w.request.deadline is not None]
+        if deadlines:  # leave the job whose deadline comes first the time an engine call takes
+            due = min(due, now + (min(deadlines) - time.time()) - (recent or 0.0))
+        if coming:  # wait for them, up to the bound
+            return due
+        # Nothing known to be coming: wait out a pause in the arrival stream, and never more than the
+        # fuller pass is worth. Waiting for company starts when the device is free: time queued behind
+        # a running batch was not spent waiting for this one to fill.
+        since = max(oldest.arrived, self.idle_since)
+        if recent is not None:
+            due = min(due, since + FILL_SHARE * recent)
+        arrivals = self.intake.arrivals
+        gap = arrivals.mean_gap
+        floor = max(MIN_PAUSE_S, PAUSE_SHARE * self.max_wait_s)
+        pause = min(self.max_wait_s, floor if gap is None else max(floor, PAUSE_GAPS * gap))
+        return min(due, max(since, arrivals.last or 0.0) + pause)
+
+    def coming(self, now: float) -> bool:
+        """Whether jobs are known to be on their way: a task thread is checking one, or the broker
+        holds some for this worker (asked at most every ``_BACKLOG_EVERY_S``)."""
+        if self.intake.incoming.count:
+            return True
+        if self._backlog is None:
+            return False
+        when, queued = self._backlog_read
+        if now - when >= _BACKLOG_EVERY_S:
+            queued = self._backlog()
+            self._backlog_read = (now, queued)
+        return queued > 0
+
+    def _take(self, key: tuple[Any, ...]) -> list[Waiting]:
+        pending = self.intake.pending
+        group = pending.pop(key)
+        if len(group) > self.max_batch:
+            pending[key] = group[self.max_batch :]
+        # A future cancelled while waiting, or a job past its deadline, is dropped here, before any
+        # work is done for it.
+        now = time.time()
+        batch = []
+        for waiting in group[: self.max_batch]:
+            if not waiting.future.set_running_or_notify_cancel():
+                continue
+            if waiting.request.expired(now):
+                waiting.future.set_exception(DeadlineExceeded(late(waiting.request, now)))
+                continue
+            batch.append(waiting)
+        return batch
+
+    def _run_group(self, group: list[tuple[SynthesisRequest, Future[BatchItem]]]) -> None:
+        batch_id = next(self.intake.batch_ids)
+        requests = [request for request, _ in group]
+        started = time.perf_counter()
+        results = self._synthesize(requests)
+        elapsed = time.perf_counter() - started
+        failed = 0
+        for (_, future), (output, size, seconds, share) in zip(group, results, strict=True):
+            if isinstance(output, Exception):
+                failed += 1
+                future.set_exception(output if isinstance(output, TTSQError) else EngineError(repr(output)))
+            else:
+                future.set_result(BatchItem(output, batch_id, size, seconds, share))
+        logger.info(
+            "batch %d: %d items (%d failed) in %.3fs, %s",
+            batch_id,
+            len(group),
+            failed,
+            elapsed,
+            requests[0].describe().split(" chars=")[0],
+        )
+
+    def _call_engine(self, requests: Sequence[SynthesisRequest]) -> list[EngineOutput | Exception]:
+        """One engine call, timed for the watchdog (``busy_since``)."""
+        self.busy_since = started = time.monotonic()
+        try:
+            outputs = self.engine.synthesize_batch(requests)
+        finally:
+            self.busy_since = None
+            self.idle_since = time.monotonic()
+            self.recent_call_s = recent_mean(self.recent_call_s, self.idle_since - started)
+        if len(outputs) != len(requests):
+            raise EngineError(f"engine returned {len(outputs)} outputs for {len(requests)} requests")
+        return outputs
+
+    def _synthesize(self, requests: Sequence[SynthesisRequest]) -> list[_Ran]:
+        """Each request's output (or exception) with the size and duration of the engine call it rode in."""
+        bucket = length_bucket(requests)
+        fit = self.largest_fit.get(bucket)
+        if fit is not None and len(requests) > fit:
+            return [
+                ran for start in range(0, len(requests), fit) for ran in self._synthesize(requests[start : start + fit])
+            ]
+        started = time.perf_counter()
+        try:
+            outputs = self._call_engine(requests)
+        except EngineOutOfMemory as exc:
+            if len(requests) == 1:
+                return [(exc, 1, time.perf_counter() - started, 0.0)]
+        except Exception as exc:
+            if len(requests) == 1:
+                return [(exc, 1, time.perf_counter() - started, 0.0)]
+            logger.warning("batch of %d failed (%s); retrying its items one by one", len(requests), type(exc).__name__)
+            return [self._synthesize([request])[0] for request in requests]
+        else:
+            return self._account(outputs, time.perf_counter() - started)
+        # Only a batch that ran out of device memory gets here. It is split outside the handler, so the
+        # failed attempt (and whatever it still held) is released before the halves run.
+        half = (len(requests) + 1) // 2
+        # The size to try next for this length bucket; it only shrinks while this worker lives (a restart
+        # starts over), since one more failure on the device costs more than a smaller batch.
+        self.largest_fit[bucket] = min(half, self.largest_fit.get(bucket, half))
+        self.oom_splits += 1
+        self.observer.batch_split()
+        logger.warning(
+            "batch of %d ran out of device memory; splitting, and capping batches of texts up to %d characters at %d",
+            len(requests),
+            2**bucket,
+            self.largest_fit[bucket],
+        )
+        return [*self._synthesize(requests[:half]), *self._synthesize(requests[half:])]
+
+    def _account(self, outputs: list[EngineOutput | Exception], seconds: float) -> list[_Ran]:
+        """Report one engine call and give each output its share of the call's time."""
+        lengths = [audio_seconds(output) for output in outputs]
+        audio_s = sum(lengths)
+        truncated = sum(1 for output in outputs if not isinstance(output, Exception) and output.truncated)
+        self.observer.batch_finished(
+            BatchReport(size=len(outputs), seconds=seconds, audio_s=audio_s, truncated=truncated)
+        )
+        # Padding makes every row of a pass cost about as much as the longest, but a longer item holds
+        # the device for more decode steps: generated length is the fairest split there is.
+        return [
+            (output, len(outputs), seconds, seconds * length / audio_s if audio_s > 0 else seconds / len(outputs))
+            for output, length in zip(outputs, lengths, strict=True)
+        ]
+
+
+def length_bucket(requests: Sequence[SynthesisRequest]) -> int:
+    """Batches whose longest texts round up to the same power of two need about the same memory."""
+    return max(len(request.text) for request in requests).bit_length()

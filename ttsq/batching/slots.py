@@ -1,0 +1,171 @@
+"""Continuous batching for a ``ContinuousEngine`` (qwen-fast): jobs join free slots between frames.
+
+Every job joins as soon as a slot is free (at the next frame), in arrival order, and leaves when it
+is done; no job waits for a batch to fill or to finish. Groups do not matter here: rows of any
+voice and sampling decode side by side.
+
+An isolated job runs alone: it waits for the slots to empty, and nothing joins beside it until its
+``done`` has fired (its codec decode included). A job that failed with ``SharedFailure`` (a frame
+failed for every row in it) runs again, once, isolated: only the culprit fails. A job its caller
+gave up on leaves the engine at the next frame, freeing its slot.
+
+Device time: each ``step`` is timed and split evenly between the jobs in the engine (admitted, not
+yet answered), each ``admit`` is charged to its own job, so the jobs' shares add up to the engine's
+busy time. Each finished job is reported to the observer as a batch of the rows decoding when it
+joined, with its share of the device as the batch's seconds.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from ttsq.batching.jobs import BatchItem, Intake, Waiting, audio_seconds, bookkeep, claim, late
+from ttsq.errors import DeadlineExceeded, EngineError, SharedFailure, TTSQError
+from ttsq.observer import BatchReport, Observer
+
+if TYPE_CHECKING:
+    from ttsq.engines.base import ContinuousEngine, EngineOutput
+
+logger = logging.getLogger(__name__)
+
+
+class SlotScheduler:
+    """Feeds a ``ContinuousEngine`` from the intake (batcher thread; ``done`` may fire on the engine's
+    codec thread, and ``abandon`` on any thread)."""
+
+    def __init__(self, engine: ContinuousEngine, intake: Intake, observer: Observer) -> None:
+        self.engine = engine
+        self.intake = intake
+        self.observer = observer
+        self.busy_since: float | None = None
+        # Device seconds charged so far to each job in the engine (by batch id), and jobs to run again
+        # alone; guarded by one lock since ``done`` may run on the codec thread.
+        self._charges: dict[int, list[float]] = {}
+        self._retries: collections.deque[Waiting] = collections.deque()
+        self._lock = threading.Lock()
+        self._abandoned: collections.deque[Future[BatchItem]] = collections.deque()
+        self._decoding: dict[Future[BatchItem], Callable[[Any], object]] = {}  # job -> its done, in the engine
+
+    def abandon(self, future: Future[BatchItem]) -> None:
+        self._abandoned.append(future)
+
+    def run(self) -> None:
+        engine, intake = self.engine, self.intake
+        waiting: list[Waiting] = []
+        alone: Future[BatchItem] | None = None  # the isolated job decoding, until it is answered
+        try:
+            while True:
+                waiting.extend(self._take_retries())
+                idle = not engine.active and not waiting
+                if idle and intake.stop_seen and not intake.pending:
+                    return
+                intake.drain(block_until=float("inf") if idle and not intake.stop_seen else None)
+                if intake.pending or waiting:  # arrival order across groups: groups only matter to batch engines
+                    waiting.extend(w for group in intake.pending.values() for w in group)
+                    intake.pending.clear()
+                    waiting.sort(key=lambda w: w.deadline)
+                if alone is not None and alone.done():
+                    alone = None
+                while waiting and alone is None and engine.free_slots() > 0:
+                    isolated = waiting[0].isolated
+                    if isolated and (engine.active or self._charges):
+                        break  # it starts once the slots have emptied and their jobs are answered
+                    job = waiting.pop(0)
+                    self._admit(job)
+                    if isolated and not job.future.done():
+                        alone = job.future
+                self._drop_abandoned()
+                if engine.active:
+                    self._step()
+                elif waiting:  # jobs wait for a codec decode to answer the isolated job or its elders
+                    intake.drain(block_until=time.monotonic() + 0.01)
+        finally:  # whatever ends the loop, no job it holds is lost: the batcher answers these
+            for job in [*waiting, *self._take_retries()]:
+                intake.pending.setdefault(job.group, []).append(job)
+
+    def _drop_abandoned(self) -> None:
+        while self._abandoned:
+            done = self._decoding.get(self._abandoned.popleft())
+            if done is not None and self.engine.cancel(done):
+                logger.info("a job its caller gave up on left the engine")
+
+    def _step(self) -> None:
+        """One frame, its time split between the jobs in the engine."""
+        with self._lock:
+            charges = list(self._charges.values())
+        self.busy_since = time.monotonic()
+        started = time.perf_counter()
+        try:
+            self.engine.step()
+        except Exception:  # the engine fails its own rows; the loop goes on
+            logger.exception("continuous engine step failed")
+        finally:
+            self.busy_since = None
+            share = (time.perf_counter() - started) / max(1, len(charges))
+            for charge in charges:
+                charge[0] += share
+
+    def _take_retries(self) -> list[Waiting]:
+        retries = []
+        while self._retries:
+            retries.append(self._retries.popleft())
+        return retries
+
+    def _admit(self, waiting: Waiting) -> None:
+        """Start one job in the engine, or drop it if it was cancelled or its deadline has passed."""
+        if not claim(waiting.future):
+            return
+        now = time.time()
+        if waiting.request.expired(now):
+            waiting.future.set_exception(DeadlineExceeded(late(waiting.request, now)))
+            return
+        bookkeep([waiting.on_enter])
+        batch_id = next(self.intake.batch_ids)
+        started = time.perf_counter()
+        rows = self.engine.active + 1
+        charge = [0.0]  # device seconds charged to this job (its admit, its share of every step)
+        with self._lock:
+            self._charges[batch_id] = charge
+
+        def done(output: EngineOutput | Exception) -> None:
+            with self._lock:
+                self._charges.pop(batch_id, None)
+                self._decoding.pop(waiting.future, None)
+            seconds = time.perf_counter() - started
+            if isinstance(output, SharedFailure) and not waiting.isolated:
+                # Perhaps a neighbour's fault: run it again, alone (the loop picks it up; thread-safe).
+                bookkeep([waiting.on_exit])
+                self._retries.append(replace(waiting, group=self.intake.isolated_group()))
+                return
+            if isinstance(output, Exception):
+                waiting.future.set_exception(output if isinstance(output, TTSQError) else EngineError(repr(output)))
+            else:
+                self.observer.batch_finished(
+                    BatchReport(
+                        size=rows, seconds=charge[0], audio_s=audio_seconds(output), truncated=int(output.truncated)
+                    )
+                )
+                waiting.future.set_result(BatchItem(output, batch_id, rows, seconds, charge[0]))
+            bookkeep([waiting.on_exit])
+
+        with self._lock:
+            self._decoding[waiting.future] = done
+        self.busy_since = time.monotonic()
+        try:
+            self.engine.admit(waiting.request, done)
+        except BaseException as exc:  # admit reports failures through done; this is a bug, failing one job
+            logger.exception("continuous engine admit failed")
+            if not waiting.future.done():  # even if the loop ends with it: this job is no longer waiting
+                done(EngineError(f"cannot start this job: {exc!r}"))
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self.busy_since = None
+            charge[0] += time.perf_counter() - started

@@ -1,0 +1,191 @@
+"""OpenAI's speech API (``POST /v1/audio/speech``) in ttsq's terms: which job a request is, and how its
+audio goes back.
+
+The request: ``model``, ``input``, ``voice``, ``instructions``, ``response_format``, ``speed``,
+``stream_format``, plus ttsq's own request fields (``language``, ``seed``, ``mode``, sampling) as extra
+body fields. Existing OpenAI client code runs unchanged:
+
+- OpenAI's model names (``tts-1``, ``tts-1-hd``, ``gpt-4o-mini-tts``...) mean the fleet's default mode
+  (voice_design when served); a mode's name picks that mode;
+- ``voice`` names a CustomVoice speaker (mode custom_voice), or a stored reference ``voices/<sha256>.wav``
+  (mode voice_clone; also as OpenAI's ``{"id": ...}``); one of OpenAI's own voice names where the mode has
+  no such speaker is ignored and reported (``ignored``), not refused; VoiceDesign takes the voice from
+  ``instructions``;
+- ``response_format``: ``mp3`` (OpenAI's default), ``opus`` (Ogg Opus), ``flac``, ``wav``, and ``pcm``
+  (raw 16-bit little-endian mono at 24 kHz, converted from the stored WAV); ``aac`` is refused: no
+  encoder ttsq ships writes it;
+- ``speed``: only 1.0 (ttsq does not time-stretch), anything else is refused naming ``speed``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ttsq.audio import decode, resample
+from ttsq.errors import InvalidRequest
+from ttsq.job import MODES, REFERENCE_PATTERN
+
+if TYPE_CHECKING:
+    from ttsq.engines.base import EngineIdentity
+
+#: OpenAI's model names: the fleet's default mode.
+OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15")
+#: OpenAI's built-in voices: ignored (and reported) where the mode has no speaker of that name.
+OPENAI_VOICES = (
+    "alloy",
+    "ash",
+    "ballad",
+    "coral",
+    "echo",
+    "fable",
+    "onyx",
+    "nova",
+    "sage",
+    "shimmer",
+    "verse",
+    "marin",
+    "cedar",
+)
+#: response_format -> (the format ttsq stores, the content type sent back).
+FORMATS: dict[str, tuple[str, str]] = {
+    "mp3": ("mp3", "audio/mpeg"),
+    "opus": ("ogg", "audio/ogg"),
+    "flac": ("flac", "audio/flac"),
+    "wav": ("wav", "audio/wav"),
+    "pcm": ("wav", "audio/pcm"),
+}
+#: OpenAI's pcm: 16-bit signed little-endian mono at this rate.
+PCM_RATE = 24_000
+_OPENAI_FIELDS = {"model", "input", "voice", "instructions", "response_format", "speed", "stream_format"}
+_DATED_MODEL = re.compile(r"gpt-4o(-mini)?-tts(-\d{4}-\d{2}-\d{2})?")
+
+
+@dataclass(frozen=True)
+class Speech:
+    """One speech request, as a ttsq job and a way to answer it."""
+
+    text: str
+    #: ttsq request fields (mode, language, instruct, speaker, reference, format, sampling).
+    fields: dict[str, Any]
+    response_format: str
+    content_type: str
+    stream_format: str
+    #: Request fields the gateway could not honour (an OpenAI voice name), reported with the result's own.
+    ignored: tuple[str, ...]
+
+
+def parse(body: Any, fleet: Mapping[str, EngineIdentity]) -> Speech:
+    """An OpenAI speech request body as a ttsq job; ``InvalidRequest`` naming the field otherwise."""
+    if not isinstance(body, Mapping):
+        raise InvalidRequest("body", "expected a JSON object")
+    text = body.get("input")
+    if not isinstance(text, str):
+        raise InvalidRequest("input", "is required: the text to speak")
+    mode = _mode(body.get("model"), body.get("mode"), fleet)
+    if "format" in body:
+        raise InvalidRequest("format", "is response_format in OpenAI's speech API")
+    extra = {name: value for name, value in body.items() if name not in _OPENAI_FIELDS}
+    fields: dict[str, Any] = {**extra, "mode": mode}
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise InvalidRequest("instructions", f"expected a string, got {type(instructions).__name__}")
+        fields["instruct"] = instructions
+    ignored: list[str] = []
+    mode = _voice(body.get("voice"), mode, fields, fleet, ignored)
+    fields["mode"] = mode
+    response_format = body.get("response_format", "mp3")
+    if response_format == "aac":
+        raise InvalidRequest("response_format", "aac is not produced by ttsq; use mp3, opus, flac, wav or pcm")
+    if not isinstance(response_format, str) or response_format not in FORMATS:
+        raise InvalidRequest("response_format", f"expected one of {', '.join(FORMATS)}")
+    fields["format"], content_type = FORMATS[response_format]
+    speed = body.get("speed", 1.0)
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not math.isfinite(speed):
+        raise InvalidRequest("speed", "expected a number")
+    if speed != 1.0:
+        raise InvalidRequest("speed", f"{speed} cannot be applied: ttsq speaks at the model's own pace (1.0)")
+    stream_format = body.get("stream_format", "audio")
+    if stream_format not in ("audio", "sse"):
+        raise InvalidRequest("stream_format", "expected audio or sse")
+    return Speech(
+        text=text,
+        fields=fields,
+        response_format=response_format,
+        content_type=content_type,
+        stream_format=stream_format,
+        ignored=tuple(ignored),
+    )
+
+
+def _mode(model: Any, mode: Any, fleet: Mapping[str, EngineIdentity]) -> str:
+    if mode is not None:
+        if not isinstance(mode, str) or mode not in MODES:
+            raise InvalidRequest("mode", f"expected one of {', '.join(MODES)}")
+        return mode
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model", "is required")
+    if model in MODES:
+        return model
+    served = {identity.model for identity in fleet.values()}
+    if model in OPENAI_MODELS or _DATED_MODEL.fullmatch(model) or model == "ttsq" or model in served:
+        return default_mode(fleet)
+    raise InvalidRequest(
+        "model",
+        f"unknown model {model[:40]!r}; expected {', '.join(OPENAI_MODELS)}, a mode "
+        f"({', '.join(MODES)}) or a model the fleet serves",
+    )
+
+
+def default_mode(fleet: Mapping[str, EngineIdentity]) -> str:
+    """The mode an OpenAI model name means: voice_design where it is served (or nothing is announced yet),
+    else the one mode the fleet serves first."""
+    if not fleet or "voice_design" in fleet:
+        return "voice_design"
+    return sorted(fleet)[0]
+
+
+def _voice(
+    voice: Any, mode: str, fields: dict[str, Any], fleet: Mapping[str, EngineIdentity], ignored: list[str]
+) -> str:
+    """Place ``voice`` in the request; return the mode it implies."""
+    if isinstance(voice, Mapping):  # OpenAI's custom voice object: {"id": ...}
+        voice = voice.get("id")
+    if voice is None or voice == "":
+        return mode
+    if not isinstance(voice, str):
+        raise InvalidRequest("voice", f"expected a string, got {type(voice).__name__}")
+    if REFERENCE_PATTERN.fullmatch(voice):
+        fields["reference"] = voice
+        return "voice_clone"
+    speakers = {speaker for identity in fleet.values() for speaker in identity.speakers}
+    if voice.lower() in speakers:
+        fields["speaker"] = voice
+        return "custom_voice"
+    if voice.lower() in OPENAI_VOICES:
+        ignored.append("voice")
+        custom = fleet.get("custom_voice")
+        if mode == "custom_voice" and custom is not None and custom.speakers:
+            fields["speaker"] = custom.speakers[0]  # the model's first speaker stands in
+        return mode
+    if mode == "custom_voice":
+        fields["speaker"] = voice  # checked against the model's speakers at submit
+        return mode
+    raise InvalidRequest(
+        "voice",
+        f"unknown voice {voice[:40]!r}: a speaker of the fleet's CustomVoice model, a "
+        "reference from `ttsq voices add`, or one of OpenAI's voice names",
+    )
+
+
+def pcm(wav: bytes) -> bytes:
+    """A stored WAV as OpenAI's ``pcm``: 16-bit signed little-endian mono samples at 24 kHz."""
+    samples, rate = decode(wav)
+    samples = resample(samples, rate, PCM_RATE)
+    return (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()

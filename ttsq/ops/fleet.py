@@ -1,0 +1,133 @@
+"""What the fleet is doing, for ``ttsq stats``: queues, workers online, throughput, cache hit ratio.
+
+Read from Redis (the minute counters and heartbeats of ``ttsq.records.stats``, the broker's lists) by any
+host, without Prometheus; workers are also pinged through Celery, to tell a live heartbeat from a
+worker that still answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from ttsq.app import make_app, queue_for
+from ttsq.errors import BrokerError
+from ttsq.job import MODES
+from ttsq.records.connection import connect
+from ttsq.records.queues import queue_depth, unacked
+from ttsq.records.stats import FleetStats
+
+if TYPE_CHECKING:
+    from ttsq.config import Settings
+
+logger = logging.getLogger(__name__)
+
+
+def snapshot(
+    settings: Settings, *, minutes: int = 5, ping_timeout: float = 1.0, now: float | None = None
+) -> dict[str, Any]:
+    """What ``ttsq stats`` prints: queues, workers, throughput and cache hit ratio, as plain JSON.
+
+    Workers are those with a live heartbeat in Redis; ``responding`` says whether each also
+    answered a Celery ping within ``ping_timeout`` (0 skips the ping).
+    """
+    now = time.time() if now is None else now
+    queues = [queue_for(settings.queue, mode) for mode in MODES]
+    stats = FleetStats(settings.cache_url)
+    broker = connect(settings.broker_url, decode=False)
+    try:
+        depths = [{"queue": queue, "depth": queue_depth(broker, queue)} for queue in queues]
+        unacked_messages = unacked(broker)
+        totals = stats.window(minutes, now=now)
+        workers = stats.workers()
+    except redis.exceptions.RedisError as exc:
+        raise BrokerError(f"cannot read statistics from Redis: {type(exc).__name__}: {exc}") from exc
+    finally:
+        stats.close()
+        broker.close()
+    answered = _ping(settings, ping_timeout) if ping_timeout > 0 and workers else set()
+    for worker in workers:
+        worker["device"] = worker.get("device") or "cpu"  # as the table shows it (a heartbeat of an older worker)
+        worker["responding"] = worker.get("node") in answered if ping_timeout > 0 else None
+        worker["uptime_s"] = round(max(0.0, now - float(worker.get("started_at", now))), 1)
+
+    # The window starts at the top of the oldest minute: the current minute is only partly over.
+    window_s = (minutes - 1) * 60 + (now % 60)
+    done = int(totals["synthesized"] + totals["cached_worker"])
+    hits = int(totals["cached_worker"] + totals["cached_producer"])
+    lookups = hits + int(totals["synthesized"])
+    return {
+        "queues": depths,
+        "unacked": unacked_messages,
+        "workers": workers,
+        "window": {
+            "minutes": minutes,
+            "seconds": round(window_s, 1),
+            "jobs_done": done,
+            "synthesized": int(totals["synthesized"]),
+            "cache_hits": hits,
+            "cache_hits_producer": int(totals["cached_producer"]),
+            "failed": int(totals["failed"] + totals["invalid"] + totals["timeout"]),
+            "jobs_per_minute": round(done / window_s * 60, 2) if window_s > 0 else 0.0,
+            "audio_s": round(totals["audio_s"], 3),
+            "device_s": round(totals["device_s"], 3),
+            "cache_hit_ratio": round(hits / lookups, 4) if lookups else None,
+        },
+    }
+
+
+def format_table(snap: dict[str, Any]) -> str:
+    """``snapshot`` as the table ``ttsq stats`` prints."""
+    lines = ["QUEUE                         DEPTH"]
+    lines += [f"{q['queue']:<29} {q['depth']:>5}" for q in snap["queues"]]
+    lines.append(f"{'(unacked, all queues)':<29} {snap['unacked']:>5}")
+    lines.append("")
+    workers = snap["workers"]
+    lines.append(f"WORKERS ONLINE: {len(workers)}")
+    if workers:
+        lines.append(
+            f"{'NODE':<28} {'ENGINE':<8} {'DEVICE':<7} {'PID':>7} {'UPTIME':>8} {'JOBS':>6} {'RESTARTS':>8}  PING"
+        )
+        for w in workers:
+            ping = {True: "ok", False: "no answer", None: "-"}[w.get("responding")]
+            lines.append(
+                f"{w.get('node', '?'):<28} {w.get('engine', '?'):<8} {w.get('device') or 'cpu':<7} "
+                f"{w.get('pid', 0):>7} {_duration(w.get('uptime_s', 0.0)):>8} {w.get('jobs', 0):>6} "
+                f"{w.get('restarts', 0):>8}  {ping}"
+            )
+    win = snap["window"]
+    ratio = "-" if win["cache_hit_ratio"] is None else f"{win['cache_hit_ratio']:.1%}"
+    lines += [
+        "",
+        f"LAST {win['minutes']} MIN",
+        f"  jobs done        {win['jobs_done']:>8}   ({win['jobs_per_minute']:.1f}/min)",
+        f"  synthesized      {win['synthesized']:>8}",
+        f"  cache hits       {win['cache_hits']:>8}   (hit ratio {ratio}; {win['cache_hits_producer']} at producers)",
+        f"  failed           {win['failed']:>8}",
+        f"  audio            {win['audio_s']:>8.1f} s",
+        f"  device time      {win['device_s']:>8.1f} s",
+    ]
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _ping(settings: Settings, timeout: float) -> set[str]:
+    """Node names of the workers that answer a Celery ping."""
+    app = make_app(settings)
+    try:
+        replies = app.control.ping(timeout=timeout) or []
+    except Exception as exc:  # the table still shows the heartbeats
+        logger.debug("ping failed: %s", exc)
+        return set()
+    finally:
+        app.close()
+    return {node for reply in replies for node in reply}

@@ -1,0 +1,133 @@
+"""The ledger of attempts: per job, the engine calls that never returned, and the jobs parked.
+
+A job whose input crashes or hangs the engine kills its worker, is redelivered after the visibility
+timeout, and would kill the next worker too, forever. The ledger stops the cycle. The batcher
+charges an attempt to each job of a batch just before the engine call and refunds it when the call
+returns, so what remains charged counts the calls that died with the process. A delivery that finds
+``max_attempts`` charged fails the job with ``JobParked`` and keeps it here, where ``ttsq failed``
+lists it and ``ttsq retry ID`` sends it again.
+
+So deliveries are counted only where they can point at the culprit: a job that merely waited in
+the queue of a worker that died, or that finished its synthesis before the crash, is not a
+suspect. Attempts live in the cache Redis beside the index.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ttsq.constants import ATTEMPTS_PREFIX, PARKED_KEY
+from ttsq.records.connection import connect, patiently
+
+
+@dataclass(frozen=True)
+class ParkedJob:
+    """A job failed after too many attempts, kept with its request so it can be sent again."""
+
+    id: str
+    queue: str
+    kwargs: dict[str, Any]
+    attempts: int
+    error: str
+    parked_at: float
+
+    def summary(self) -> dict[str, Any]:
+        """What an operator sees: never the input text."""
+        text = self.kwargs.get("text")
+        return {
+            "id": self.id,
+            "queue": self.queue,
+            "attempts": self.attempts,
+            "error": self.error,
+            "parked_at": self.parked_at,
+            "chars": len(text) if isinstance(text, str) else None,
+            "language": self.kwargs.get("language", "auto"),
+        }
+
+
+class Ledger:
+    """Attempt counters and parked jobs, in one Redis database."""
+
+    def __init__(self, url: str, *, ttl_s: int, patience_s: float = 0.0) -> None:
+        self.url = url
+        self.ttl_s = ttl_s
+        self.patience_s = patience_s
+        self._redis = connect(url)
+
+    def attempts(self, task_id: str) -> int:
+        """Engine calls with this job in them that never returned."""
+        return int(patiently(lambda: self._redis.get(ATTEMPTS_PREFIX + task_id), self.url, self.patience_s) or 0)
+
+    def charge(self, task_id: str) -> int:
+        """Count one more attempt (called just before the engine runs the job); return the total."""
+
+        def incr() -> int:
+            pipe = self._redis.pipeline()
+            pipe.incr(ATTEMPTS_PREFIX + task_id)
+            pipe.expire(ATTEMPTS_PREFIX + task_id, self.ttl_s)
+            return int(pipe.execute()[0])
+
+        return patiently(incr, self.url, self.patience_s)
+
+    def refund(self, task_id: str) -> None:
+        """The engine call returned: this attempt does not count against the job."""
+
+        def decr() -> None:
+            pipe = self._redis.pipeline()
+            pipe.decr(ATTEMPTS_PREFIX + task_id)
+            pipe.expire(ATTEMPTS_PREFIX + task_id, self.ttl_s)
+            pipe.execute()
+
+        patiently(decr, self.url, self.patience_s)
+
+    def park(self, job: ParkedJob) -> None:
+        """Keep a failed job for an operator."""
+        record = json.dumps(
+            {
+                "queue": job.queue,
+                "kwargs": job.kwargs,
+                "attempts": job.attempts,
+                "error": job.error,
+                "parked_at": job.parked_at,
+            }
+        )
+        patiently(lambda: self._redis.hset(PARKED_KEY, job.id, record), self.url, self.patience_s)
+
+    def parked(self) -> list[ParkedJob]:
+        """Every parked job, oldest first."""
+        raw = patiently(lambda: self._redis.hgetall(PARKED_KEY), self.url, self.patience_s)
+        jobs = [_parked(str(task_id), str(record)) for task_id, record in raw.items()]
+        return sorted(jobs, key=lambda job: job.parked_at)
+
+    def unpark(self, task_id: str) -> ParkedJob | None:
+        """Take a job out of the parked set and clear its attempts (before it is sent again)."""
+
+        def take() -> str | None:
+            pipe = self._redis.pipeline()
+            pipe.hget(PARKED_KEY, task_id)
+            pipe.hdel(PARKED_KEY, task_id)
+            pipe.delete(ATTEMPTS_PREFIX + task_id)
+            record: str | None = pipe.execute()[0]
+            return record
+
+        record = patiently(take, self.url, self.patience_s)
+        return None if record is None else _parked(task_id, record)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._redis.close()
+
+
+def _parked(task_id: str, record: str) -> ParkedJob:
+    data = json.loads(record)
+    return ParkedJob(
+        id=task_id,
+        queue=data["queue"],
+        kwargs=data["kwargs"],
+        attempts=int(data["attempts"]),
+        error=data["error"],
+        parked_at=float(data.get("parked_at", time.time())),
+    )

@@ -1,0 +1,153 @@
+"""Fleet statistics in Redis: per-minute job counters, worker heartbeats, launcher restarts.
+
+Prometheus scrapes each worker; this is the view any host can read without Prometheus (``ttsq
+stats``, ``ttsq.ops.fleet``): the counters every worker (and every producer, for its cache hits) adds to
+``ttsq:minute:<unix minute>``, and the heartbeats of live workers. ``FleetObserver`` is the worker's
+observer that feeds them, with the all-time counters of the cache database (``ttsq:stats:*``).
+Nothing here holds request content.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from ttsq.constants import HEARTBEAT_TTL_S, MINUTE_PREFIX, MINUTE_STATS_TTL_S, RESTARTS_KEY, WORKER_PREFIX
+from ttsq.observer import JobReport, Observer
+from ttsq.records.connection import connect
+
+if TYPE_CHECKING:
+    from ttsq.records.cache import CacheIndex
+
+logger = logging.getLogger(__name__)
+
+#: Integer counters of a minute bucket.
+COUNTS = ("synthesized", "cached_worker", "cached_producer", "invalid", "failed", "timeout")
+#: Float sums of a minute bucket (seconds).
+SECONDS = ("audio_s", "device_s")
+
+
+class FleetStats:
+    """Reads and writes the fleet's statistics in the cache Redis."""
+
+    def __init__(self, url: str) -> None:
+        self._redis = connect(url)
+
+    # Writing -----------------------------------------------------------------------------------
+
+    def record(self, *, now: float | None = None, **amounts: float) -> None:
+        """Add to this minute's counters (names from ``COUNTS`` and ``SECONDS``)."""
+        key = MINUTE_PREFIX + str(int((now or time.time()) // 60))
+        with self._redis.pipeline(transaction=False) as pipe:
+            for name, amount in amounts.items():
+                if name in COUNTS:
+                    pipe.hincrby(key, name, int(amount))
+                elif name in SECONDS:
+                    pipe.hincrbyfloat(key, name, float(amount))
+                else:
+                    raise ValueError(f"unknown statistic {name!r}")
+            pipe.expire(key, MINUTE_STATS_TTL_S)
+            pipe.execute()
+
+    def heartbeat(self, node: str, info: dict[str, Any]) -> None:
+        """Announce a live worker; the entry expires unless renewed."""
+        self._redis.set(WORKER_PREFIX + node, json.dumps(info, sort_keys=True), ex=HEARTBEAT_TTL_S)
+
+    def forget(self, node: str) -> None:
+        """A worker stopped cleanly: drop its heartbeat at once."""
+        self._redis.delete(WORKER_PREFIX + node)
+
+    def record_restart(self, node: str) -> int:
+        """Count one launcher restart of ``node``; return its total."""
+        return int(self._redis.hincrby(RESTARTS_KEY, node, 1))
+
+    # Reading -----------------------------------------------------------------------------------
+
+    def window(self, minutes: int, *, now: float | None = None) -> dict[str, float]:
+        """Counters summed over the last ``minutes`` minutes (the current one included)."""
+        current = int((now or time.time()) // 60)
+        keys = [MINUTE_PREFIX + str(m) for m in range(current - minutes + 1, current + 1)]
+        with self._redis.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.hgetall(key)
+            buckets: list[dict[str, str]] = pipe.execute()
+        totals: dict[str, float] = {name: 0 for name in COUNTS}
+        totals.update({name: 0.0 for name in SECONDS})
+        for bucket in buckets:
+            for name, value in bucket.items():
+                if name in totals:
+                    totals[name] += int(value) if name in COUNTS else float(value)
+        return totals
+
+    def workers(self) -> list[dict[str, Any]]:
+        """Heartbeats of the workers alive now, by node name."""
+        keys = sorted(self._redis.scan_iter(match=WORKER_PREFIX + "*", count=500))
+        values = self._redis.mget(keys) if keys else []
+        restarts = self._redis.hgetall(RESTARTS_KEY)
+        out = []
+        for value in values:
+            if value is None:  # expired between SCAN and MGET
+                continue
+            info = json.loads(value)
+            info["restarts"] = int(restarts.get(info.get("node", ""), 0))
+            out.append(info)
+        return out
+
+    def restarts(self) -> dict[str, int]:
+        """Launcher restarts per node, since Redis was last emptied."""
+        return {str(node): int(n) for node, n in self._redis.hgetall(RESTARTS_KEY).items()}
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._redis.close()
+
+
+def worker_info(*, node: str, engine: str, model: str, device: str, started_at: float, jobs: int) -> dict[str, Any]:
+    """The heartbeat a worker publishes (``device``: its GPUs, ``cpu`` if it has none)."""
+    return {
+        "node": node,
+        "engine": engine,
+        "model": model,
+        "device": device or "cpu",
+        "pid": os.getpid(),
+        "started_at": started_at,
+        "jobs": jobs,
+    }
+
+
+class FleetObserver(Observer):
+    """Feeds a worker's finished jobs into the fleet's minute counters and the all-time counters, and
+    counts them for the worker's heartbeat."""
+
+    def __init__(self, stats: FleetStats, cache: CacheIndex) -> None:
+        self.stats = stats
+        self.cache = cache
+        self._jobs = 0
+        self._lock = threading.Lock()
+
+    @property
+    def jobs(self) -> int:
+        """Jobs this worker has finished, whatever their outcome (its heartbeat shows it)."""
+        return self._jobs
+
+    def job_parked(self, task_id: str) -> None:
+        self.cache.count("jobs_parked")
+
+    def job_finished(self, report: JobReport) -> None:
+        with self._lock:
+            self._jobs += 1
+        outcome, result = report.outcome, report.result
+        amounts: dict[str, float] = {"cached_worker" if outcome == "cached" else outcome: 1}
+        if outcome == "synthesized" and result is not None:
+            amounts.update(audio_s=result["duration_s"], device_s=result["timings"]["device_s"])
+        self.stats.record(**amounts)
+        if outcome == "cached":
+            self.cache.count("cache_hits_worker")
+        elif outcome == "synthesized":
+            self.cache.count("items_synthesized")
+            if report.written:
+                self.cache.count("objects_written")

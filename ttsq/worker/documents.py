@@ -1,0 +1,515 @@
+"""The worker side of long documents: fan out into chunk jobs, count progress, stitch one file.
+
+What a document is (validation, key, seed, result shape) is ``ttsq.document``; this module runs it:
+
+1. **Fan out.** The ``ttsq.document`` task replaces itself (``Task.replace``) with a Celery chord: a
+   group of ordinary ``ttsq.synthesize`` jobs, one per distinct chunk, each with its normal content
+   key (cached and shared with ordinary submits), and the ``ttsq.stitch`` job as its body. The body
+   inherits the document task's id, so the id the user holds ends up carrying the stitched result.
+2. **Progress.** Each chunk job that succeeds (Celery's ``task_success``) records its audio seconds in
+   a Redis hash for the document and stores the custom state ``PROGRESS`` (chunks done / total, audio
+   seconds, phase ``synthesizing``) on the document's id; ``ttsq status`` and ``AsyncResult.info`` read
+   it, and a ``task-progress`` event shows it in Flower.
+3. **Stitch.** The stitch job (which carries the document's id, and stores no ``STARTED`` over its
+   progress) first stores ``PROGRESS`` with phase ``stitching``; then it reads each chunk's audio
+   through the cache index (never trusting the chord's result list: a redelivered chunk may report
+   twice), joins them (``ttsq.audio.join``) with a crossfade inside a cut sentence, a short pause
+   between sentences and a longer one between paragraphs, encodes the requested format, stores it
+   under the document key, indexes it last and returns its URL with the time span of every chunk
+   and every sentence.
+
+**Resume.** A worker that dies mid-document loses nothing: its chunk messages are redelivered (late
+acks), finished chunks are acked and stored. A document re-submitted after a crash joins the running
+document (single flight on the document key) or, if that one failed, starts again, and every chunk
+already stored is answered from the cache by the worker: only missing chunks are synthesized.
+
+Why one file over 400 lines: fan-out, progress and stitch are the three steps of one chord and share
+its keys and records.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from ttsq.app import queue_for
+from ttsq.audio import decode, encode, join, probe, resample
+from ttsq.constants import (
+    DOCUMENT_HEADER,
+    DOCUMENT_PREFIX,
+    PROGRESS_PREFIX,
+    PROGRESS_STATE,
+    SENT_AT_HEADER,
+    STITCH_TASK_NAME,
+    TASK_NAME,
+)
+from ttsq.document import (
+    ChunkSpan,
+    Document,
+    DocumentInfo,
+    DocumentResult,
+    Options,
+    Progress,
+    SentenceSpan,
+    read_document,
+)
+from ttsq.engines.base import reading_seconds
+from ttsq.errors import InvalidRequest, JobFailed
+from ttsq.job import FORMATS, StoredAudio
+from ttsq.keys import canonical_json, content_key, object_key
+from ttsq.records.connection import connect
+from ttsq.results import checked_key
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from ttsq.worker.runtime import WorkerRuntime
+
+logger = logging.getLogger(__name__)
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+#: How long a stitched document's progress hash stays, for chunk counts that arrive after the stitch.
+STITCHED_PROGRESS_TTL_S = 600
+#: The field of a document's progress hash that says its stitch has begun (beside one per chunk index).
+_STITCHING = "stitching"
+
+# Set a document's result to PROGRESS unless it already holds a final state (Celery's ready states).
+_PROGRESS_UNLESS_DONE = """
+local current = redis.call('get', KEYS[1])
+if current then
+  local ok, meta = pcall(cjson.decode, current)
+  if ok and type(meta) == 'table' and (meta.status == 'SUCCESS' or meta.status == 'FAILURE'
+      or meta.status == 'REVOKED') then
+    return 0
+  end
+end
+if tonumber(ARGV[2]) > 0 then
+  redis.call('setex', KEYS[1], ARGV[2], ARGV[1])
+else
+  redis.call('set', KEYS[1], ARGV[1])
+end
+redis.call('publish', KEYS[1], ARGV[1])
+return 1
+"""
+
+
+class Orchestrator:
+    """The worker side of documents: fan out, count progress, stitch. One per worker process."""
+
+    def __init__(self, app: Celery, runtime: WorkerRuntime) -> None:
+        self.app = app
+        self.runtime = runtime
+        self.settings = runtime.settings
+        self._redis = connect(runtime.settings.cache_url)
+
+    # --- 1. the document task -------------------------------------------------------------------
+
+    def fan_out(self, task: Any, kwargs: dict[str, Any]) -> Any:
+        """Run the ``ttsq.document`` task: answer from the cache, or replace it with the chord."""
+        from celery import chord
+
+        runtime = self.runtime
+        identity = runtime.engine.identity
+        document = Document.parse(
+            kwargs,
+            limits=runtime.limits,
+            max_document_chars=self.settings.max_document_chars,
+            identity=identity,
+            default_options=Options.from_settings(self.settings),
+        )
+        key = document.key(identity)
+        task_id = task.request.id
+        stored = self.stored(key)
+        if stored is not None:
+            runtime.cache.release(key, task_id)
+            logger.info("document %s: cached %s", task_id, key[:12])
+            return runtime.results.document(stored, cached=True)
+        seed = document.seed(identity)
+        requests = document.requests(seed=seed, limits=runtime.limits)
+        # A chunk with nothing to speak has no job and no key: the stitch keeps its pause alone.
+        keys = [content_key(request, identity) if request is not None else "" for request in requests]
+        # A chunk that repeats (a refrain, a stock phrase) is one job; the stitch places it every time.
+        unique = list({k: r for k, r in zip(keys, requests, strict=True) if r is not None}.values())
+        total = len(unique)
+        queue = queue_for(self.settings.queue, document.fields["mode"])
+        try:  # from what is counted already: a redelivered document task must not reset its progress to 0
+            self._count(task_id, total)
+        except Exception as exc:  # progress is for watching: the document goes on without it
+            logger.warning("document %s: could not store progress: %s", task_id, type(exc).__name__)
+        ids = [str(uuid.uuid4()) for _ in unique]
+        header = [
+            self.app.signature(
+                TASK_NAME,
+                kwargs=request.to_dict(),
+                queue=queue,
+                task_id=ids[index],
+                headers={SENT_AT_HEADER: time.time(), DOCUMENT_HEADER: {"id": task_id, "index": index, "total": total}},
+                kwargsrepr=f"document chunk {index + 1}/{total} {request.describe()}",
+            )
+            for index, request in enumerate(unique)
+        ]
+        plan = {
+            "key": key,
+            "format": document.fields["format"],
+            "seed": seed,
+            # Every chunk carries a seed; a derived one is not the user's, so espeak ignoring it is no news.
+            "seed_given": document.fields.get("seed") is not None,
+            "characters": len(document.text),
+            "options": asdict(document.options),
+            "chunks": [
+                {
+                    "key": chunk_key,
+                    "start": chunk.start,
+                    "end": chunk.end,
+                    "boundary": chunk.boundary,
+                    # Sentence offsets and reading weights: enough to place them in time, no text.
+                    "sentences": [
+                        [s.start, s.end, reading_seconds(document.text[s.start : s.end])] for s in chunk.sentences
+                    ],
+                }
+                for chunk_key, chunk in zip(keys, document.chunks, strict=True)
+            ],
+        }
+        body = self.app.signature(
+            STITCH_TASK_NAME,
+            kwargs={"plan": plan},
+            queue=queue,
+            # Its argument is the chunk results, signed URLs and all: keep them out
+            # of its task-sent event (Flower, `celery events`).
+            argsrepr=f"<{total} chunk results>",
+            kwargsrepr=f"stitch {total} chunks into {key[:12]}",
+        )
+        logger.info("document %s: %d chunks (%d characters) for %s", task_id, total, len(document.text), key[:12])
+        try:
+            return task.replace(chord(header, body))
+        finally:
+            # Nobody here waits for these results; Celery would listen for them forever otherwise.
+            stop_listening(self.app.backend, ids)
+            stop_listening(self.app.backend, [task_id], unless_waited=True)
+
+    # --- 2. progress, from each chunk job ------------------------------------------------------
+
+    def chunk_succeeded(self, sender: Any = None, result: Any = None, **_: Any) -> None:
+        """Celery's ``task_success`` for ``ttsq.synthesize``: if the job was a document's chunk, count it
+        and publish the document's progress. Other jobs pass by untouched."""
+        header = sender.request.get(DOCUMENT_HEADER) if sender is not None and sender.request is not None else None
+        if header is None or not isinstance(result, Mapping):
+            return
+        if not (
+            isinstance(header, Mapping)
+            and isinstance(header.get("id"), str)
+            and isinstance(header.get("index"), int)
+            and isinstance(header.get("total"), int)
+        ):
+            return  # not ours to trust; the chunk itself is done
+        try:
+            self._chunk_done(header["id"], header["total"], header["index"], float(result["duration_s"]))
+        except Exception as exc:  # progress is for watching: the chunk itself is done and stored
+            logger.warning("document %s: could not record progress: %s", header["id"], type(exc).__name__)
+
+    def chunk_ended(self, task_id: str = "", task: Any = None, **_: Any) -> None:
+        """Celery's ``task_postrun`` for ``ttsq.synthesize``: the worker that finishes a document's last
+        chunk sends the stitch job (Celery's chord join), and would then listen for its result forever."""
+        header = task.request.get(DOCUMENT_HEADER) if task is not None and task.request is not None else None
+        if isinstance(header, dict) and isinstance(header.get("id"), str):
+            stop_listening(self.app.backend, [header["id"]], unless_waited=True)
+
+    def _chunk_done(self, doc_id: str, total: int, index: int, duration_s: float) -> None:
+        node = self.runtime.node
+        self.runtime.accepted.touch(doc_id)  # the document is making progress (``ttsq.worker.sweeper``)
+        progress = self._count(doc_id, total, durations={index: duration_s})
+        if progress["phase"] == "stitching":
+            # The last chunk's own count runs after the chord join has sent the stitch, which counts
+            # every chunk itself and may have finished already: an event now would reach Flower after
+            # the document's task-succeeded and replace its result with this count.
+            return
+        summary = f"{progress['chunks_done']}/{total} chunks, {progress['audio_s']:.1f} s of audio"
+        try:
+            with self.app.events.default_dispatcher(hostname=node) as dispatcher:
+                # Flower takes an unknown event type as the task's state (PROGRESS) and shows the
+                # ``result`` field, one of the few it keeps, on its task pages and API.
+                dispatcher.send("task-progress", uuid=doc_id, **progress, result=summary)
+        except Exception as exc:  # events are for watching; the state above is the record
+            logger.debug("could not send a progress event: %s", type(exc).__name__)
+
+    def _count(
+        self,
+        doc_id: str,
+        total: int,
+        *,
+        durations: Mapping[int, float] | None = None,
+        stitching: bool = False,
+    ) -> Progress:
+        """Record chunks as done (``durations``: chunk index -> audio seconds), and the stitch as
+        started if so, then store the document's progress from the count.
+
+        Chunks of one batch finish together on several task threads (and workers): counting and
+        storing under one lock per document keeps the stored progress from going backwards (a
+        thread that counted 3 storing after one that counted 4, or a redelivered chunk storing
+        ``synthesizing`` after the stitch began)."""
+        hash_key = PROGRESS_PREFIX + doc_id
+        with self._redis.lock(hash_key + ":lock", timeout=10, blocking_timeout=10):
+            pipe = self._redis.pipeline()
+            # One field per chunk index: a redelivered chunk overwrites itself instead of counting twice.
+            for index, seconds in (durations or {}).items():
+                pipe.hset(hash_key, str(index), seconds)
+            if stitching:
+                pipe.hset(hash_key, _STITCHING, 1)
+            if durations or stitching:
+                pipe.expire(hash_key, self.settings.result_ttl_s)
+            pipe.hgetall(hash_key)
+            fields = pipe.execute()[-1]
+            if _STITCHING in fields and not stitching:
+                self._redis.expire(hash_key, STITCHED_PROGRESS_TTL_S)  # a late chunk: the stitch's TTL holds
+            chunks = [float(v) for name, v in fields.items() if name != _STITCHING]
+            progress = Progress(
+                chunks_done=len(chunks),
+                chunks_total=total,
+                audio_s=round(sum(chunks), 3),
+                phase="stitching" if _STITCHING in fields else "synthesizing",
+            )
+            self._store_progress(doc_id, progress)
+        return progress
+
+    def _store_progress(self, doc_id: str, progress: Progress) -> None:
+        """Store ``PROGRESS`` as the document's state unless it has finished: one Lua call, so a chunk
+        redelivered after the stitch (or a stitch finishing meanwhile) never turns its result back
+        into progress. The record has the shape Celery's Redis backend writes and publishes."""
+        backend = self.app.backend
+        meta: dict[str, Any] = {
+            "status": PROGRESS_STATE,
+            "result": dict(progress),
+            "traceback": None,
+            "children": [],
+            "date_done": None,
+            "task_id": doc_id,
+        }
+        expires = int(backend.expires or 0)
+        backend.client.eval(_PROGRESS_UNLESS_DONE, 1, backend.get_key_for_task(doc_id), backend.encode(meta), expires)
+
+    # --- 3. the stitch task --------------------------------------------------------------------
+
+    def stitch(self, task: Any, results: Any, plan: dict[str, Any]) -> DocumentResult:
+        """Join the chunks of ``plan`` into the document's file; store and index it; return its result."""
+        runtime = self.runtime
+        _check_plan(plan)  # from a message: a raw send_task may carry any plan
+        key = plan["key"]
+        task_id = task.request.id
+        stored = self.stored(key)
+        if stored is not None:  # a redelivered stitch, or a twin document that finished first
+            runtime.cache.release(key, task_id)
+            return runtime.results.document(stored, cached=True)
+        cached_keys = (
+            {r["key"] for r in results if isinstance(r, Mapping) and r.get("cached")}
+            if isinstance(results, list)
+            else set()
+        )
+        total = len({chunk["key"] for chunk in plan["chunks"] if chunk["key"]})
+        # The chord fired: every chunk has returned, though the last one's own count (``task_success``
+        # comes after the chord join) may not be in yet. Count them all from the results here.
+        durations = {
+            index: float(r["duration_s"])
+            for index, r in enumerate(results if isinstance(results, list) else [])
+            if index < total and isinstance(r, Mapping) and isinstance(r.get("duration_s"), (int, float))
+        }
+        try:  # the document's state keeps its progress while it is stitched: never back to STARTED
+            self._count(task_id, total, durations=durations, stitching=True)
+        except Exception as exc:  # progress is for watching: the stitch goes on without it
+            logger.warning("document %s: could not store progress: %s", task_id, type(exc).__name__)
+        options = Options(**plan["options"])
+        started = time.perf_counter()
+        pieces: list[npt.NDArray[np.float32] | None] = []
+        rate = 0
+        entries: list[StoredAudio] = []
+        decoded: dict[str, tuple[npt.NDArray[np.float32], int]] = {}
+        for chunk in plan["chunks"]:
+            if not chunk["key"]:  # nothing to speak: no audio, only its pause
+                pieces.append(None)
+                continue
+            entry = runtime.cache.get(chunk["key"])
+            if entry is None:
+                # The chord fired without this chunk stored (a duplicate counted for it): not yet. Its
+                # own job is still queued or running, so wait as long as one job may take.
+                raise task.retry(
+                    countdown=2,
+                    max_retries=max(30, self.settings.job_timeout_s // 2 + 1),
+                    exc=JobFailed(f"chunk {chunk['key'][:12]} of document {key[:12]} is not stored"),
+                    # Celery drops these on retry; the arguments hold signed URLs.
+                    argsrepr=f"<{len(plan['chunks'])} chunk results>",
+                    kwargsrepr=f"stitch into {key[:12]}",
+                )
+            stored_key = checked_key(entry.get("object_key"))  # an index entry read back: data, not a path
+            if stored_key not in decoded:  # a repeated chunk is read once
+                decoded[stored_key] = decode(runtime.storage.get(stored_key))
+            samples, chunk_rate = decoded[stored_key]
+            rate = rate or chunk_rate
+            pieces.append(resample(samples, chunk_rate, rate))
+            entries.append(entry)
+        silence = np.zeros(0, dtype=np.float32)
+        audio, spans = join_chunks([p if p is not None else silence for p in pieces], rate, plan["chunks"], options)
+        for span, chunk in zip(spans, plan["chunks"], strict=True):
+            span["cached"] = chunk["key"] in cached_keys
+        encoded = encode(audio, rate, plan["format"])
+        target = object_key(key, plan["format"])
+        if not runtime.storage.put(target, encoded.data, encoded.content_type):
+            encoded = probe(runtime.storage.get(target), plan["format"])
+        identity = runtime.engine.identity
+        ignored = sorted(
+            {name for entry in entries for name in entry["ignored"] if name != "seed" or plan.get("seed_given", True)}
+        )
+        audio_entry = StoredAudio(
+            object_key=target,
+            format=plan["format"],
+            content_type=encoded.content_type,
+            sample_rate=encoded.sample_rate,
+            duration_s=encoded.duration_s,
+            bytes=len(encoded.data),
+            engine=identity.engine,
+            model=identity.model,
+            model_revision=identity.revision,
+            truncated=any(entry["truncated"] for entry in entries),
+            ignored=ignored,
+        )
+        record = {
+            "key": key,
+            "audio": audio_entry,
+            "chunks": spans,
+            "document": DocumentInfo(
+                chunks=len(spans),
+                cached_chunks=sum(span["cached"] for span in spans),
+                characters=plan["characters"],
+                seed=plan["seed"],
+            ),
+        }
+        # Last: the index never points at an object that is not there.
+        self._redis.set(DOCUMENT_PREFIX + key, canonical_json(record).decode(), ex=self.settings.cache_ttl_s or None)
+        runtime.cache.release(key, task_id)
+        # Not deleted: a chunk whose count comes after the stitch must still find the stitching mark
+        # (``_chunk_done``); the hash goes once nothing late can come.
+        self._redis.expire(PROGRESS_PREFIX + task_id, STITCHED_PROGRESS_TTL_S)
+        logger.info(
+            "document %s: stitched %d chunks into %s (%.2fs audio) in %.2fs",
+            task_id,
+            len(spans),
+            key[:12],
+            encoded.duration_s,
+            time.perf_counter() - started,
+        )
+        return runtime.results.document(record, cached=False)
+
+    def stored(self, key: str) -> dict[str, Any] | None:
+        """The index record of a stitched document, if there is one."""
+        return read_document(self._redis, key)
+
+    def close(self) -> None:
+        """Release the Redis connection."""
+        self._redis.close()
+
+
+def stop_listening(backend: Any, task_ids: Sequence[str], *, unless_waited: bool = False) -> None:
+    """Stop this process listening for the results of tasks it sent but never waits for.
+
+    Celery's Redis backend subscribes to the result channel of every task a process sends, and the
+    group result of a chord keeps each header task waited on until its result is read; a worker
+    never reads them, so every document would leave its chunk ids subscribed and referenced for
+    the life of the process (celery/celery#3812, #4824). ``unless_waited`` keeps an id someone in
+    this process does wait for (the embedded mode's client waits on its document in-process).
+    """
+    # Private Celery internals: a release that reshapes them must cost a subscription, never the job
+    # (this runs after the chord is sent: raising here would fail a document that is running).
+    try:
+        consumer = getattr(backend, "result_consumer", None)
+        pending = getattr(backend, "_pending_results", None)  # Celery 5.7: (concrete, weak) waiters by task id
+        known = isinstance(pending, tuple) and all(isinstance(m, MutableMapping) for m in pending)
+        mappings = list(cast("tuple[MutableMapping[str, Any], ...]", pending)) if known else []
+    except Exception as exc:
+        logger.debug("cannot read Celery's pending results: %s", type(exc).__name__)
+        return
+    for task_id in task_ids:
+        try:
+            if unless_waited and (not known or any(task_id in mapping for mapping in mappings)):
+                continue  # someone here may wait for it: keep listening
+            for mapping in mappings:
+                mapping.pop(task_id, None)
+            if consumer is not None:
+                consumer.cancel_for(task_id)
+        except Exception as exc:  # a lost subscription is harmless; failing the job is not
+            logger.debug("could not unsubscribe from a result: %s", type(exc).__name__)
+
+
+def _check_plan(plan: Any) -> None:
+    """A stitch plan as ``fan_out`` writes it: keys are content keys, the format one ttsq makes."""
+    if not (
+        isinstance(plan, Mapping)
+        and isinstance(plan.get("key"), str)
+        and _HEX64.fullmatch(plan["key"])
+        and plan.get("format") in FORMATS
+        and isinstance(plan.get("options"), Mapping)
+        and isinstance(plan.get("chunks"), list)
+        and plan["chunks"]
+    ):
+        raise InvalidRequest("plan", "is not a stitch plan ttsq made")
+    Options.from_dict(plan["options"])
+    for chunk in plan["chunks"]:
+        if not (
+            isinstance(chunk, Mapping)
+            and isinstance(chunk.get("key"), str)
+            and (chunk["key"] == "" or _HEX64.fullmatch(chunk["key"]))
+        ):
+            raise InvalidRequest("plan.chunks", "holds a chunk key that is not a content key")
+
+
+def join_chunks(
+    pieces: Sequence[npt.NDArray[np.float32]], rate: int, chunks: Sequence[Mapping[str, Any]], options: Options
+) -> tuple[npt.NDArray[np.float32], list[ChunkSpan]]:
+    """Concatenate chunk audio: crossfade after a ``split`` chunk, silence after a sentence or paragraph.
+    The stitch's own join, public so that the fidelity tests can build faulted stitches with it."""
+    boundaries = [str(chunk["boundary"]) for chunk in chunks]
+    crossfades = [
+        options.crossfade_ms if index and boundaries[index - 1] == "split" else 0 for index in range(len(chunks))
+    ]
+    pauses = [
+        {"sentence": options.sentence_pause_ms, "paragraph": options.paragraph_pause_ms}.get(boundary, 0)
+        for boundary in boundaries
+    ]
+    audio, edges = join(pieces, rate, crossfades_ms=crossfades, pauses_ms=pauses)
+    spans = [
+        ChunkSpan(
+            index=index,
+            key=str(chunk["key"]),
+            start_char=int(chunk["start"]),
+            end_char=int(chunk["end"]),
+            start_s=round(start / rate, 4),
+            end_s=round(end / rate, 4),
+            boundary=str(chunk["boundary"]),
+            cached=False,
+            sentences=_sentence_spans(chunk["sentences"], start / rate, end / rate),
+        )
+        for index, (chunk, (start, end)) in enumerate(zip(chunks, edges, strict=True))
+    ]
+    return audio, spans
+
+
+def _sentence_spans(sentences: Sequence[Sequence[float]], start_s: float, end_s: float) -> list[SentenceSpan]:
+    """Sentence times inside one chunk, shared out by reading length (the model does not report them)."""
+    weights = [max(float(weight), 1e-6) for _, _, weight in sentences]
+    total = sum(weights) or 1.0
+    spans: list[SentenceSpan] = []
+    at = start_s
+    for (s_start, s_end, _), weight in zip(sentences, weights, strict=True):
+        until = at + (end_s - start_s) * weight / total
+        spans.append(
+            SentenceSpan(start_char=int(s_start), end_char=int(s_end), start_s=round(at, 4), end_s=round(until, 4))
+        )
+        at = until
+    if spans:
+        spans[-1]["end_s"] = round(end_s, 4)
+    return spans

@@ -1,0 +1,232 @@
+"""The envelope gate: every message a ttsq worker receives is checked before Celery touches it.
+
+Two places in the worker see a message before any Celery code parses it:
+
+- ``GatedChannel``, kombu's Redis channel with one change: the list item it pops is checked
+  (``ttsq.worker.envelope.check_raw``) before kombu builds a message from it, so a body that is not JSON, or
+  an envelope of the wrong shape, never raises inside the consumer's event loop (where it would end
+  the worker, and the message would be lost with it);
+- ``Gate.admit``, called by the worker's consumer (``GatedConsumer``) for each message before Celery's
+  strategy: the task headers and body are checked (``check_task``), and the job is marked received in
+  the accepted-job ledger, which also refuses a second copy of a job a worker already received.
+
+A refused message is acknowledged (so no ``unacked`` entry is left behind and it never comes back),
+kept raw in the bounded dead-letter list (``ttsq dead``), counted (``ttsq_dead_letters_total``) and
+logged in one line with its task id if it has one. The worker keeps consuming. A message Celery still
+cannot take apart (a case no check foresaw) is refused the same way instead of ending the worker, and
+a broker lost while the worker holds messages is survived (``GatedConsumer``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Collection
+from queue import Empty
+from typing import TYPE_CHECKING, Any
+
+import redis
+from celery.worker.consumer import Consumer
+from kombu.transport import redis as kombu_redis
+
+from ttsq.constants import DOCUMENT_HEADER, SEQ_HEADER
+from ttsq.records.accepted import AcceptedJobs, Receipt
+from ttsq.records.connection import connect
+from ttsq.records.deadletters import DeadLetters
+from ttsq.worker.envelope import Refused, check_raw, check_task
+
+if TYPE_CHECKING:
+    from ttsq.config import Settings
+    from ttsq.observer import Observer
+
+logger = logging.getLogger(__name__)
+
+#: The transport option that carries a worker's ``Gate`` to its channels.
+GATE_OPTION = "ttsq_gate"
+
+
+class Gate:
+    """Checks, dead-letters and marks received every message one worker takes in."""
+
+    def __init__(
+        self, settings: Settings, *, tasks: Collection[str], observer: Observer, accepted: AcceptedJobs
+    ) -> None:
+        self.tasks = frozenset(tasks)
+        self.observer = observer
+        self.accepted = accepted
+        self.dead_letters = DeadLetters(connect(settings.broker_url, decode=False))
+
+    def refuse(self, raw: bytes | str, *, queue: str, refused: Refused, headers: Any = None) -> None:
+        """Keep a refused message in the dead-letter list, count it and log it (never its text)."""
+        task_id = headers.get("id") if isinstance(headers, dict) and isinstance(headers.get("id"), str) else None
+        task = headers.get("task") if isinstance(headers, dict) and isinstance(headers.get("task"), str) else None
+        logger.warning(
+            "message %s on %s refused (%s) and dead-lettered; see `ttsq dead`",
+            (task_id or "without an id")[:80],
+            queue,
+            refused,
+        )
+        self.observer.message_refused(refused.reason)
+        try:
+            self.dead_letters.put(
+                raw, queue=queue, reason=refused.reason, detail=refused.detail, task_id=task_id, task=task
+            )
+        except Exception as exc:  # the message is refused either way; losing its copy loses no job
+            logger.warning("could not keep the refused message: %s", type(exc).__name__)
+
+    def admit(self, message: Any) -> bool:
+        """Whether Celery may take ``message`` in. A refused message is acked and dead-lettered here."""
+        queue = str((message.delivery_info or {}).get("routing_key") or "")
+        try:
+            checked = check_task(
+                message.headers,
+                message.body,
+                content_type=message.content_type,
+                content_encoding=message.content_encoding,
+                tasks=self.tasks,
+            )
+        except Refused as refused:
+            self.refuse(raw_of(message), queue=queue, refused=refused, headers=message.headers)
+            message.ack()
+            return False
+        headers = message.headers
+        seq = headers.get(SEQ_HEADER)
+        plain = (
+            not headers.get("redelivered")
+            and not (message.delivery_info or {}).get("redelivered")
+            and not headers.get("retries")
+        )
+        document = headers.get(DOCUMENT_HEADER)
+        document_id = document.get("id") if isinstance(document, dict) else None
+        try:
+            receipt = self.accepted.received(
+                checked.task_id,
+                task=checked.task,
+                queue=queue,
+                seq=seq if isinstance(seq, int) else None,
+                plain=plain,
+                document=document_id if isinstance(document_id, str) else None,
+            )
+        except Exception as exc:  # the ledger is a safety net: a Redis hiccup here must not stop the job
+            logger.warning("job %s: could not mark it received: %s", checked.task_id, type(exc).__name__)
+            return True
+        if receipt is Receipt.DUPLICATE:
+            logger.info("job %s: a second copy (a worker already received this job); dropped", checked.task_id)
+            self.observer.duplicate_dropped()
+        elif receipt is Receipt.CANCELLED:
+            logger.info("job %s: cancelled before it ran; dropped", checked.task_id)
+        else:
+            return True
+        message.ack()
+        return False
+
+    def close(self) -> None:
+        """Nothing to release: the connections are closed with the process."""
+
+
+def raw_of(message: Any) -> bytes:
+    """A message as the broker held it (kombu keeps the popped payload), for a dead letter."""
+    raw = getattr(message, "_raw", None)
+    if isinstance(raw, dict):
+        return json.dumps(raw).encode("utf-8")
+    body = message.body
+    return body if isinstance(body, bytes) else str(body).encode("utf-8", "replace")
+
+
+class GatedChannel(kombu_redis.Channel):
+    """kombu's Redis channel, with the list item it pops checked before kombu turns it into a message.
+
+    ``_brpop_read`` is kombu 5.7's, with ``check_raw`` in place of a bare ``loads``: kombu would raise on
+    a body that is not JSON (or of the wrong shape) inside the worker's event loop, after the message
+    has left the queue.
+    """
+
+    def _brpop_read(self, **options: Any) -> bool:
+        try:
+            try:
+                dest__item = self.client.parse_response(self.client.connection, "BRPOP", **options)
+            except self.connection_errors:
+                # if there's a ConnectionError, disconnect so the next iteration will reconnect automatically.
+                self.client.connection.disconnect()
+                raise
+            if dest__item:
+                dest, item = dest__item
+                dest = (dest.decode() if isinstance(dest, bytes) else str(dest)).rsplit(self.sep, 1)[0]
+                self._queue_cycle.rotate(dest)
+                try:
+                    payload = check_raw(item)
+                except Refused as refused:
+                    gate = self.connection.client.transport_options.get(GATE_OPTION)
+                    if gate is None:
+                        raise
+                    gate.refuse(item, queue=dest, refused=refused)
+                    return True
+                self.connection._deliver(payload, dest)
+                return True
+            raise Empty()
+        finally:
+            self._in_poll = None  # type: ignore[assignment]
+            flush = getattr(self, "_flush_brpop_reauth", None)
+            if flush is not None:
+                flush()
+
+
+class GatedTransport(kombu_redis.Transport):
+    """kombu's Redis transport with ``GatedChannel``: what ttsq workers consume through."""
+
+    Channel = GatedChannel
+
+
+class GatedConsumer(Consumer):  # type: ignore[misc]
+    """Celery's consumer, with the envelope gate in front of its task handler, surviving a broker that
+    vanishes while the worker holds messages.
+
+    With Celery 5.7 and kombu 5.7, losing Redis while messages are unacknowledged ends the worker:
+    Celery detaches the dead connection's transport, then closes its channel, whose attempt to
+    push the held messages back (and, later, each ack of a task still running) needs that
+    transport and raises ``AttributeError``, which Celery takes for an "Unrecoverable error".
+    Before Celery's clean-up, the dead channel is told not to push messages back, and acks on it
+    fail as the connection errors they are (Celery logs "Couldn't ack" and carries on). The
+    consumer reconnects as after any connection loss; the messages it held stay in Redis' unacked
+    set and come back after the visibility timeout, like those of a worker that died, and their
+    rerun is answered from the cache.
+    """
+
+    def create_task_handler(self, *args: Any, **kwargs: Any) -> Any:
+        handle = super().create_task_handler(*args, **kwargs)
+        # The worker's gate rides on its app (``ttsq.worker.tasks.worker_app``); without one, a plain app.
+        gate: Gate | None = getattr(self.app, "ttsq_gate", None)
+        if gate is None:
+            return handle
+        passing = (*self.connection_errors, *self.channel_errors, redis.exceptions.ConnectionError)
+
+        def gated(message: Any) -> Any:
+            if not gate.admit(message):
+                return None
+            try:
+                return handle(message)
+            except passing:
+                raise  # the broker went away: the consumer reconnects, the message stays unacked
+            except Exception as exc:  # Celery could not take it apart: it would end the worker
+                queue = str((message.delivery_info or {}).get("routing_key") or "")
+                gate.refuse(
+                    raw_of(message), queue=queue, refused=Refused("celery", type(exc).__name__), headers=message.headers
+                )
+                if not message.acknowledged:
+                    message.ack()
+                return None
+
+        return gated
+
+    def on_connection_error_after_connected(self, exc: Any) -> None:
+        channel = getattr(self.connection, "_default_channel", None)
+        if channel is not None:
+            channel.do_restore = False
+            channel.basic_ack = channel.basic_reject = _dead_channel
+        super().on_connection_error_after_connected(exc)
+
+
+def _dead_channel(*args: Any, **kwargs: Any) -> None:
+    raise redis.exceptions.ConnectionError(
+        "the broker connection this message came on was lost; Redis redelivers it after the visibility timeout"
+    )

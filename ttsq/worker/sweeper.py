@@ -1,0 +1,181 @@
+"""The sweeper: a job whose message was lost between the broker and a worker is sent again.
+
+One worker of a deployment at a time runs it (a Redis lock its holder renews; another worker takes
+over within a few seconds if the holder dies). Every second it reads the accepted-job ledger
+(``ttsq.records.accepted``) and, for each queue of the deployment, sends again, under the same task id, with
+the same kwargs and headers:
+
+- a job no worker has received, once ``TTSQ_LOST_JOB_GRACE_S`` has passed since it was accepted and
+  its queue has moved past it (a worker received a job accepted after it) or drained, and it is not
+  in the queue (read once per sweep, only while there are such jobs): kombu popped it and lost it
+  before it recorded it as unacknowledged (a Redis restart, a dropped connection);
+- a job a worker received that made no progress for one visibility timeout (plus the grace) and has
+  no final result: the broker's own redelivery record of it was lost too, or, for a document, one of
+  its chunk messages (a document sent again fans out again; its finished chunks come from the cache).
+
+Before sending, the result backend is asked: a job with a final result only has its record dropped.
+A second copy that reaches a worker while the first is still around is dropped by the envelope gate;
+content keys make a rerun idempotent in any case.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from celery import states
+
+from ttsq.app import make_app, queue_for
+from ttsq.constants import SEQ_HEADER, SWEEPER_LOCK_PREFIX
+from ttsq.job import MODES
+from ttsq.records.connection import connect
+from ttsq.records.queues import held, queue_depth
+
+if TYPE_CHECKING:
+    from ttsq.config import Settings
+    from ttsq.observer import Observer
+    from ttsq.records.accepted import AcceptedJob, AcceptedJobs
+
+logger = logging.getLogger(__name__)
+
+#: How often the sweep runs, and how long a sweeper's lock outlives its last renewal (seconds).
+SWEEP_INTERVAL_S = 1.0
+LOCK_TTL_S = 5.0
+
+# Extend the lock only while this worker still holds it.
+_RENEW = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+
+class Sweeper:
+    """Finds and re-sends lost jobs, on one worker of the deployment at a time."""
+
+    def __init__(self, settings: Settings, accepted: AcceptedJobs, observer: Observer, *, node: str) -> None:
+        self.settings = settings
+        self.accepted = accepted
+        self.observer = observer
+        self.node = node
+        self.grace_s = float(settings.lost_job_grace_s)
+        self.queues = [queue_for(settings.queue, mode) for mode in MODES]
+        self._broker = connect(settings.broker_url, decode=False)
+        self._cache = connect(settings.cache_url)
+        self._renew = self._cache.register_script(_RENEW)
+        self._app = make_app(settings)
+        self._lock_key = SWEEPER_LOCK_PREFIX + settings.queue
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ttsq-sweeper", daemon=True)
+        #: Task id -> Redis time it was first found suspect (lost once it stays so for the grace).
+        self._suspects: dict[str, float] = {}
+
+    def start(self) -> None:
+        """Start sweeping (whenever this worker holds the lock)."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop sweeping and give the lock up."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=SWEEP_INTERVAL_S + 10)
+        try:
+            self._cache.eval(
+                "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]) end",
+                1,
+                self._lock_key,
+                self.node,
+            )
+        except Exception as exc:  # the lock expires by itself within seconds
+            logger.debug("could not give the sweeper lock up: %s", type(exc).__name__)
+        self._app.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(SWEEP_INTERVAL_S):
+            try:
+                if self._hold_lock():
+                    self.sweep()
+                else:
+                    self._suspects.clear()  # another worker sweeps: start afresh if this one takes over
+            except Exception as exc:  # Redis restarting, most likely: the next round tries again
+                logger.warning("sweep failed: %s: %s", type(exc).__name__, exc)
+
+    def _hold_lock(self) -> bool:
+        ttl_ms = int(LOCK_TTL_S * 1000)
+        if self._cache.set(self._lock_key, self.node, nx=True, px=ttl_ms):
+            logger.info("this worker sweeps for lost jobs")
+            return True
+        return bool(self._renew(keys=[self._lock_key], args=[self.node, ttl_ms]))
+
+    def sweep(self) -> int:
+        """One round over every queue of the deployment; return how many jobs were sent again."""
+        now = self.accepted.now()
+        sent = 0
+        for queue in self.queues:
+            sent += self._sweep_unseen(queue, now)
+        sent += self._sweep_received(now)
+        return sent
+
+    def _sweep_unseen(self, queue: str, now: float) -> int:
+        unseen = self.accepted.unseen(queue)
+        if not unseen:
+            return 0
+        depth = queue_depth(self._broker, queue)
+        watermark, _ = self.accepted.watermark(queue)
+        lost: list[AcceptedJob] = []
+        suspects = set()
+        for task_id, seq in unseen:
+            job = self.accepted.get(task_id)
+            if job is None:  # its record expired
+                self.accepted.drop_unseen(queue, task_id)
+                continue
+            if (seq < watermark or depth == 0) and now - job.accepted_at > self.grace_s:
+                suspects.add(task_id)
+                first = self._suspects.setdefault(task_id, now)
+                if now - first >= min(self.grace_s, 2.0):  # suspect in two sweeps at least
+                    lost.append(job)
+            else:
+                self._suspects.pop(task_id, None)
+        if lost and depth:
+            queued = held(self._broker, {job.task_id for job in lost}, [queue], unacked_too=False)
+            for job in [job for job in lost if job.task_id in queued]:
+                self._suspects[job.task_id] = now  # still waiting behind others: look again later
+            lost = [job for job in lost if job.task_id not in queued]
+        for stale in set(self._suspects) - suspects:
+            if stale not in {job.task_id for job in lost}:
+                self._suspects.pop(stale, None)
+        return sum(self._send_again(job, why="its message never reached a worker") for job in lost)
+
+    def _sweep_received(self, now: float) -> int:
+        stale_s = self.settings.visibility_timeout_s + self.grace_s
+        sent = 0
+        for task_id in self.accepted.received_before(now - stale_s):
+            job = self.accepted.get(task_id)
+            if job is None:
+                self.accepted.finish(task_id)
+            else:
+                sent += self._send_again(job, why="a worker received it, and it made no progress since", stale=True)
+        return sent
+
+    def _send_again(self, job: AcceptedJob, *, why: str, stale: bool = False) -> int:
+        state = self._app.AsyncResult(job.task_id).state
+        if state in states.READY_STATES:
+            self.accepted.finish(job.task_id)
+            self._suspects.pop(job.task_id, None)
+            return 0
+        if state != states.PENDING and not stale:  # STARTED or PROGRESS: a worker has it; its mark went missing
+            self._suspects.pop(job.task_id, None)
+            return 0
+        seq = self.accepted.accept(job.task_id, task=job.task, queue=job.queue, kwargs=job.kwargs, headers=job.headers)
+        self._app.send_task(
+            job.task,
+            kwargs=job.kwargs,
+            task_id=job.task_id,
+            queue=job.queue,
+            headers={**job.headers, SEQ_HEADER: seq},
+            kwargsrepr="<sent again by the sweeper>",
+        )
+        self._suspects.pop(job.task_id, None)
+        self.observer.job_recovered()
+        logger.warning("job %s: %s; sent again", job.task_id, why)
+        return 1

@@ -1,0 +1,152 @@
+"""The tasks a worker runs: ``ttsq.synthesize``, ``ttsq.document`` and ``ttsq.stitch``, registered on the app.
+
+Thin by design: each task checks its message's shape and hands its JSON kwargs to the worker runtime
+(``ttsq.worker.runtime``) or the document orchestrator (``ttsq.worker.documents``). Producers never import this
+module; they send by name through ``ttsq.app``.
+
+Contract for web backends that do not import ttsq::
+
+    celery.send_task("ttsq.synthesize", kwargs={"text": "...", "language": "korean"}, queue="ttsq")
+
+returns a ``JobResult`` dict (see ``ttsq.job``) or fails with ``InvalidRequest`` / ``EngineError``.
+``ttsq.document`` takes the same kwargs with a text of any length and returns a ``DocumentResult``
+(see ``ttsq.document``); on a worker it becomes a chord of ``ttsq.synthesize`` jobs and ``ttsq.stitch``.
+The queue of each mode is ``ttsq.app.queue_for``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from celery import Celery, Task, states
+from celery.exceptions import InvalidTaskError, Reject
+from celery.signals import task_postrun, task_success
+
+from ttsq.app import make_app
+from ttsq.constants import CLAIM_HEADER, DOCUMENT_TASK_NAME, SENT_AT_HEADER, STITCH_TASK_NAME, TASK_NAME
+from ttsq.errors import InvalidRequest
+from ttsq.worker.documents import Orchestrator
+from ttsq.worker.gate import GATE_OPTION, Gate, GatedTransport
+
+if TYPE_CHECKING:
+    from ttsq.config import Settings
+    from ttsq.job import JobResult
+    from ttsq.worker.runtime import WorkerRuntime
+
+logger = logging.getLogger(__name__)
+
+#: The tasks a ttsq worker runs; a message for any other task is refused at the gate.
+TASKS = (TASK_NAME, DOCUMENT_TASK_NAME, STITCH_TASK_NAME)
+
+#: Every ttsq task: acked after it returns (late acks), never added to other apps (``shared=False``:
+#: a second app in one process, as in tests and the embedded mode, would otherwise run the first
+#: app's closure with the first runtime), events and inspect replies redacted.
+_TASK_OPTIONS: dict[str, Any] = {
+    "bind": True,
+    "acks_late": True,
+    "shared": False,
+    "Request": "ttsq.redaction:RedactedRequest",
+}
+
+
+class GuardedTask(Task):  # type: ignore[misc]
+    """A task whose messages are checked for shape before Celery builds a request from them.
+
+    Celery 5.7 unpacks a protocol-2 body as ``args, kwargs, embed`` outside any handler: one message
+    whose body is a JSON object or a number ends the whole worker ("Unrecoverable error"), and,
+    never acknowledged, it ends the next worker too; kwargs that are not an object leave the task
+    without any result. Here such a message becomes an ``InvalidTaskError``, which Celery's consumer
+    logs and drops.
+    """
+
+    def start_strategy(self, app: Celery, consumer: Any, **kwargs: Any) -> Any:
+        handle = super().start_strategy(app, consumer, **kwargs)
+
+        def guarded(message: Any, body: Any, *args: Any, **kw: Any) -> Any:
+            if "task" in (message.headers or {}):  # protocol 2; protocol 1 bodies are checked by Celery
+                payload = message.payload
+                if not (
+                    isinstance(payload, (list, tuple))
+                    and len(payload) == 3
+                    and isinstance(payload[0], (list, tuple))
+                    and isinstance(payload[1], dict)
+                    and isinstance(payload[2], (dict, type(None)))
+                ):
+                    raise InvalidTaskError("message body is not [args, kwargs, embed]")
+            return handle(message, body, *args, **kw)
+
+        return guarded
+
+
+def worker_app(settings: Settings, runtime: WorkerRuntime) -> Celery:
+    """The Celery app of a worker: ttsq's tasks registered over a started ``WorkerRuntime`` (engine
+    loaded and warmed first, so a broken model stops the process before it consumes anything), and
+    every message it receives checked by the envelope gate (``ttsq.worker.gate``) before Celery parses it."""
+    app = make_app(settings, worker=True)
+    register_tasks(app, runtime)
+    gate = Gate(settings, tasks=TASKS, observer=runtime.observer, accepted=runtime.accepted)
+    # The transport checks each popped list item, the consumer (``ttsq.worker.gate``) each message.
+    app.conf.broker_transport = GatedTransport
+    app.conf.broker_transport_options = {**app.conf.broker_transport_options, GATE_OPTION: gate}
+    app.ttsq_gate = gate
+    return app
+
+
+def register_tasks(app: Celery, runtime: WorkerRuntime) -> Orchestrator:
+    """Register ``ttsq.synthesize``, ``ttsq.document`` and ``ttsq.stitch`` on ``app``."""
+    orchestrator = Orchestrator(app, runtime)
+
+    @app.task(name=TASK_NAME, base=GuardedTask, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
+    def synthesize(self: Any, *args: Any, **kwargs: Any) -> JobResult:
+        if args:
+            raise InvalidRequest("args", "ttsq.synthesize takes keyword arguments only (kwargs=...)")
+        sent_at = self.request.get(SENT_AT_HEADER)
+        queue_wait = max(0.0, time.time() - float(sent_at)) if isinstance(sent_at, (int, float)) else None
+        claim = self.request.get(CLAIM_HEADER)
+        if (self.request.delivery_info or {}).get("redelivered"):
+            # A worker died holding it (or it outlived the visibility timeout): the rerun is harmless.
+            logger.info("job %s: redelivered", self.request.id)
+        try:
+            return runtime.run(
+                kwargs,
+                task_id=self.request.id,
+                queue_wait_s=queue_wait,
+                claimed_key=claim if isinstance(claim, str) else None,
+            )
+        except Exception as exc:
+            if runtime.stopping:
+                # A cold shutdown closed this worker's connections under the job: give the message
+                # back (or leave it unacked for redelivery) instead of recording a failure.
+                raise Reject(exc, requeue=True) from exc
+            raise
+
+    @app.task(name=DOCUMENT_TASK_NAME, base=GuardedTask, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
+    def document(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if args:
+            raise InvalidRequest("args", "ttsq.document takes keyword arguments only (kwargs=...)")
+        return orchestrator.fan_out(self, kwargs)
+
+    # The stitch carries the document's id: a STARTED stored over its PROGRESS would take the document's
+    # progress back; the stitch stores PROGRESS (phase stitching) itself.
+    @app.task(name=STITCH_TASK_NAME, base=GuardedTask, track_started=False, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
+    def stitch(self: Any, results: Any = None, *, plan: dict[str, Any]) -> Any:
+        return orchestrator.stitch(self, results, plan)
+
+    # A chunk of a document is an ordinary job; the orchestrator counts it once it has succeeded.
+    task_success.connect(orchestrator.chunk_succeeded, sender=synthesize, weak=False)
+    task_postrun.connect(orchestrator.chunk_ended, sender=synthesize, weak=False)
+
+    def finished(task_id: str = "", state: str | None = None, **_: Any) -> None:
+        # A final result is stored: the job leaves the accepted-job ledger. (A document is replaced by its
+        # chord, state IGNORED: it stays until its stitch, which carries its id, finishes.)
+        if state in (states.SUCCESS, states.FAILURE):
+            try:
+                runtime.accepted.finish(task_id)
+            except Exception as exc:  # the sweeper drops records of finished jobs it comes across
+                logger.warning("job %s: could not close its ledger record: %s", task_id, type(exc).__name__)
+
+    for task in (synthesize, document, stitch):
+        task_postrun.connect(finished, sender=task, weak=False)
+    return orchestrator
