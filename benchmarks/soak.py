@@ -36,8 +36,7 @@ from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.constants import FLEET_PREFIX
 from ttsq.ops.redis_server import RedisServer
-from ttsq.records.cache import CacheIndex
-from ttsq.records.connection import connect
+from ttsq.records.owner import RedisOwner
 
 WORDS = (
     "amber",
@@ -123,21 +122,24 @@ def main() -> int:
     try:
         for n in range(args.workers):
             workers.append(start_worker(settings, f"w{n + 1}", work / f"w{n + 1}.log"))
-        cache = connect(settings.cache_url)
+        redis = RedisOwner(settings, role="soak")
+        cache = redis.cache
         deadline = time.monotonic() + (120 if args.engine == "espeak" else 600)
         while not cache.exists(FLEET_PREFIX + settings.queue):
             if time.monotonic() > deadline or any(w.poll() is not None for w in workers):
                 raise SystemExit(f"workers did not start; see {work}")
             time.sleep(0.1)
         time.sleep(1.0)  # every worker has loaded and announced by now; the first RSS is after warm-up
-        index = CacheIndex(settings.cache_url, ttl_s=0)
-
         samples: list[dict[str, Any]] = []
         stop = threading.Event()
-        started = time.monotonic()
+        started, started_at = time.monotonic(), time.time()
+
+        def synthesized_so_far() -> int:
+            # The fleet's per-minute counters (``ttsq stats``), over every minute since the soak began.
+            return int(redis.stats.window(int((time.time() - started_at) // 60) + 2)["synthesized"])
 
         def sample() -> None:
-            done = index.counter("items_synthesized")
+            done = synthesized_so_far()
             samples.append(
                 {
                     "t_s": round(time.monotonic() - started, 1),
@@ -150,7 +152,7 @@ def main() -> int:
             step = max(1, args.jobs // args.samples)
             next_mark = step
             while not stop.wait(0.5):
-                if index.counter("items_synthesized") >= next_mark:
+                if synthesized_so_far() >= next_mark:
                     sample()
                     next_mark += step
 
@@ -169,8 +171,7 @@ def main() -> int:
         thread.join()
         sample()
 
-        synthesized = index.counter("items_synthesized")
-        written = index.counter("objects_written")
+        synthesized = synthesized_so_far()
         stored = sum(1 for path in (work / "audio").rglob("*.wav"))
         first, last = samples[0]["rss_kib"], samples[-1]["rss_kib"]
         warm = next((s for s in samples if s["jobs_done"] >= args.jobs * 0.2), samples[0])["rss_kib"]
@@ -179,7 +180,6 @@ def main() -> int:
             "jobs": args.jobs,
             "completed": len(keys),
             "synthesized": synthesized,
-            "objects_written": written,
             "objects_stored": stored,
             "workers": args.workers,
             "max_batch": args.max_batch,
@@ -192,13 +192,13 @@ def main() -> int:
             "rss_growth_after_20pct_kib": [e - w for e, w in zip(last, warm, strict=True)],
             "samples": samples,
             "workers_alive": sum(1 for w in workers if w.poll() is None),
-            "ok": len(keys) == synthesized == written == stored == args.jobs and all(w.poll() is None for w in workers),
+            "ok": len(keys) == synthesized == stored == args.jobs and all(w.poll() is None for w in workers),
         }
         if args.json:
             print(json.dumps(summary))
         else:
             print(
-                f"jobs {args.jobs}: completed {len(keys)}, synthesized {synthesized}, objects written {written}, "
+                f"jobs {args.jobs}: completed {len(keys)}, synthesized {synthesized}, "
                 f"stored {stored} -> {'OK: all done, none twice' if summary['ok'] else 'MISMATCH'}"
             )
             print(

@@ -191,18 +191,18 @@ def retry(ctx: click.Context, job_id: str) -> None:
 def dead(ctx: click.Context, as_json: bool, purge: bool) -> None:
     """List messages workers refused to run (malformed envelopes, unknown tasks), newest first: when,
     queue, why and task id, never their text. They are kept raw in Redis (the last 1000)."""
-    from ttsq.records.connection import connect, redis_errors
-    from ttsq.records.deadletters import DeadLetters
+    from ttsq.records.connection import redis_errors
+    from ttsq.records.owner import RedisOwner
 
     settings = settings_of(ctx)
-    client = connect(settings.broker_url, decode=False)
+    owner = RedisOwner(settings, role="cli")
     try:
         with redis_errors(settings.broker_url):
-            store = DeadLetters(client)
+            store = owner.dead_letters
             letters = [letter.summary() for letter in store.letters()]
             purged = store.purge() if purge else 0
     finally:
-        client.close()
+        owner.close()
     if as_json:
         click.echo(json.dumps(letters))
     elif not letters:

@@ -77,11 +77,12 @@ def keys() -> None:
 def keys_add(ctx: click.Context, name: str, rate_per_min: int, quota_audio_s: float, as_json: bool) -> None:
     """Create a key named NAME and print its token, once: it is not stored, only its hash."""
     from ttsq.gateway.apikeys import ApiKeys
-    from ttsq.records.connection import connect, redis_errors
+    from ttsq.records.connection import redis_errors
+    from ttsq.records.owner import RedisOwner
 
     settings = settings_of(ctx)
     with redis_errors(settings.cache_url):
-        token, key = ApiKeys(connect(settings.cache_url)).add(
+        token, key = ApiKeys(RedisOwner(settings, role="cli").cache).add(
             name, rate_per_min=rate_per_min, quota_audio_s=quota_audio_s
         )
     click.echo(json.dumps({"token": token, **key.summary()}) if as_json else token)
@@ -94,11 +95,12 @@ def keys_add(ctx: click.Context, name: str, rate_per_min: int, quota_audio_s: fl
 def keys_list(ctx: click.Context, as_json: bool) -> None:
     """List the keys: name, id, limits, audio served today, revoked or not (never a token)."""
     from ttsq.gateway.apikeys import ApiKeys
-    from ttsq.records.connection import connect, redis_errors
+    from ttsq.records.connection import redis_errors
+    from ttsq.records.owner import RedisOwner
 
     settings = settings_of(ctx)
     with redis_errors(settings.cache_url):
-        store = ApiKeys(connect(settings.cache_url))
+        store = ApiKeys(RedisOwner(settings, role="cli").cache)
         rows = [key.summary(store.used_today(key)) for key in store.list()]
     if as_json:
         click.echo(json.dumps(rows))
@@ -120,9 +122,10 @@ def keys_list(ctx: click.Context, as_json: bool) -> None:
 def keys_revoke(ctx: click.Context, name_or_id: str) -> None:
     """Revoke the live key with this name or id: every gateway refuses it at once (403)."""
     from ttsq.gateway.apikeys import ApiKeys
-    from ttsq.records.connection import connect, redis_errors
+    from ttsq.records.connection import redis_errors
+    from ttsq.records.owner import RedisOwner
 
     settings = settings_of(ctx)
     with redis_errors(settings.cache_url):
-        key = ApiKeys(connect(settings.cache_url)).revoke(name_or_id)
+        key = ApiKeys(RedisOwner(settings, role="cli").cache).revoke(name_or_id)
     click.echo(f"revoked {key.id} ({key.name})")

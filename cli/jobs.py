@@ -257,7 +257,7 @@ def _submit_embedded(
         )
     with Embedded(settings.replace(engine="espeak")) as stack:
         _submit(
-            Client(stack.settings, app=stack.app),
+            Client(stack.settings, app=stack.app, redis=stack.owner),
             kind,
             text,
             fields,

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import redis
-from support import BUCKET, SECRET, GatewayProcess, WorkerProcess
+from support import BUCKET, FAULTY, SECRET, TESTS, GatewayProcess, WorkerProcess
 
 from ttsq.config import Settings
 from ttsq.ops.redis_server import RedisServer, free_port
@@ -46,6 +46,14 @@ def s3_endpoint() -> Iterator[str]:
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
     yield endpoint
     server.stop()
+
+
+@pytest.fixture
+def faulty_engine(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The test-only engine that misbehaves on cue (``tests/faulty_engine.py``), as a ``TTSQ_ENGINE``
+    value: ``tests/`` goes on the PYTHONPATH the workers this test starts inherit."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+    return FAULTY
 
 
 @pytest.fixture

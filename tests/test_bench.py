@@ -14,16 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from support import WorkerProcess, run_cli, s3_keys
 
 from ttsq.config import Settings
-from ttsq.constants import STATS_PREFIX
 from ttsq.engines.espeak import EspeakEngine
 from ttsq.errors import InvalidRequest
 from ttsq.job import SynthesisRequest
 from ttsq.keys import content_key
 from ttsq.ops import bench
+from ttsq.records.owner import RedisOwner
+
+#: Whole-file: real engines or processes, minutes on two cores; `pytest -m "not slow"` skips it.
+pytestmark = pytest.mark.slow
 
 StartWorker = Callable[..., WorkerProcess]
 
@@ -146,9 +148,9 @@ def test_bench_against_a_running_worker(settings: Settings, start_worker: StartW
     assert data["config"]["max_batch"] is None and data["batch"]["fill"] is None  # the producer cannot know it
     assert 1 <= data["batch"]["mean_size"] <= data["batch"]["max_size_seen"] <= settings.max_batch
     assert len(s3_keys(settings)) == 12  # twelve distinct audio files stored
-    cache = redis.Redis.from_url(settings.cache_url)
-    assert int(cache.get(STATS_PREFIX + "items_synthesized") or 0) == 12
-    cache.close()
+    redis_owner = RedisOwner(settings, role="test")
+    assert redis_owner.stats.window(5)["synthesized"] == 12  # what `ttsq stats` counts
+    redis_owner.close()
 
 
 def test_bust_marker_changes_the_key_not_the_audio() -> None:

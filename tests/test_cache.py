@@ -8,7 +8,7 @@ from ttsq.config import Settings
 from ttsq.errors import BrokerError
 from ttsq.job import StoredAudio
 from ttsq.ops.redis_server import free_port
-from ttsq.records.cache import CacheIndex
+from ttsq.records.owner import RedisOwner
 
 ENTRY = StoredAudio(
     object_key="audio/ab/ab.wav",
@@ -25,7 +25,7 @@ ENTRY = StoredAudio(
 
 
 def test_index_round_trip_with_ttl(settings: Settings, redis_client: redis.Redis) -> None:
-    index = CacheIndex(settings.cache_url, ttl_s=100)
+    index = RedisOwner(settings.replace(cache_ttl_s=100), role="test").cache_index
     assert index.get("ab") is None
     index.put("ab", ENTRY)
     assert index.get("ab") == ENTRY
@@ -34,7 +34,7 @@ def test_index_round_trip_with_ttl(settings: Settings, redis_client: redis.Redis
 
 
 def test_claim_is_single_flight_and_release_is_owner_only(settings: Settings) -> None:
-    index = CacheIndex(settings.cache_url, ttl_s=0)
+    index = RedisOwner(settings, role="test").cache_index
     assert index.claim("k", "task-1", 60) is None
     assert index.claim("k", "task-2", 60) == "task-1"
     index.release("k", "task-2")  # not the owner: no effect
@@ -43,26 +43,25 @@ def test_claim_is_single_flight_and_release_is_owner_only(settings: Settings) ->
     assert index.claim("k", "task-3", 60) is None
 
 
-def test_identity_and_counters(settings: Settings) -> None:
-    index = CacheIndex(settings.cache_url, ttl_s=0)
-    index.publish_identity("q", {"engine": "espeak", "revision": "1", "modes": ["voice_design"]})
-    index.publish_identity("q", {"engine": "qwen", "revision": "2", "modes": ["voice_clone"]})
-    assert index.read_identities("q") == {
+def test_identities_of_live_workers(settings: Settings) -> None:
+    identities = RedisOwner(settings, role="test").identities
+    identities.publish("q", {"engine": "espeak", "revision": "1", "modes": ["voice_design"]})
+    identities.publish("q", {"engine": "qwen", "revision": "2", "modes": ["voice_clone"]})
+    assert identities.read("q") == {
         "voice_design": {"engine": "espeak", "revision": "1", "modes": ["voice_design"]},
         "voice_clone": {"engine": "qwen", "revision": "2", "modes": ["voice_clone"]},
     }
     # A worker that stopped re-announcing is gone: its modes are no longer served.
     time.sleep(1.1)
-    index.publish_identity("q", {"engine": "qwen", "revision": "2", "modes": ["voice_clone"]})
-    assert set(index.read_identities("q", max_age_s=1.0)) == {"voice_clone"}
-    assert index.read_identities("another-deployment") == {}
-    index.count("x")
-    index.count("x", 2)
-    assert index.counter("x") == 3
+    identities.publish("q", {"engine": "qwen", "revision": "2", "modes": ["voice_clone"]})
+    assert set(identities.read("q", max_age_s=1.0)) == {"voice_clone"}
+    assert identities.read("another-deployment") == {}
 
 
-def test_unreachable_redis_is_a_broker_error_without_the_password() -> None:
-    index = CacheIndex(f"redis://:hunter2@127.0.0.1:{free_port()}/0", ttl_s=0)
+def test_unreachable_redis_is_a_broker_error_without_the_password(settings: Settings) -> None:
+    index = RedisOwner(
+        settings.replace(cache_url=f"redis://:hunter2@127.0.0.1:{free_port()}/0"), role="test"
+    ).cache_index
     try:
         index.get("x")
     except BrokerError as exc:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -19,13 +18,13 @@ import pytest
 import redis
 import soundfile as sf
 from bad_inputs import BAD_REQUESTS
-from support import FAULTY, TESTS, WorkerProcess, queue_length, s3_keys
+from support import WorkerProcess, queue_length, s3_keys
 
 from ttsq.app import make_app
 from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.errors import BrokerError, EngineError, InvalidRequest, JobTimeout
-from ttsq.records.cache import CacheIndex
+from ttsq.records.owner import RedisOwner
 
 StartWorker = Callable[..., WorkerProcess]
 KOREAN = "안녕하세요. 티티에스큐 음성 합성 테스트입니다."
@@ -76,8 +75,8 @@ def test_ten_concurrent_identical_submits_make_one_synthesis(settings: Settings,
     start_worker(settings)
     client = Client(settings)
     client.submit("warm up the model announcement").wait(timeout=30)
-    index = CacheIndex(settings.cache_url, ttl_s=0)
-    before = index.counter("items_synthesized")
+    stats = RedisOwner(settings, role="test").stats
+    before = stats.window(5)["synthesized"]  # what `ttsq stats` counts
 
     def submit_and_wait(_: int) -> dict[str, object]:
         return dict(Client(settings).submit("Ten producers, one job.").wait(timeout=30))
@@ -85,7 +84,7 @@ def test_ten_concurrent_identical_submits_make_one_synthesis(settings: Settings,
     with ThreadPoolExecutor(10) as pool:
         results = list(pool.map(submit_and_wait, range(10)))
     assert len({r["key"] for r in results}) == 1
-    assert index.counter("items_synthesized") - before == 1
+    assert stats.window(5)["synthesized"] - before == 1
     assert len([k for k in s3_keys(settings) if k.endswith(f"{results[0]['key']}.wav")]) == 1
     assert len(s3_keys(settings)) == 2  # the warm-up's object and this one
 
@@ -110,15 +109,18 @@ def test_plain_celery_client_without_ttsq_gets_a_result(settings: Settings, star
 
 
 def test_burst_fills_batches_and_bad_items_fail_alone(
-    settings: Settings, start_worker: StartWorker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    settings: Settings,
+    start_worker: StartWorker,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    faulty_engine: str,
 ) -> None:
     # The faulty engine (espeak, plus faults on cue) fails an item marked [flaky] in its slot while
     # the file FAULTY_ENGINE_FLAKY names exists, as a transient device fault would.
     flaky = tmp_path / "flaky"
     flaky.touch()
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("FAULTY_ENGINE_FLAKY", str(flaky))
-    settings = settings.replace(engine=FAULTY, max_batch=4, max_wait_ms=1000)
+    settings = settings.replace(engine=faulty_engine, max_batch=4, max_wait_ms=1000)
     client = Client(settings)
     app = make_app(settings)
     # Queue the whole burst first, so the worker finds 4 x max_batch jobs waiting. One of them is
@@ -185,7 +187,7 @@ def test_broker_down_after_a_claim_releases_it(settings: Settings, redis_client:
     from ttsq.engines.base import EngineIdentity
     from ttsq.ops.redis_server import free_port
 
-    CacheIndex(settings.cache_url, ttl_s=0).publish_identity(
+    RedisOwner(settings, role="test").identities.publish(
         settings.queue, EngineIdentity(engine="espeak", model="espeak-ng", revision="test", sample_rate=22050).to_dict()
     )
     down = f"redis://127.0.0.1:{free_port()}"

@@ -13,6 +13,9 @@ import pytest
 
 from ttsq.ops.bench import STAGES
 
+#: Whole-file: real engines or processes, minutes on two cores; `pytest -m "not slow"` skips it.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).parent.parent
 
 

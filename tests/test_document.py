@@ -32,7 +32,7 @@ from ttsq.engines.base import EngineIdentity
 from ttsq.errors import InvalidRequest
 from ttsq.job import Limits, SynthesisRequest
 from ttsq.keys import content_key
-from ttsq.records.cache import CacheIndex
+from ttsq.records.owner import RedisOwner
 from ttsq.splitter import normalize
 
 StartWorker = Callable[..., WorkerProcess]
@@ -44,6 +44,7 @@ def synthesized_keys(worker: WorkerProcess) -> list[str]:
     return re.findall(r"job \S+: synthesized ([0-9a-f]{12}) in batch", worker.log())
 
 
+@pytest.mark.slow
 def test_a_20000_character_multilingual_document_becomes_one_file(
     settings: Settings, start_worker: StartWorker
 ) -> None:
@@ -58,7 +59,7 @@ def test_a_20000_character_multilingual_document_becomes_one_file(
         assert result["document"]["chunks"] == len(chunks) >= 50  # type: ignore[typeddict-item]
 
         # The file is exactly its chunks joined: minus each crossfade, plus each pause.
-        cache = CacheIndex(settings.cache_url, ttl_s=0)
+        cache = RedisOwner(settings, role="test").cache_index
         entries = [cache.get(chunk["key"]) for chunk in chunks]
         assert all(entry is not None and entry["format"] == "wav" for entry in entries)
         rate = result["sample_rate"]
@@ -150,13 +151,16 @@ def test_chunks_are_shared_with_ordinary_submits(settings: Settings, start_worke
     assert len(made) == 4 and {key[:12] for key in (c["key"] for c in chunks[2:])} == set(made[2:])
 
 
+@pytest.mark.slow
 def test_kill_the_worker_halfway_only_missing_chunks_are_redone(
-    settings: Settings, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch
+    settings: Settings,
+    start_worker: StartWorker,
+    monkeypatch: pytest.MonkeyPatch,
+    faulty_engine: str,
 ) -> None:
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
     # Slow chunks, one at a time, and a visibility timeout short enough to see redelivery in a test.
     slow = settings.replace(
-        engine="faulty_engine:FaultyEngine",
+        engine=faulty_engine,
         max_batch=1,
         visibility_timeout_s=25,
         job_timeout_s=12,
@@ -189,13 +193,16 @@ def test_kill_the_worker_halfway_only_missing_chunks_are_redone(
 
 
 def test_a_failed_document_resubmitted_makes_only_the_missing_chunks(
-    settings: Settings, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    settings: Settings,
+    start_worker: StartWorker,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    faulty_engine: str,
 ) -> None:
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
     fault = tmp_path / "device-fault"
     fault.touch()
     monkeypatch.setenv("FAULTY_ENGINE_FLAKY", str(fault))
-    flaky = settings.replace(engine="faulty_engine:FaultyEngine", doc_target_chars=1)
+    flaky = settings.replace(engine=faulty_engine, doc_target_chars=1)
     worker = start_worker(flaky)
     text = "A short sentence to begin. Another short one follows. And a [flaky] one at the end."
     with Client(flaky) as client:
@@ -213,10 +220,12 @@ def test_a_failed_document_resubmitted_makes_only_the_missing_chunks(
 
 
 def test_status_shows_progress_rising_while_a_document_runs(
-    settings: Settings, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch
+    settings: Settings,
+    start_worker: StartWorker,
+    monkeypatch: pytest.MonkeyPatch,
+    faulty_engine: str,
 ) -> None:
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
-    slow = settings.replace(engine="faulty_engine:FaultyEngine", max_batch=1, doc_target_chars=1)
+    slow = settings.replace(engine=faulty_engine, max_batch=1, doc_target_chars=1)
     start_worker(slow)
     text = " ".join(f"[slow] Progress sentence number {n}." for n in range(6))
     with Client(slow) as client:
@@ -284,6 +293,7 @@ def test_a_raw_document_message_from_a_backend_without_ttsq(settings: Settings, 
     app.close()
 
 
+@pytest.mark.slow
 def test_cli_document_with_a_progress_bar_and_an_output_file(
     settings: Settings, start_worker: StartWorker, tmp_path: Path
 ) -> None:
@@ -343,11 +353,14 @@ def test_cli_each_line_submits_one_job_per_line_with_a_summary(
 
 
 def test_flower_shows_a_document_in_progress_then_done(
-    settings: Settings, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    settings: Settings,
+    start_worker: StartWorker,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    faulty_engine: str,
 ) -> None:
 
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
-    slow = settings.replace(engine="faulty_engine:FaultyEngine", max_batch=1, doc_target_chars=1)
+    slow = settings.replace(engine=faulty_engine, max_batch=1, doc_target_chars=1)
     flower = Flower(slow, tmp_path / "flower.log")
     try:
         start_worker(slow)

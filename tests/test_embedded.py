@@ -14,8 +14,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import soundfile as sf
 from support import wait_until
+
+#: Whole-file: real engines or processes, minutes on two cores; `pytest -m "not slow"` skips it.
+pytestmark = pytest.mark.slow
 
 README = Path(__file__).parent.parent / "README.md"
 

@@ -28,6 +28,9 @@ from ttsq.storage import LocalStorage
 from ttsq.voices import add_voice
 from ttsq.worker.metrics import Metrics
 
+#: Whole-file: real engines or processes, minutes on two cores; `pytest -m "not slow"` skips it.
+pytestmark = pytest.mark.slow
+
 SAMPLES_PER_FRAME = 1920  # 24 kHz / 12.5 frames per second
 
 

@@ -229,6 +229,52 @@ def test_a_message_without_an_id_is_dead_lettered_once_and_never_comes_back(
     assert worker.process is not None and worker.process.poll() is None
 
 
+#: Bodies Celery 5.7 cannot take apart as a task's ``[args, kwargs, embed]``: a JSON object or a number
+#: once ended the worker, kwargs that were not an object left the task without a result, and kwargs
+#: written in kombu's typed JSON (``__type__``/``__value__``) reach the task as a ``Decimal`` or a
+#: ``datetime``, or fail kombu's decoder inside Celery's consumer.
+CELERY_BODIES: list[Any] = [
+    {"text": "x"},
+    5,
+    "null",
+    [[], {}],
+    [[], "x", None],
+    [[], [], None],
+    [[], {"__type__": "decimal", "__value__": "1"}, None],
+    [[], {"__type__": "datetime", "__value__": "2026-01-01T00:00:00"}, None],
+    [[], {"text": {"__type__": "datetime", "__value__": "not a time"}}, None],
+    [[], {"text": "x"}, {"__type__": "decimal", "__value__": "1"}],
+]
+
+
+def test_every_body_celery_cannot_take_is_dead_lettered_and_stops_no_worker(
+    settings: Settings, start_worker: StartWorker
+) -> None:
+    """The gate alone stands between these bodies and Celery's strategy: no task class checks them again."""
+    worker = start_worker(settings)
+    ids = []
+    for n, body in enumerate(CELERY_BODIES):
+        message = envelope(settings.queue, marker=f"body {n}", body=body)
+        ids.append(message["headers"]["id"])
+        push(settings, encoded(message))
+    with Client(settings) as client:
+        assert client.submit("Served after bodies Celery cannot take.").wait(timeout=60)["duration_s"] > 0
+    store = dead_letters(settings)
+    wait_until(lambda: len(store.letters()) >= len(ids), 30, "every bad body in the dead-letter list")
+    letters = store.letters()
+    assert sorted(letter.task_id or "" for letter in letters) == sorted(ids)
+    assert {letter.reason for letter in letters} == {"body"}
+    wait_until(lambda: unacked(settings) == 0, 10, "every message acknowledged")
+    assert redis.Redis.from_url(settings.broker_url).llen(settings.queue) == 0
+    log = worker.log()
+    # Not dropped by Celery either (its consumer logs these and acks, keeping nothing).
+    assert "Unrecoverable" not in log and "InvalidTaskError" not in log and "DecodeError" not in log
+    assert worker.process is not None and worker.process.poll() is None
+    app = make_app(settings)
+    assert all(app.AsyncResult(task_id).state == "PENDING" for task_id in ids)  # none ran, none failed
+    app.close()
+
+
 def test_ttsq_dead_lists_without_text_and_purges(settings: Settings, start_worker: StartWorker) -> None:
     secret = "The Osprey contract is signed on Friday"
     start_worker(settings)

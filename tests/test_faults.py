@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from support import FAULTY, WorkerProcess, run_cli, s3_keys, wait_until
+from support import WorkerProcess, run_cli, s3_keys, wait_until
 
 from ttsq.app import make_app
 from ttsq.client import Client, Job
@@ -30,7 +30,10 @@ from ttsq.errors import BrokerError, DeadlineExceeded, InvalidRequest, JobParked
 from ttsq.job import SynthesisRequest
 from ttsq.keys import content_key
 from ttsq.ops.redis_server import RedisServer, free_port
-from ttsq.records.cache import CacheIndex
+from ttsq.records.owner import RedisOwner
+
+#: Whole-file: real engines or processes, minutes on two cores; `pytest -m "not slow"` skips it.
+pytestmark = pytest.mark.slow
 
 StartWorker = Callable[..., WorkerProcess]
 TESTS = Path(__file__).parent
@@ -41,13 +44,12 @@ SLACK_S = 60
 
 
 @pytest.fixture
-def faulty(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+def faulty(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, faulty_engine: str) -> Settings:
     """Settings for workers running the faulty engine, with a visibility timeout short enough
     that redelivery happens within a test (and the worst hold of a healthy job still fits in it)."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("FAULTY_ENGINE_EVENTS", str(tmp_path / "batches.log"))
     return settings.replace(
-        engine=FAULTY, visibility_timeout_s=25, job_timeout_s=12, storage_attempts=1, storage_timeout_s=2
+        engine=faulty_engine, visibility_timeout_s=25, job_timeout_s=12, storage_attempts=1, storage_timeout_s=2
     )
 
 
@@ -112,7 +114,8 @@ def test_sigkill_mid_batch_every_job_completes_once_on_another_worker(
     assert all(not r["cached"] and r["duration_s"] > 1 for r in results)
     keys = s3_keys(faulty)
     assert len(keys) == len(set(keys)) == len(texts)  # one object per job
-    assert CacheIndex(faulty.cache_url, ttl_s=0).counter("objects_written") == len(texts)  # each written once
+    # Each synthesized once, as `ttsq stats` counts it: the killed worker finished none of its batch.
+    assert RedisOwner(faulty, role="test").stats.window(30)["synthesized"] == len(texts)
     assert unacked(faulty) == 0 and w2.process is not None and w2.process.poll() is None
     client.close()
 
@@ -278,7 +281,7 @@ def test_storage_outage_retries_with_backoff_and_completes_when_the_store_is_bac
         store.start()
     try:
         results = [job.wait(timeout=SLACK_S) for job in jobs]
-        index = CacheIndex(patient.cache_url, ttl_s=0)
+        index = RedisOwner(patient, role="test").cache_index
         import boto3
 
         bucket, _, prefix = patient.storage_url.removeprefix("s3://").partition("/")
@@ -308,7 +311,7 @@ def test_storage_retries_run_out_with_a_clear_error_and_nothing_indexed(
     job = Client(settings).submit("Nowhere to put this, ever.")
     with pytest.raises(StorageError, match="gave up after 3 tries"):
         job.wait(timeout=SLACK_S)
-    assert job.key is not None and CacheIndex(settings.cache_url, ttl_s=0).get(job.key) is None
+    assert job.key is not None and RedisOwner(settings, role="test").cache_index.get(job.key) is None
     assert s3_keys(settings) == []
 
 

@@ -47,7 +47,7 @@ from ttsq.audio import decode, encode
 from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.document import Options
-from ttsq.records.cache import CacheIndex
+from ttsq.records.owner import RedisOwner
 from ttsq.splitter import normalize as normalize_text
 from ttsq.storage import open_storage
 from ttsq.testing.fidelity import (
@@ -61,6 +61,9 @@ from ttsq.testing.fidelity import (
     number_words,
 )
 from ttsq.worker.documents import join_chunks
+
+#: Whole-file: real engines or processes, minutes on two cores; `pytest -m "not slow"` skips it.
+pytestmark = pytest.mark.slow
 
 StartWorker = Callable[..., WorkerProcess]
 ROOT = Path(__file__).parent.parent
@@ -90,14 +93,14 @@ def spans_of(result: dict[str, Any]) -> list[tuple[int, int]]:
 
 def chunk_audio(settings: Settings, result: dict[str, Any]) -> list[bytes]:
     """Each chunk's stored WAV, read through the cache index and the storage the worker wrote."""
-    cache_index = CacheIndex(settings.cache_url, ttl_s=0)
+    owner = RedisOwner(settings, role="test")
     storage = open_storage(settings)
     audio = []
     for chunk in result["chunks"]:
-        entry = cache_index.get(chunk["key"])
+        entry = owner.cache_index.get(chunk["key"])
         assert entry is not None and entry["format"] == "wav"
         audio.append(storage.get(entry["object_key"]))
-    cache_index.close()
+    owner.close()
     return audio
 
 

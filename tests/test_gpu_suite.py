@@ -26,6 +26,9 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
+#: Whole-file: real engines or processes, minutes on two cores; `pytest -m "not slow"` skips it.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 GPU = ROOT / "benchmarks" / "gpu"
 #: The carried wheels' share of the 64 MiB that travels with a call, leaving the rest to the repository.

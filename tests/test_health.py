@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support import FAULTY, TESTS, Launcher, WorkerProcess, scrape, value, wait_until
+from support import Launcher, WorkerProcess, scrape, value, wait_until
 
 from ttsq.client import Client
 from ttsq.config import Settings
@@ -69,9 +69,11 @@ def test_a_worker_in_process_is_live_and_ready_then_not_live_once_its_batcher_th
 
 
 def test_liveness_goes_false_when_the_engine_hangs_and_true_again_after_the_restart(
-    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    settings: Settings,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    faulty_engine: str,
 ) -> None:
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
     # Its own Redis: the hung job stays unacked in it after the test, where nobody else counts it.
     server = RedisServer(directory=str(tmp_path / "redis"))
     os.makedirs(server.directory)
@@ -79,7 +81,7 @@ def test_liveness_goes_false_when_the_engine_hangs_and_true_again_after_the_rest
     url = server.url
     port = free_port()
     faulty = settings.replace(
-        engine=FAULTY,
+        engine=faulty_engine,
         metrics_port=port,
         batch_timeout_s=3,
         job_timeout_s=12,
@@ -150,12 +152,15 @@ def test_readiness_follows_redis_and_liveness_rides_out_the_outage(
 
 
 def test_outstanding_jobs_count_what_workers_hold_as_well_as_what_waits(
-    settings: Settings, start_worker: Callable[..., WorkerProcess], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    settings: Settings,
+    start_worker: Callable[..., WorkerProcess],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    faulty_engine: str,
 ) -> None:
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
     port = free_port()
     # One job at a time, each a second long: most of a burst waits in Redis, a few in the worker.
-    own = settings.replace(engine=FAULTY, metrics_port=port, max_batch=1)
+    own = settings.replace(engine=faulty_engine, metrics_port=port, max_batch=1)
     start_worker(own, name="health-outstanding")
     with Client(own) as client:
         jobs = [client.submit(f"[slow] Outstanding job number {i}.") for i in range(6)]

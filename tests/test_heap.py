@@ -22,6 +22,9 @@ from pathlib import Path
 
 import pytest
 
+#: Whole-file: real engines or processes, minutes on two cores; `pytest -m "not slow"` skips it.
+pytestmark = pytest.mark.slow
+
 GLIBC_VARIABLE = "MALLOC_MMAP_THRESHOLD_"
 
 SCRIPT = r"""

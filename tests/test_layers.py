@@ -29,7 +29,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "worker": ("ttsq.worker",),
     "batching": ("ttsq.batching",),
     "engines": ("ttsq.engines",),
-    "app": ("ttsq.app",),
+    "app": ("ttsq.app", "ttsq.sending"),
     # The core: flat nouns, what Redis keeps, and the engine protocol every layer above speaks.
     "core": ("ttsq", "ttsq.records", "ttsq.engines.base"),
 }

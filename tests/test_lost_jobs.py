@@ -24,6 +24,9 @@ from ttsq.config import Settings
 from ttsq.errors import BrokerError, UnknownJob
 from ttsq.ops.redis_server import RedisServer
 
+#: Whole-file: real engines or processes, minutes on two cores; `pytest -m "not slow"` skips it.
+pytestmark = pytest.mark.slow
+
 StartWorker = Callable[..., WorkerProcess]
 GRACE_S = 2
 #: The bound docs/guarantees.md states for a message lost on its way to a worker: about twice the grace,

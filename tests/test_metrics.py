@@ -12,6 +12,7 @@ from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.errors import InvalidRequest
 from ttsq.ops.redis_server import free_port
+from ttsq.records.owner import RedisOwner
 from ttsq.worker.metrics import Metrics
 
 StartWorker = Callable[..., WorkerProcess]
@@ -79,7 +80,8 @@ def test_metrics_after_a_burst_add_up(settings: Settings, start_worker: StartWor
 
 def test_queue_depth_is_exported_while_jobs_wait(settings: Settings) -> None:
     # No worker: what is submitted stays on the queue, and a scrape reports it.
-    metrics = Metrics(node="probe@test", queues=[settings.queue], broker_url=settings.broker_url)
+    redis = RedisOwner(settings, role="test")
+    metrics = Metrics(node="probe@test", queues=[settings.queue], broker=redis.broker)
     port = metrics.serve(0, "127.0.0.1")
     try:
         client = Client(settings)

@@ -19,6 +19,9 @@ import torch
 
 from ttsq.engines.qwen.codec import FoldedSnake, PointwiseConv, rewrite
 
+#: Whole-file: real engines or processes, minutes on two cores; `pytest -m "not slow"` skips it.
+pytestmark = pytest.mark.slow
+
 TOLERANCE = 1e-5
 
 

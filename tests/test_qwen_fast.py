@@ -22,6 +22,9 @@ import torch
 from ttsq.engines.qwen.decode import DecodeLoop, Prompt
 from ttsq.engines.qwen.sampling import Sampling, SubSampling
 
+#: Whole-file: real engines or processes, minutes on two cores; `pytest -m "not slow"` skips it.
+pytestmark = pytest.mark.slow
+
 GREEDY = {"do_sample": False, "subtalker_dosample": False}
 TEXTS = [
     "Hello world.",

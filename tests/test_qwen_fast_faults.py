@@ -19,6 +19,9 @@ from ttsq.config import Settings
 from ttsq.errors import EngineError
 from ttsq.job import SynthesisRequest
 
+#: Whole-file: real engines or processes, minutes on two cores; `pytest -m "not slow"` skips it.
+pytestmark = pytest.mark.slow
+
 TIMEOUT = 120
 
 

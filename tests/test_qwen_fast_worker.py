@@ -31,6 +31,9 @@ from ttsq.engines.base import frame_cap
 from ttsq.job import SynthesisRequest
 from ttsq.keys import content_key
 
+#: Whole-file: real engines or processes, minutes on two cores; `pytest -m "not slow"` skips it.
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("kind", ["voice_design", "base"])
 def test_qwen_fast_serves_jobs_end_to_end(

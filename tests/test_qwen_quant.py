@@ -23,6 +23,9 @@ from ttsq.errors import ConfigError
 from ttsq.job import SynthesisRequest
 from ttsq.keys import content_key
 
+#: Whole-file: real engines or processes, minutes on two cores; `pytest -m "not slow"` skips it.
+pytestmark = pytest.mark.slow
+
 
 def linear(inputs: int = 96, outputs: int = 40, bias: bool = True) -> torch.nn.Linear:
     torch.manual_seed(0)

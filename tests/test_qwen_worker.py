@@ -35,7 +35,10 @@ from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.engines.base import EngineIdentity, frame_cap
 from ttsq.errors import InvalidRequest
-from ttsq.records.cache import CacheIndex
+from ttsq.records.owner import RedisOwner
+
+#: Whole-file: real engines or processes, minutes on two cores; `pytest -m "not slow"` skips it.
+pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("kind", ["voice_design", "custom_voice", "base"])
@@ -132,7 +135,7 @@ def test_bad_clone_requests_are_refused_clearly_and_the_worker_keeps_serving(
 
 
 def test_unknown_speaker_is_refused_at_submit_when_the_fleet_is_known(settings: Settings) -> None:
-    CacheIndex(settings.cache_url, ttl_s=0).publish_identity(
+    RedisOwner(settings, role="test").identities.publish(
         settings.queue,
         EngineIdentity(
             engine="qwen",

@@ -14,7 +14,7 @@ from ttsq.app import make_app
 from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.ops.fleet import format_table, snapshot
-from ttsq.records.stats import FleetStats
+from ttsq.records.owner import RedisOwner
 
 StartWorker = Callable[..., WorkerProcess]
 BURST = 32
@@ -84,7 +84,8 @@ def test_stats_are_consistent_during_and_after_a_burst(settings: Settings, start
 
 
 def test_counters_outside_the_window_are_left_out(settings: Settings) -> None:
-    stats = FleetStats(settings.cache_url)
+    redis = RedisOwner(settings, role="test")
+    stats = redis.stats
     now = time.time()
     stats.record(now=now - 10 * 60, synthesized=7, audio_s=1.5)
     stats.record(now=now, synthesized=2, cached_producer=1, audio_s=0.25)
@@ -93,4 +94,4 @@ def test_counters_outside_the_window_are_left_out(settings: Settings) -> None:
     assert snap["window"]["cache_hit_ratio"] == round(1 / 3, 4)
     assert snapshot(settings, minutes=15, ping_timeout=0, now=now)["window"]["synthesized"] == 9
     assert "WORKERS ONLINE: 0" in format_table(snap)
-    stats.close()
+    redis.close()

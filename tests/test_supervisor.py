@@ -14,13 +14,16 @@ from pathlib import Path
 
 import pytest
 import redis
-from support import FAULTY, TESTS, Launcher, queue_length, scrape, value
+from support import FAULTY, Launcher, queue_length, scrape, value
 
 from ttsq.client import Client, Job
 from ttsq.config import Settings
 from ttsq.constants import RESTARTS_KEY
 from ttsq.ops.redis_server import free_port
-from ttsq.records.cache import CacheIndex
+from ttsq.records.owner import RedisOwner
+
+#: Whole-file: real engines or processes, minutes on two cores; `pytest -m "not slow"` skips it.
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
@@ -53,7 +56,11 @@ def done_ids(client: Client, jobs: list[Job]) -> set[str]:
 
 
 def test_two_workers_share_a_burst_and_a_killed_one_loses_nothing(
-    settings: Settings, launch: Callable[..., Launcher], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    settings: Settings,
+    launch: Callable[..., Launcher],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    faulty_engine: str,
 ) -> None:
     # A short visibility timeout: the killed worker's jobs come back in seconds, not an hour. (Not
     # shorter: on a loaded machine a live worker's jobs would outlive it and run twice; harmless,
@@ -63,11 +70,10 @@ def test_two_workers_share_a_burst_and_a_killed_one_loses_nothing(
     # enough to kill cpu1 while it holds messages and is not fetching: kombu's Redis transport pops a
     # message and then records it as unacked, and a process killed between the two loses that message
     # (celery/celery#7950; docs/guarantees.md names this limit).
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
     events = tmp_path / "batches.log"
     monkeypatch.setenv("FAULTY_ENGINE_EVENTS", str(events))
     settings = settings.replace(
-        engine=FAULTY,
+        engine=faulty_engine,
         visibility_timeout_s=30,
         job_timeout_s=15,
         storage_attempts=1,
@@ -166,9 +172,9 @@ def test_sigterm_finishes_the_batch_in_flight_and_requeues_the_rest(
     assert len({r["key"] for r in results}) == 40
     second.signal(signal.SIGTERM)
     assert second.wait() == 0  # and its log is complete
-    stats = CacheIndex(settings.cache_url, ttl_s=0)
-    assert stats.counter("items_synthesized") == 40
-    assert stats.counter("cache_hits_worker") == 0
+    window = RedisOwner(settings, role="test").stats.window(30)  # what `ttsq stats` counts
+    assert window["synthesized"] == 40
+    assert window["cached_worker"] == 0
     for job in jobs:
         assert (launcher.log() + second.log()).count(f"Task ttsq.synthesize[{job.id}] succeeded") == 1
     client.close()

@@ -13,8 +13,8 @@ from ttsq.app import make_app
 from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.errors import InvalidRequest, StorageError
-from ttsq.records.cache import CacheIndex
 from ttsq.records.deadletters import DeadLetters
+from ttsq.records.owner import RedisOwner
 
 StartWorker = Callable[..., WorkerProcess]
 
@@ -23,7 +23,8 @@ def test_a_redelivered_job_is_answered_from_the_cache(settings: Settings, start_
     start_worker(settings)
     client = Client(settings)
     first = client.submit("Delivered twice.").wait(timeout=30)
-    synthesized = CacheIndex(settings.cache_url, ttl_s=0).counter("items_synthesized")
+    stats = RedisOwner(settings, role="test").stats
+    before = stats.window(5)  # what `ttsq stats` counts
     # The same message again, as Redis would redeliver it: straight onto the queue, no producer check.
     again = (
         make_app(settings)
@@ -31,7 +32,9 @@ def test_a_redelivered_job_is_answered_from_the_cache(settings: Settings, start_
         .get(timeout=30)
     )
     assert again["cached"] is True and again["key"] == first["key"] and again["batch_size"] == 0
-    assert CacheIndex(settings.cache_url, ttl_s=0).counter("items_synthesized") == synthesized
+    after = stats.window(5)
+    assert after["synthesized"] == before["synthesized"] == 1
+    assert after["cached_worker"] == before["cached_worker"] + 1
 
 
 def test_pickle_messages_are_refused_not_executed(
@@ -105,7 +108,7 @@ def test_storage_down_at_the_worker_fails_the_job_and_indexes_nothing(
     job = client.submit("Nowhere to put this.")
     with pytest.raises(StorageError):
         job.wait(timeout=60)
-    assert job.key is not None and CacheIndex(settings.cache_url, ttl_s=0).get(job.key) is None
+    assert job.key is not None and RedisOwner(settings, role="test").cache_index.get(job.key) is None
     assert s3_keys(settings) == []
     # The failed job let go of its single-flight claim: the same request, resubmitted once storage
     # is back, is a new job that succeeds (not a join onto the failed one).

@@ -6,6 +6,9 @@ it by task name; a worker registers ttsq's tasks on it (``ttsq.worker.tasks``). 
 Each mode has its own queue (``queue_for``): ``ttsq`` for voice_design, the default, and
 ``ttsq.custom_voice`` / ``ttsq.voice_clone`` for the others, because a worker serves the mode of the
 checkpoint it loaded and consumes only that mode's queue.
+
+``stored_result`` reads what the result backend holds for a job, through ttsq's one reader
+(``ttsq.results.read_result``): producers and the worker's sweeper read a job's state that way.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
+import redis
 from celery import Celery
 from celery.backends.redis import RedisBackend
 
@@ -23,6 +27,8 @@ from ttsq.constants import (
     REDIS_SOCKET_TIMEOUT_S,
     TASK_NAME,
 )
+from ttsq.errors import BrokerError, CorruptRecord
+from ttsq.results import StoredResult, read_result
 
 if TYPE_CHECKING:
     from ttsq.config import Settings
@@ -122,3 +128,16 @@ class ResultBackend(RedisBackend):  # type: ignore[misc]
 
     def mark_as_retry(self, task_id: str, exc: BaseException, traceback: Any = None, *args: Any, **kwargs: Any) -> Any:
         return super().mark_as_retry(task_id, exc, None, *args, **kwargs)
+
+
+def stored_result(app: Celery, task_id: str) -> StoredResult:
+    """What the result backend holds for ``task_id`` (PENDING when nothing), read by ``read_result``;
+    ``BrokerError`` when the backend cannot be reached, ``CorruptRecord`` when the record is not ttsq's."""
+    backend = app.backend
+    try:
+        raw = backend.get(backend.get_key_for_task(task_id))
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        raise BrokerError(f"cannot reach the result backend: {exc}") from exc
+    except redis.exceptions.RedisError as exc:  # WRONGTYPE: something else is kept under the result's key
+        raise CorruptRecord("result", f"of job {task_id[:80]} cannot be read: {type(exc).__name__}") from None
+    return read_result(raw, task_id)

@@ -1,19 +1,10 @@
 """The producer side: validate, short-circuit from the cache, single flight, enqueue, wait.
 
-``submit`` walks design steps 1-5 for one request:
-
-1. validate at the edge (``InvalidRequest`` names the field; nothing is queued), including what the
-   fleet can serve: a mode no worker announced, an unknown speaker, a voice that is not stored;
-2. predict the content key from the model the workers of that mode announced;
-3. a cache hit returns at once: no queue trip, no worker, no GPU;
-4. otherwise claim the key (``SET NX``): a concurrent identical submit, from any host, gets the task
-   that is already running instead of a second job;
-5. ``send_task("ttsq.synthesize", kwargs=request, task_id=..., queue=<the mode's queue>)``.
-
-If no worker has announced its model yet, steps 2-4 are skipped and the worker's own cache re-check
-keeps the result single; only the short-circuit is lost. A mode is refused only when the fleet is
-known (some worker of ``TTSQ_ENGINE`` announced itself) and none of it serves that mode; with no
-worker announced at all, the job waits in its mode's queue for one.
+``submit`` validates at the edge (including what the fleet can serve), predicts the content key from
+the model the workers of that mode announced, answers a cache hit at once, claims the key so that a
+concurrent identical submit from any host gets the running job, and sends the task to its mode's queue.
+The steps: README.md, "How one job flows"; before any worker has announced itself: docs/guarantees.md,
+"Design notes and limits", and docs/qwen.md, "Modes and queues".
 
 Why one file over 400 lines: every producer call (submit, documents, wait, status, cancel) shares
 the same claim, ledger and result-reading steps, and splitting them would scatter one protocol.
@@ -31,28 +22,19 @@ from typing import TYPE_CHECKING, Any, cast
 
 from celery import states
 
-from ttsq.app import make_app, queue_for
-from ttsq.constants import (
-    CLAIM_HEADER,
-    DOCUMENT_TASK_NAME,
-    IDENTITY_TTL_S,
-    PROGRESS_STATE,
-    SENT_AT_HEADER,
-    SEQ_HEADER,
-    TASK_NAME,
-)
-from ttsq.document import Document, Options, read_document
+from ttsq.app import make_app, queue_for, stored_result
+from ttsq.constants import CLAIM_HEADER, DOCUMENT_TASK_NAME, IDENTITY_TTL_S, SENT_AT_HEADER, TASK_NAME
+from ttsq.document import Document, Options
 from ttsq.engines.base import EngineIdentity
-from ttsq.errors import BrokerError, CorruptRecord, InvalidRequest, JobFailed, JobTimeout, TTSQError, UnknownJob
+from ttsq.errors import BrokerError, InvalidRequest, JobFailed, JobTimeout, TTSQError, UnknownJob
 from ttsq.job import MODES, JobResult, Limits, RequestFields, SynthesisRequest
 from ttsq.keys import content_key
-from ttsq.records.accepted import AcceptedJobs
-from ttsq.records.attempts import Ledger, ParkedJob
-from ttsq.records.cache import CacheIndex
-from ttsq.records.connection import connect, patiently
+from ttsq.records.attempts import ParkedJob
+from ttsq.records.connection import patiently
+from ttsq.records.owner import RedisOwner
 from ttsq.records.queues import message_held
-from ttsq.records.stats import FleetStats
 from ttsq.results import Results
+from ttsq.sending import WITHDRAW_PATIENCE_S, Outgoing, send_job, sending
 from ttsq.storage import Storage, open_storage
 
 if TYPE_CHECKING:
@@ -61,11 +43,9 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from ttsq.config import Settings
+    from ttsq.results import StoredResult
 
 logger = logging.getLogger(__name__)
-
-#: How long a producer keeps trying to withdraw the record of a job it could not send (seconds).
-WITHDRAW_PATIENCE_S = 10.0
 
 
 @dataclass
@@ -103,18 +83,27 @@ class Client:
     """A producer bound to one settings object. Cheap to keep, safe to share between threads."""
 
     def __init__(
-        self, settings: Settings, *, app: Celery | None = None, admit: Callable[[str], None] | None = None
+        self,
+        settings: Settings,
+        *,
+        app: Celery | None = None,
+        admit: Callable[[str], None] | None = None,
+        redis: RedisOwner | None = None,
     ) -> None:
         """``admit`` (the HTTP gateway's admission control) is called with a job's queue before it is
-        accepted, after the cache has been asked: it raises to refuse the job, and nothing is queued."""
+        accepted, after the cache has been asked: it raises to refuse the job, and nothing is queued.
+        ``redis`` is the process's Redis owner where it has one (the gateway's); by default the client
+        owns its own."""
         self.settings = settings
         self.admit = admit
         self.app = app or make_app(settings)
-        self.cache = CacheIndex(settings.cache_url, ttl_s=settings.cache_ttl_s)
-        self.stats = FleetStats(settings.cache_url)
+        self.redis = redis or RedisOwner(settings, role="client")
+        self._owns_redis = redis is None
+        self.cache = self.redis.cache_index
+        self.stats = self.redis.stats
         self.limits = Limits.from_settings(settings)
         self.results = Results(settings, lambda: self.storage)
-        self.accepted = AcceptedJobs(settings.cache_url)
+        self.accepted = self.redis.accepted
         self._storage: Storage | None = None
         self._identities: tuple[float, dict[str, EngineIdentity]] = (0.0, {})
 
@@ -223,43 +212,40 @@ class Client:
         headers: dict[str, Any] = {SENT_AT_HEADER: time.time()}
         if key is not None and task == TASK_NAME:
             headers[CLAIM_HEADER] = key
+        outgoing = Outgoing(
+            task_id=task_id, task=task, queue=queue, kwargs=kwargs, headers=headers, kwargsrepr=kwargsrepr
+        )
         # Recorded before it is claimed and sent: a job that owns a claim always has a record until it
         # finishes, and a message lost on its way to a worker is sent again from it (``ttsq.records.accepted``).
-        seq = self.accepted.accept(task_id, task=task, queue=queue, kwargs=kwargs, headers=headers)
-        sent = claimed = False
-        try:
-            if key is not None:
-                owner = self.cache.claim(key, task_id, self.settings.inflight_ttl_s)
-                if owner is not None and self._gone(owner):
-                    # The owner ended without releasing its claim (revoked, failed, killed past its retries),
-                    # or was never accepted: joining it would wait for nothing. Take the claim over; for a
-                    # document, its finished chunks are answered from the cache.
-                    self.cache.release(key, owner)
-                    owner = self.cache.claim(key, task_id, self.settings.inflight_ttl_s)
-                if owner is not None:
-                    return Job(id=owner, key=key, client=self, joined=True)
-                claimed = True
-                # The job that held the claim may have indexed the audio between our look-up and our claim.
-                if (hit := cached(key)) is not None:
-                    # An identical submit may have joined this claim meanwhile: it waits on task_id, which
-                    # is never sent. Its answer is this one, stored under task_id (and published).
-                    self._answer_joiners(task_id, hit)
-                    return hit
+        # Joined, answered from the cache, or not sent (also on Ctrl-C): the record is withdrawn.
+        with sending(self.app, self.accepted, outgoing) as send:
+            claimed = False
             try:
-                self.app.send_task(
-                    task,
-                    kwargs=kwargs,
-                    task_id=task_id,
-                    queue=queue,
-                    headers={**headers, SEQ_HEADER: seq},
-                    kwargsrepr=kwargsrepr,
-                )
-            except Exception as exc:  # kombu raises OperationalError, redis-py its own; either way: broker down
-                raise BrokerError(f"cannot reach the broker to enqueue: {type(exc).__name__}: {exc}") from exc
-            sent = True
-        finally:
-            if not sent:  # joined, answered from the cache, or not sent (also on Ctrl-C)
-                self._withdraw(task_id, key if claimed else None)
+                if key is not None:
+                    owner = self.cache.claim(key, task_id, self.settings.inflight_ttl_s)
+                    if owner is not None and self._gone(owner):
+                        # The owner ended without releasing its claim (revoked, failed, killed past its
+                        # retries), or was never accepted: joining it would wait for nothing. Take the claim
+                        # over; for a document, its finished chunks are answered from the cache.
+                        self.cache.release(key, owner)
+                        owner = self.cache.claim(key, task_id, self.settings.inflight_ttl_s)
+                    if owner is not None:
+                        return Job(id=owner, key=key, client=self, joined=True)
+                    claimed = True
+                    # The job that held the claim may have indexed the audio between our look-up and our claim.
+                    if (hit := cached(key)) is not None:
+                        # An identical submit may have joined this claim meanwhile: it waits on task_id, which
+                        # is never sent. Its answer is this one, stored under task_id (and published).
+                        self._answer_joiners(task_id, hit)
+                        return hit
+                try:
+                    send()
+                except Exception as exc:  # kombu raises OperationalError, redis-py its own; either way: broker down
+                    raise BrokerError(f"cannot reach the broker to enqueue: {type(exc).__name__}: {exc}") from exc
+                claimed = False  # sent: the claim is the job's now, released when it finishes
+            finally:
+                if claimed and key is not None:
+                    self._release(key, task_id)
         return Job(id=task_id, key=key, client=self)
 
     def _answer_joiners(self, task_id: str, hit: Job) -> None:
@@ -271,18 +257,13 @@ class Client:
         except Exception as exc:  # whoever joined waits to its timeout; this submit has its answer
             logger.warning("could not answer the submits that joined job %s: %s", task_id, type(exc).__name__)
 
-    def _withdraw(self, task_id: str, claimed_key: str | None) -> None:
-        """Undo the record (and the claim) of a job that was not sent: a record left behind would have the
-        sweeper send a job its submitter was told had failed, and a claim would stall identical submits.
-        Redis is given a few seconds (it may be restarting: that is often why the send failed)."""
+    def _release(self, key: str, task_id: str) -> None:
+        """Release the claim of a job that was not sent, or identical submits would stall on it. Redis
+        is given a few seconds (it may be restarting: that is often why the send failed)."""
         try:
-            patiently(lambda: self.accepted.forget(task_id), self.settings.cache_url, WITHDRAW_PATIENCE_S)
-            if claimed_key is not None:
-                patiently(
-                    lambda: self.cache.release(claimed_key, task_id), self.settings.cache_url, WITHDRAW_PATIENCE_S
-                )
-        except TTSQError as exc:  # still unreachable: the job may yet run once (a retry of it is harmless)
-            logger.warning("job %s was not sent, and its record could not be withdrawn: %s", task_id, exc)
+            patiently(lambda: self.cache.release(key, task_id), self.settings.cache_url, WITHDRAW_PATIENCE_S)
+        except TTSQError as exc:  # still unreachable: the claim expires with its TTL
+            logger.warning("job %s was not sent, and its claim could not be released: %s", task_id, exc)
 
     def _cached(self, key: str) -> Job | None:
         entry = self.cache.get(key)
@@ -292,7 +273,7 @@ class Client:
         return Job(id=None, key=key, client=self, result=self.results.job(key, entry, cached=True))
 
     def _cached_document(self, key: str) -> Job | None:
-        record = self.cache.read(lambda client: read_document(client, key))
+        record = self.cache.document(key)
         if record is None:
             return None
         self._count_hit()
@@ -305,9 +286,8 @@ class Client:
         )
 
     def _count_hit(self) -> None:
-        """A producer-side cache hit, in the all-time counter and this minute's fleet statistics."""
+        """A producer-side cache hit, in this minute's fleet statistics."""
         try:
-            self.cache.count("cache_hits_producer")
             self.stats.record(cached_producer=1)
         except Exception as exc:  # statistics are best effort; the hit itself is already served
             logger.debug("could not count the cache hit: %s", type(exc).__name__)
@@ -321,26 +301,18 @@ class Client:
         return state == states.PENDING and not self.accepted.exists(task_id)
 
     def _state(self, task_id: str) -> str:
-        try:
-            return str(self.async_result(task_id).state)
-        except Exception as exc:
-            if _is_connection_error(exc):
-                raise BrokerError(f"cannot reach the result backend: {exc}") from exc
-            raise CorruptRecord("result", f"of job {task_id[:80]} cannot be read: {type(exc).__name__}") from None
+        return stored_result(self.app, task_id).state
 
     def known(self, task_id: str) -> bool:
         """Whether ttsq knows this job: it has a result or a state, ttsq accepted it, or (sent by a web
         backend without ttsq) its message is in a queue or with a worker."""
         if self._state(task_id) != states.PENDING or self.accepted.exists(task_id):
             return True
-        broker = connect(self.settings.broker_url, decode=False)
         try:
             queues = [queue_for(self.settings.queue, mode) for mode in MODES]
-            return message_held(broker, task_id, queues)
+            return message_held(self.redis.broker, task_id, queues)
         except Exception as exc:
             raise BrokerError(f"cannot reach the broker: {type(exc).__name__}: {exc}") from exc
-        finally:
-            broker.close()
 
     def _check_known(self, task_id: str) -> None:
         if not self.known(task_id):
@@ -353,7 +325,7 @@ class Client:
         if time.monotonic() - read_at > IDENTITY_TTL_S:
             identities = {
                 mode: EngineIdentity.from_dict(raw)
-                for mode, raw in self.cache.read_identities(self.settings.queue).items()
+                for mode, raw in self.redis.identities.read(self.settings.queue).items()
             }
             self._identities = (time.monotonic(), identities)
         return identities
@@ -367,63 +339,53 @@ class Client:
     def wait(self, task_id: str, *, timeout: float | None = None) -> JobResult:
         """The result of a task, with a URL made now; raise its error if it failed, ``UnknownJob`` at once
         for an id ttsq never accepted."""
-        from celery.exceptions import TimeoutError as CeleryTimeout
-
         self._check_known(task_id)
-        async_result = self.async_result(task_id)
+        return self.refresh_url(self._finished(task_id, timeout).value())
+
+    def _finished(self, task_id: str, timeout: float | None) -> StoredResult:
+        """The job's stored result once its state is final; ``JobTimeout`` after ``timeout`` seconds.
+
+        It listens on the job's result channel (the result backend publishes every state it stores) and
+        reads the stored result after subscribing, on each publish, and every ``WAIT_RECHECK_S``: Redis
+        may take a result's SET and PUBLISH before this waiter's SUBSCRIBE, and that publish never
+        reaches it."""
+        backend = self.app.backend
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            while True:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                try:
-                    # The embedded mode runs a worker in this process; waiting here is not inside a task.
-                    value = async_result.get(
-                        timeout=WAIT_RECHECK_S if left is None else min(left, WAIT_RECHECK_S),
-                        disable_sync_subtasks=False,
-                        propagate=True,
-                    )
-                    break
-                except CeleryTimeout:
-                    if left is not None and left <= WAIT_RECHECK_S:
-                        raise
-                    # Celery reads the stored result once, as a wait begins, then listens for its publish.
-                    # Redis may take a result's SET and PUBLISH before this waiter's SUBSCRIBE (another
-                    # connection): that publish never reaches it. Each new get() reads the stored state again.
+            listener = backend.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                listener.subscribe(backend.get_key_for_task(task_id))
+                while True:
+                    stored = stored_result(self.app, task_id)
+                    if stored.done:
+                        return stored
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise JobTimeout(f"job {task_id} not done after {timeout}s")
+                    listener.get_message(timeout=WAIT_RECHECK_S if left is None else min(left, WAIT_RECHECK_S))
+            finally:
+                listener.close()
         except TTSQError:
             raise
         except Exception as exc:
-            # Stop listening for it now: left pending, Celery unsubscribes during interpreter shutdown,
-            # reconnecting to a Redis that may be gone and printing a traceback.
-            with contextlib.suppress(Exception):
-                async_result.backend.remove_pending_result(async_result)
-            if isinstance(exc, CeleryTimeout):
-                raise JobTimeout(f"job {task_id} not done after {timeout}s") from None
             if _is_connection_error(exc):
                 raise BrokerError(f"cannot reach the result backend: {exc}") from exc
-            raise JobFailed(f"job {task_id} failed: {type(exc).__name__}: {exc}") from exc
-        return self.refresh_url(value)
+            raise
 
     def status(self, task_id: str) -> dict[str, Any]:
         """State of a task: PENDING (queued), STARTED, PROGRESS (a document: ``progress`` holds chunks
         done and total and audio seconds so far), SUCCESS, FAILURE; ``UnknownJob`` for an id ttsq never
         accepted, ``CorruptRecord`` for a result it cannot read."""
-        async_result = self.async_result(task_id)
-        try:
-            state = async_result.state
-            info = async_result.info
-        except Exception as exc:
-            if _is_connection_error(exc):
-                raise BrokerError(f"cannot reach the result backend: {exc}") from exc
-            raise CorruptRecord("result", f"of job {task_id[:80]} cannot be read: {type(exc).__name__}") from None
-        if state == states.PENDING:
+        stored = stored_result(self.app, task_id)
+        if stored.state == states.PENDING:
             self._check_known(task_id)
-        out: dict[str, Any] = {"id": task_id, "state": state}
-        if state == "FAILURE":
-            out["error"] = f"{type(info).__name__}: {info}"
-        elif state == PROGRESS_STATE and isinstance(info, dict):
-            out["progress"] = info
-        elif state == "SUCCESS" and isinstance(info, dict):
-            out["result"] = self.refresh_url(cast("JobResult", info))
+        out: dict[str, Any] = {"id": task_id, "state": stored.state}
+        if stored.state == states.FAILURE and stored.failure is not None:
+            out["error"] = str(stored.failure)
+        elif stored.progress is not None:
+            out["progress"] = stored.progress
+        elif stored.result is not None:
+            out["result"] = self.refresh_url(stored.result)
         return out
 
     def cancel(self, task_id: str) -> str:
@@ -434,7 +396,7 @@ class Client:
         state = self._state(task_id)
         if state in states.READY_STATES:
             return str(state)
-        self.cache.cancel(task_id, ttl_s=self.settings.result_ttl_s)
+        self.accepted.cancel(task_id, ttl_s=self.settings.result_ttl_s)
         self.accepted.finish(task_id)  # nothing to send again
         try:
             self.app.backend.mark_as_revoked(task_id, "cancelled")
@@ -452,38 +414,38 @@ class Client:
 
     def parked(self) -> list[ParkedJob]:
         """Jobs failed after too many unfinished attempts (they crashed or hung their workers)."""
-        ledger = Ledger(self.settings.cache_url, ttl_s=self.settings.inflight_ttl_s)
-        try:
-            return ledger.parked()
-        finally:
-            ledger.close()
+        return self.redis.attempts.parked()
 
     def retry(self, task_id: str) -> str:
-        """Send a parked job again, under its own id and with its attempts cleared; return the id."""
-        ledger = Ledger(self.settings.cache_url, ttl_s=self.settings.inflight_ttl_s)
+        """Send a parked job again, under its own id and with its attempts cleared; return the id. If it
+        cannot be sent, it stays parked with its failure, as the operator found it."""
+        ledger = self.redis.attempts
+        job = ledger.unpark(task_id)
+        if job is None:
+            raise JobFailed(f"no parked job {task_id} (see `ttsq failed`)")
+        backend = self.app.backend
+        key = backend.get_key_for_task(task_id)
+        failed: bytes | None = None
         try:
-            job = ledger.unpark(task_id)
-            if job is None:
-                raise JobFailed(f"no parked job {task_id} (see `ttsq failed`)")
-            try:
-                # The old FAILURE result would answer a waiter at once: clear it first.
-                self.async_result(task_id).forget()
-                headers: dict[str, Any] = {SENT_AT_HEADER: time.time()}
-                seq = self.accepted.accept(task_id, task=TASK_NAME, queue=job.queue, kwargs=job.kwargs, headers=headers)
-                self.app.send_task(
-                    TASK_NAME,
-                    kwargs=job.kwargs,
-                    task_id=task_id,
-                    queue=job.queue,
-                    headers={**headers, SEQ_HEADER: seq},
-                    kwargsrepr="<retried parked job>",
-                )
-            except Exception as exc:
-                ledger.park(job)  # not sent: keep it where the operator found it
-                raise BrokerError(f"cannot re-queue {task_id}: {type(exc).__name__}: {exc}") from exc
-            return task_id
-        finally:
-            ledger.close()
+            # The old FAILURE result would answer a waiter at once: clear it first.
+            failed = backend.get(key)
+            backend.forget(task_id)
+            outgoing = Outgoing(
+                task_id=task_id,
+                task=TASK_NAME,
+                queue=job.queue,
+                kwargs=job.kwargs,
+                headers={SENT_AT_HEADER: time.time()},
+                kwargsrepr="<retried parked job>",
+            )
+            send_job(self.app, self.accepted, outgoing)
+        except Exception as exc:
+            ledger.park(job)  # not sent: keep it where the operator found it, its failure too
+            if failed is not None:
+                with contextlib.suppress(Exception):
+                    backend.set(key, failed)
+            raise BrokerError(f"cannot re-queue {task_id}: {type(exc).__name__}: {exc}") from exc
+        return task_id
 
     def download(self, result: JobResult) -> bytes:
         """The audio bytes of a result, read through ttsq's storage (never through the result's URL)."""
@@ -494,10 +456,9 @@ class Client:
         return self.app.AsyncResult(task_id)
 
     def close(self) -> None:
-        """Release Redis connections."""
-        self.cache.close()
-        self.stats.close()
-        self.accepted.close()
+        """Release Redis connections (the Redis owner's only if this client made it)."""
+        if self._owns_redis:
+            self.redis.close()
         self.app.close()
 
     def __enter__(self) -> Client:

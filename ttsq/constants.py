@@ -34,7 +34,6 @@ INFLIGHT_PREFIX = "ttsq:inflight:"  # + content key -> task id of the job produc
 FLEET_PREFIX = "ttsq:fleet:"  # + queue -> hash: mode -> JSON identity of the model serving it, re-announced
 DOCUMENT_PREFIX = "ttsq:document:"  # + document key -> JSON of the stitched file and its chunk spans
 PROGRESS_PREFIX = "ttsq:progress:"  # + document task id -> hash: chunk index -> audio seconds; TTL = result TTL
-STATS_PREFIX = "ttsq:stats:"  # + counter name -> integer, incremented by workers
 MINUTE_PREFIX = "ttsq:minute:"  # + Unix minute -> hash of that minute's job counters; TTL below
 WORKER_PREFIX = "ttsq:worker:"  # + node name -> JSON heartbeat of a live worker; TTL below
 RESTARTS_KEY = "ttsq:restarts"  # hash: node name -> times a launcher restarted it

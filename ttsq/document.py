@@ -1,30 +1,8 @@
 """What a long document is: its validation, its key, its seed, and the shape of its result.
 
-A document (``Client.submit_document``, ``ttsq submit -f``, or ``send_task("ttsq.document",
-kwargs=...)``) is a text of any length up to ``TTSQ_MAX_DOCUMENT_CHARS`` with the request fields of an
-ordinary job. This module is shared by producers and workers, so both compute the same key:
-
-1. **Validate** at the edge: the text is normalized and split (``ttsq.splitter``); every chunk must
-   be a valid ordinary request, within what the model that will read it accepts. Nothing is queued
-   otherwise.
-2. **Key.** The document key is a SHA-256 over the normalized text, every request field, the model
-   that serves the mode, and the chunking and stitching options (``Options``, sent with the job):
-   the same document with other chunk sizes or pauses is another file. A cached document returns
-   at once.
-3. **Seed.** Every chunk gets the same voice inputs and the same seed: the request's, or one derived
-   from the document (so a re-submit gets the same seed, and so the same chunk keys).
-
-The worker side (fan-out into a chord of chunk jobs, progress, the stitch) is
-``ttsq.worker.documents``.
-
-**What the seed does and does not guarantee (VoiceDesign).** Each chunk is sampled with the same
-voice description and the same seed, so a re-submitted document has the same chunk keys and is
-answered with the audio first made, and a chunk shared with another document is the same audio in
-both. A chunk synthesized again (its cache entry expired) may differ: a sampled row depends on its
-batch neighbours (docs/qwen.md, "Reproducibility"). It does not make the voice identical from chunk
-to chunk: VoiceDesign invents a voice from the description for each generation, conditioned on
-that chunk's text, so timbre may drift between chunks. For one voice across a long document use
-CustomVoice (a fixed speaker) or voice_clone (a reference recording).
+Producers and workers share this module, so both compute the same document key; the worker side (the
+fan-out into chunk jobs, progress, the stitch) is ``ttsq.worker.documents``. The steps, and what the
+shared seed does and does not promise for VoiceDesign: docs/documents.md.
 """
 
 from __future__ import annotations

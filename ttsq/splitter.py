@@ -1,24 +1,9 @@
 """Cutting a document into chunks a TTS model reads well: sentences packed up to a target length.
 
-The **normalized input** of a document is what ``normalize`` returns: Unicode NFC; every run of
-whitespace that holds two or more line breaks becomes one paragraph break ``"\\n\\n"``; every other run
-of whitespace (spaces, tabs, single line breaks, no-break spaces) becomes one space; leading and
-trailing whitespace is dropped. Nothing else changes: no character is added, dropped or reordered.
-
-``split`` returns chunks whose ``raw`` slices, joined, give back the normalized input exactly; each
-chunk's ``text`` (what is synthesized) is its ``raw`` without the whitespace it ends with. Chunks end
-at sentence ends and never cross a paragraph break. A sentence longer than the maximum is cut at the
-best boundary inside it: a clause mark (comma, semicolon, colon, dash, the CJK ones), else a space,
-and only where a span has neither (a long run of Han or kana, or one enormous "word") between two
-characters, never inside a combining sequence.
-
-Sentence ends: ``.!?…`` (Latin, Cyrillic, Hangul text) when followed by a space and not by a
-lowercase letter, after optional closing quotes or brackets, except after a known abbreviation
-(``Dr.``, ``e.g.``) or a single-letter initial; ``3.14`` has no space after its dot. Closing quotes
-include German ``“`` and French `` »`` set off by a space. Between two Han, kana or Hangul characters
-these marks need no space (``다.그는``). The CJK marks ``。！？`` (and full-width ``．``) end a sentence
-with or without a space after them, except inside a quote that goes on with a quotative particle
-(``「…。」と言った``).
+``normalize`` gives a document's normalized input; ``split`` returns chunks whose ``raw`` slices, joined,
+give it back exactly, each chunk's ``text`` (what is synthesized) being its ``raw`` without the whitespace
+it ends with. Chunks end at sentence ends and never cross a paragraph break. The rules for the normalized
+input, sentence ends and cuts inside a long sentence: docs/documents.md, step 1 ("Split").
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
 """The launcher: one ``ttsq worker`` process per device, kept alive, drained on SIGTERM.
 
-``ttsq worker --devices all`` runs a ``Supervisor``. Each child is a plain ``ttsq worker`` (its own
-process, so CUDA never crosses a fork) with ``CUDA_VISIBLE_DEVICES`` pinned to its GPU, node name
-``gpuN@host`` (``cpuN@host`` for CPU slots) and metrics port ``TTSQ_METRICS_PORT + N``.
-
-Lifecycle:
-
-* a child that exits while the fleet is running is restarted after a backoff (1 s, doubling up to
-  30 s while it keeps dying young; reset once it has run for a minute). Each restart is logged and
-  counted in Redis (``ttsq stats``, and ``ttsq_worker_restarts_total`` on the child's metrics). The
-  jobs a killed child held are redelivered by Redis after the visibility timeout. A child that
-  exits with code 2 (bad settings) is not restarted: that never heals, so the launcher stops;
-* SIGTERM (or SIGINT) drains: every child gets SIGTERM, which is Celery's warm shutdown (stop
-  consuming, finish the batches in flight, ack them, put the jobs not yet started back on the queue
-  at once), and the launcher waits up to ``TTSQ_DRAIN_TIMEOUT_S``;
-* a second SIGTERM, or the drain timeout, stops harder: SIGQUIT (Celery's cold shutdown, which also
-  returns unstarted jobs to the queue), then SIGKILL after ``kill_grace_s``. Jobs still unacked then
-  come back after the visibility timeout: nothing is lost, a job may run twice (every stage after
-  synthesis is idempotent).
-
-Children run in their own session, so a terminal's Ctrl-C reaches only the launcher (which drains
-them in order), and Linux sends them SIGTERM should the launcher itself be killed.
+``ttsq worker --devices`` runs a ``Supervisor``. Each child is a plain ``ttsq worker`` pinned to its
+device, restarted after a backoff when it dies (not after exit code 2, bad settings), and drained with
+Celery's warm shutdown, then its cold one: nothing a child held is lost, though a job may run twice. The
+lifecycle in full: docs/deployment.md, "One GPU box".
 """
 
 from __future__ import annotations
@@ -35,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ttsq.ops.redis_server import parent_death_signal
-from ttsq.records.stats import FleetStats
+from ttsq.records.owner import RedisOwner
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -81,6 +64,8 @@ class Supervisor:
         if not slots:
             raise ValueError("a supervisor needs at least one slot")
         self.settings = settings
+        #: The launcher's Redis: it counts its restarts of each worker there.
+        self.redis = RedisOwner(settings, role="launcher")
         self.environ = dict(os.environ if environ is None else environ)
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
@@ -108,6 +93,7 @@ class Supervisor:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            self.redis.close()
 
     def _supervise(self) -> int:
         for child in self.children:
@@ -236,14 +222,11 @@ class Supervisor:
         return live
 
     def _count_restart(self, child: _Child) -> str:
-        stats = FleetStats(self.settings.cache_url)
         try:
-            return str(stats.record_restart(child.node))
+            return str(self.redis.stats.record_restart(child.node))
         except Exception as exc:  # Redis down must not stop the launcher from restarting workers
             logger.warning("could not count the restart in Redis: %s", type(exc).__name__)
             return "no"
-        finally:
-            stats.close()
 
 
 def _describe_exit(returncode: int) -> str:

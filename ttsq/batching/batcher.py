@@ -1,23 +1,11 @@
 """The in-worker batcher: task threads hand it requests, one thread owns the engine.
 
-Every job stays its own Celery task (its own result, events and Flower row); the batcher only decides
-which of the jobs waiting in this worker share the engine. Task threads call ``submit`` and wait on a
-future; the batcher thread loads and warms the engine, then runs one of two schedulers until stopped:
-
-- ``ttsq.batching.batches``, for an engine that takes a batch and returns it whole: jobs wait in groups
-  that can share a forward pass; a group runs when full or when its oldest job has waited long
-  enough; a failed batch is retried item by item, one out of device memory is split in halves;
-- ``ttsq.batching.slots``, for a ``ContinuousEngine`` (qwen-fast): jobs join free slots between
-  frames, in arrival order, and leave as soon as they are done.
-
-Both stand on the job bookkeeping of ``ttsq.batching.jobs``; this module holds the batcher thread's life, the
-choice of scheduler and the answer for every job it still holds when it ends.
-
-A job submitted ``isolated`` (a redelivery whose earlier attempt never finished:
-perhaps the job that killed the last worker) runs alone, so that if it crashes the process again it
-takes no neighbour with it. A job whose deadline passes while it waits is dropped before the engine
-sees it. ``busy_s`` says how long the current engine call has run, so a watchdog can tell a slow
-engine from a stuck one.
+Every job stays its own Celery task; the batcher only decides which of the jobs waiting in this worker
+share the engine, with one of two schedulers (``ttsq.batching.batches`` for grouped batches,
+``ttsq.batching.slots`` for a ``ContinuousEngine``), both on the job bookkeeping of
+``ttsq.batching.jobs``. This module holds the batcher thread's life, the choice of scheduler and the
+answer for every job it still holds when it ends. Isolated jobs, deadlines and both schedulers:
+docs/development.md, "The batcher".
 """
 
 from __future__ import annotations

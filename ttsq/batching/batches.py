@@ -1,31 +1,8 @@
 """Batches for an engine that takes a list and returns it whole (espeak, stock qwen).
 
-Jobs wait in groups that can share a forward pass (``SynthesisRequest.group``: same mode, seed,
-sampling). A group runs as soon as it holds ``max_batch`` jobs; mixed traffic therefore fills each
-group's batch instead of splitting one collection into small passes. Each batch is ordered by text
-length to limit padding.
-
-A group that is not full waits for more only while more are coming, because an engine like this one
-holds the device for a whole batch's time however few rows it has (stock qwen's first batch of a
-burst used to leave with 2 to 6 of 16 jobs). It runs at the first of:
-
-- its oldest job has waited ``max_wait_s`` (``TTSQ_MAX_WAIT_MS``), the bound;
-- a job's deadline would be missed by waiting any longer (less the recent engine call time);
-- nothing more is known to be coming (no task thread is checking a job it took, ``Intake.incoming``,
-  and the broker holds none for this worker, ``backlog``) and none has arrived for a pause: three
-  mean gaps of the recent arrival stream, at least a quarter of ``max_wait_s`` and ``MIN_PAUSE_S``
-  (what a lone job waits); or, still with nothing known to be coming, the group has waited
-  ``FILL_SHARE`` of a recent engine call, past which a fuller pass is not worth the wait.
-
-Waiting starts when the device is free: time queued behind a running batch does not count against
-the pause or the share (it does count against the bound).
-
-A failed item fails only its own future. If the engine call itself raises, the batch is retried one
-item at a time so that one poison item cannot fail its neighbours. If it raises ``EngineOutOfMemory``,
-the batch is split in halves and each half retried, and the half's size is remembered for that length
-bucket (longest text, rounded up to a power of two): later batches of similar texts are cut to that
-size up front instead of failing on the device again. Each item reports the size and time of the
-engine call it actually rode in.
+Jobs wait in groups that can share a forward pass; a group runs when it is full, or earlier once more
+waiting no longer pays; a failed batch is retried item by item, and one out of device memory is split in
+halves. When a batch leaves, and why: docs/development.md, "The batcher".
 """
 
 from __future__ import annotations

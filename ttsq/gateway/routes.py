@@ -1,8 +1,10 @@
 """The gateway's API: OpenAI's speech endpoint, the jobs API, voices, and the design documents' ``/generate``.
 
-Every route takes its body as untrusted JSON (a field that is wrong is a 400 naming it, in OpenAI's
-error shape), submits through the gateway's ``Client`` (``ttsq.gateway.state``) and, where it answers with
-audio, waits for it asynchronously and sends the stored bytes as they are read from storage.
+The routes sit on ``router``; ``ttsq.gateway.app`` includes it. Each body is a declared model
+(``ttsq.gateway.bodies``) checked by ttsq's one validation point (a field that is wrong is a 400 naming it,
+in OpenAI's error shape); a route submits through the gateway's ``Client`` (``ttsq.gateway.state``) and,
+where it answers with audio, waits for it asynchronously and sends the stored bytes as they are read from
+storage.
 """
 
 from __future__ import annotations
@@ -10,241 +12,247 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from functools import partial
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import anyio
 from celery import states
-from fastapi import Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, File, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 
 from ttsq.errors import InvalidRequest
 from ttsq.gateway import openai
+from ttsq.gateway.bodies import BatchRequest, ErrorBody, GenerateRequest, JobRequest, SpeechRequest, VoiceUpload
 from ttsq.gateway.errors import ApiError
+from ttsq.gateway.state import Gateway
 from ttsq.results import checked_key
 
 if TYPE_CHECKING:
     from ttsq.client import Job
-    from ttsq.gateway.state import Gateway
     from ttsq.job import JobResult
+    from ttsq.results import StoredResult
 
-#: Most requests one batch submit takes.
-MAX_BATCH_REQUESTS = 100
 _VOICE_NAME = re.compile(r"(?:voices/)?([0-9a-f]{64})(?:\.wav)?")
 
 
-def add_routes(app: FastAPI, gateway: Gateway) -> None:
-    """Register the API on the gateway application."""
-    settings = gateway.settings
-    key = Depends(gateway.authorize)
+class KeyedRoute(APIRoute):
+    """A route of the API: the caller's key is checked before FastAPI reads the body, so a client without a
+    valid key is refused without the gateway reading (or spooling to disk) what it sent."""
 
-    async def body_of(request: Request) -> Any:
-        try:
-            return json.loads(await request.body() or b"null")
-        except (ValueError, UnicodeDecodeError):
-            raise ApiError(400, "the body is not JSON", param="body", code="invalid_json", cause="invalid") from None
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
 
-    def send(job_fields: dict[str, Any], text: str) -> Job:
-        """One job, or a document when the text is longer than one job may be."""
-        if len(text) > settings.max_text_chars:
-            return gateway.client.submit_document(text, **job_fields)
-        return gateway.client.submit(text, **job_fields)
+        async def keyed(request: Request) -> Response:
+            request.state.key_id = await gateway_of(request).authorize(request)
+            return await handler(request)
 
-    async def result_of(job: Job) -> JobResult:
-        """The job's result, waiting for it without a thread; failures as HTTP errors."""
-        if job.result is not None:
-            return job.result
-        meta = await gateway.waiter.wait(job.id or "", settings.gateway_wait_s)
-        return failed_or_result(meta)
+        return keyed
 
-    def failed_or_result(meta: dict[str, Any]) -> JobResult:
-        status = meta.get("status")
-        if status == states.SUCCESS and isinstance(meta.get("result"), dict):
-            return gateway.client.refresh_url(cast("JobResult", meta["result"]))
-        error = meta.get("result") if isinstance(meta.get("result"), dict) else {}
-        kind = str(error.get("exc_type", "")) if error else ""
-        args = error.get("exc_message") if error else None
-        detail = args[-1] if isinstance(args, list) and args else args
-        if status == states.REVOKED:
-            raise ApiError(409, "the job was cancelled", code="cancelled")
-        if kind == "InvalidRequest" and isinstance(args, list) and len(args) == 2:
-            raise ApiError(400, f"invalid {args[0]}: {args[1]}", param=str(args[0]), code="invalid_value")
-        raise ApiError(
-            500, f"the job failed: {kind or 'error'}: {str(detail)[:200]}", type="server_error", code="job_failed"
-        )
 
-    def audio_headers(job: Job, result: JobResult, ignored: tuple[str, ...] = ()) -> dict[str, str]:
-        headers = {"X-TTSQ-Key": result["key"], "X-TTSQ-Cached": str(bool(result["cached"])).lower()}
-        if job.id:
-            headers["X-TTSQ-Job-Id"] = job.id
-        reported = [*ignored, *result.get("ignored", [])]
-        if reported:
-            headers["X-TTSQ-Ignored"] = ",".join(dict.fromkeys(reported))
-        return headers
+def gateway_of(request: Request) -> Gateway:
+    """The gateway of the application serving the request (``ttsq.gateway.state.install`` put it there)."""
+    return cast(Gateway, request.app.state.gateway)
 
-    @app.post("/v1/audio/speech", tags=["OpenAI"], responses={200: {"content": {"audio/mpeg": {}}}})
-    async def create_speech(request: Request, key_id: str = key) -> Response:
-        """OpenAI's ``audio.speech.create``: the audio of ``input``, in ``response_format``, sent as it is read
-        from storage. ttsq's own request fields (``language``, ``seed``, ``mode``, sampling) may be added."""
-        body = await body_of(request)
-        parsed: openai.Speech = await gateway.submit(lambda: openai.parse(body, gateway.client.identities()))
-        job = await gateway.submit(partial(send, parsed.fields, parsed.text))
-        result = await result_of(job)
-        await gateway.charge(key_id, float(result["duration_s"]))
-        headers = audio_headers(job, result, parsed.ignored)
-        object_key = checked_key(result["object_key"])
-        if parsed.response_format == "pcm":
-            data = await anyio.to_thread.run_sync(lambda: openai.pcm(gateway.client.storage.get(object_key)))
-            stream: Iterator[bytes] = iter([data])
-        else:
-            stream = await anyio.to_thread.run_sync(lambda: gateway.client.storage.stream(object_key))
-        if parsed.stream_format == "sse":
-            return StreamingResponse(_sse(stream, result), media_type="text/event-stream", headers=headers)
-        return StreamingResponse(stream, media_type=parsed.content_type, headers=headers)
 
-    @app.post("/v1/jobs", tags=["jobs"], status_code=202)
-    async def create_job(request: Request, key_id: str = key) -> Response:
-        """Submit one job (any text length: a long text becomes a document). 202 with its id and
-        ``Location``; 200 with the result when it is already in the cache."""
-        body = await body_of(request)
-        job = await gateway.submit(partial(_submit_fields, send, body))
-        return job_response(job)
+def key_of(request: Request) -> str:
+    """The id of the request's API key ("" with ``TTSQ_GATEWAY_AUTH=none``), checked by ``KeyedRoute``."""
+    return cast(str, request.state.key_id)
 
-    @app.post("/v1/jobs/batch", tags=["jobs"])
-    async def create_jobs(request: Request, key_id: str = key) -> Response:
-        """Submit up to 100 jobs: ``{"requests": [...]}``; each is answered (or refused) on its own."""
-        body = await body_of(request)
-        requests = body.get("requests") if isinstance(body, dict) else None
-        if not isinstance(requests, list) or not 1 <= len(requests) <= MAX_BATCH_REQUESTS:
-            raise ApiError(
-                400,
-                f"requests must be a list of 1..{MAX_BATCH_REQUESTS} job requests",
-                param="requests",
-                code="invalid_value",
-                cause="invalid",
-            )
-        answers: list[dict[str, Any]] = []
-        for index, item in enumerate(requests):
-            try:
-                answers.append(job_body(await gateway.submit(partial(_submit_fields, send, item))))
-            except ApiError as exc:
-                param = f"requests[{index}].{exc.param}" if exc.param else f"requests[{index}]"
-                answers.append({"error": {"message": exc.message, "type": exc.type, "param": param, "code": exc.code}})
-        return JSONResponse({"jobs": answers})
 
-    def job_body(job: Job) -> dict[str, Any]:
-        if job.result is not None:
-            return {"id": job.id, "state": states.SUCCESS, "key": job.key, "result": job.result}
-        return {"id": job.id, "state": states.PENDING, "key": job.key, "joined": job.joined, "chunks": job.chunks}
+GatewayDep = Annotated[Gateway, Depends(gateway_of)]
+KeyId = Annotated[str, Depends(key_of)]
 
-    def job_response(job: Job) -> Response:
-        if job.result is not None:
-            return JSONResponse(job_body(job))
-        return JSONResponse(job_body(job), status_code=202, headers={"Location": f"/v1/jobs/{job.id}"})
+#: Every error is OpenAI's shape (FastAPI would otherwise document its own 422, which the gateway never sends).
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    "4XX": {"model": ErrorBody, "description": "Refused: `param` names the field at fault."},
+    "5XX": {"model": ErrorBody, "description": "Failed, or a service ttsq depends on is unreachable."},
+}
+router = APIRouter(route_class=KeyedRoute, responses=_ERRORS)
 
-    @app.get("/v1/jobs/{job_id}", tags=["jobs"])
-    async def get_job(job_id: str, key_id: str = key) -> Response:
-        """A job's state; for a document its progress; when done its result, with a URL signed now."""
-        status = await gateway.submit(partial(gateway.client.status, job_id))
-        if status.get("state") == states.SUCCESS and isinstance(status.get("result"), dict):
-            await gateway.charge_once(key_id, job_id, float(status["result"].get("duration_s", 0.0)))
-        return JSONResponse(status)
 
-    @app.get("/v1/jobs/{job_id}/audio", tags=["jobs"])
-    async def get_audio(job_id: str, redirect: bool = False, key_id: str = key) -> Response:
-        """A finished job's audio, read from storage (``?redirect=true``: a redirect to its signed URL)."""
-        status = await gateway.submit(partial(gateway.client.status, job_id))
-        result = status.get("result")
-        if status.get("state") != states.SUCCESS or not isinstance(result, dict):
-            raise ApiError(
-                409, f"job {job_id} is {status.get('state')}, not done", code="not_ready", headers={"Retry-After": "1"}
-            )
-        await gateway.charge_once(key_id, job_id, float(result.get("duration_s", 0.0)))
-        if redirect:
-            return RedirectResponse(result["url"], status_code=307)
-        object_key = checked_key(result["object_key"])
+def send(gateway: Gateway, job_fields: dict[str, Any], text: str) -> Job:
+    """One job, or a document when the text is longer than one job may be."""
+    if len(text) > gateway.settings.max_text_chars:
+        return gateway.client.submit_document(text, **job_fields)
+    return gateway.client.submit(text, **job_fields)
+
+
+def _submit(gateway: Gateway, fields: dict[str, Any]) -> Job:
+    """A job from a checked body's fields, ``text`` among them."""
+    return send(gateway, {name: value for name, value in fields.items() if name != "text"}, fields["text"])
+
+
+def _submit_request(gateway: Gateway, item: Any) -> Job:
+    """One of a batch's requests, checked on its own: a wrong one is its own answer, not the batch's."""
+    return _submit(gateway, JobRequest.model_validate(item).fields())
+
+
+async def result_of(gateway: Gateway, job: Job) -> JobResult:
+    """The job's result, waiting for it without a thread; failures as HTTP errors."""
+    if job.result is not None:
+        return job.result
+    stored = await gateway.waiter.wait(job.id or "", gateway.settings.gateway_wait_s)
+    return failed_or_result(gateway, stored)
+
+
+def failed_or_result(gateway: Gateway, stored: StoredResult) -> JobResult:
+    """A final result, or its failure in OpenAI's error shape."""
+    if stored.result is not None:
+        return gateway.client.refresh_url(stored.result)
+    if stored.state == states.REVOKED:
+        raise ApiError(409, "the job was cancelled", code="cancelled")
+    if isinstance(stored.error, InvalidRequest):
+        raise ApiError(400, str(stored.error), param=stored.error.field, code="invalid_value")
+    kind, reason = (stored.failure.kind, stored.failure.reason) if stored.failure else ("error", "")
+    raise ApiError(500, f"the job failed: {kind}: {reason[:200]}", type="server_error", code="job_failed")
+
+
+def _audio_headers(job: Job, result: JobResult, ignored: tuple[str, ...] = ()) -> dict[str, str]:
+    headers = {"X-TTSQ-Key": result["key"], "X-TTSQ-Cached": str(bool(result["cached"])).lower()}
+    if job.id:
+        headers["X-TTSQ-Job-Id"] = job.id
+    reported = [*ignored, *result.get("ignored", [])]
+    if reported:
+        headers["X-TTSQ-Ignored"] = ",".join(dict.fromkeys(reported))
+    return headers
+
+
+@router.post("/v1/audio/speech", tags=["OpenAI"], responses={200: {"content": {"audio/mpeg": {}}}})
+async def create_speech(speech: SpeechRequest, gateway: GatewayDep, key_id: KeyId) -> Response:
+    """OpenAI's ``audio.speech.create``: the audio of ``input``, in ``response_format``, sent as it is read
+    from storage. ttsq's own request fields (``language``, ``seed``, ``mode``, sampling) may be added."""
+    body = speech.fields()
+    parsed: openai.Speech = await gateway.submit(lambda: openai.parse(body, gateway.client.identities()))
+    job = await gateway.submit(partial(send, gateway, parsed.fields, parsed.text))
+    result = await result_of(gateway, job)
+    await gateway.charge(key_id, float(result["duration_s"]))
+    headers = _audio_headers(job, result, parsed.ignored)
+    object_key = checked_key(result["object_key"])
+    if parsed.response_format == "pcm":
+        data = await anyio.to_thread.run_sync(lambda: openai.pcm(gateway.client.storage.get(object_key)))
+        stream: Iterator[bytes] = iter([data])
+    else:
         stream = await anyio.to_thread.run_sync(lambda: gateway.client.storage.stream(object_key))
-        return StreamingResponse(stream, media_type=str(result.get("content_type", "application/octet-stream")))
+    if parsed.stream_format == "sse":
+        return StreamingResponse(_sse(stream, result), media_type="text/event-stream", headers=headers)
+    return StreamingResponse(stream, media_type=parsed.content_type, headers=headers)
 
-    @app.delete("/v1/jobs/{job_id}", tags=["jobs"])
-    async def cancel_job(job_id: str, key_id: str = key) -> Response:
-        """Cancel a job that has not run: a queued job never reaches a worker (a document's queued chunks
-        neither). 409 for a job that already finished."""
-        state = await gateway.submit(partial(gateway.client.cancel, job_id))
-        if state != states.REVOKED:
-            raise ApiError(409, f"job {job_id} already finished ({state})", code="finished")
-        return JSONResponse({"id": job_id, "state": state})
 
-    @app.post("/v1/voices", tags=["voices"], status_code=201)
-    async def add_voice(request: Request, key_id: str = key) -> Response:
-        """Store a reference recording (multipart: ``file``, and ``text``, its transcript) for voice_clone."""
+@router.post("/v1/jobs", tags=["jobs"], status_code=202)
+async def create_job(job: JobRequest, gateway: GatewayDep) -> Response:
+    """Submit one job (any text length: a long text becomes a document). 202 with its id and
+    ``Location``; 200 with the result when it is already in the cache."""
+    submitted = await gateway.submit(partial(_submit, gateway, job.fields()))
+    return _job_response(submitted)
+
+
+@router.post("/v1/jobs/batch", tags=["jobs"])
+async def create_jobs(batch: BatchRequest, gateway: GatewayDep) -> Response:
+    """Submit up to 100 jobs: ``{"requests": [...]}``; each is answered (or refused) on its own."""
+    answers: list[dict[str, Any]] = []
+    for index, item in enumerate(batch.requests):
         try:
-            form = await request.form()
-        except Exception:
-            raise ApiError(
-                400, "expected a multipart form with a file", param="file", code="invalid_value", cause="invalid"
-            ) from None
-        upload, text = form.get("file"), form.get("text") or ""
-        if upload is None or isinstance(upload, str):
-            raise ApiError(400, "file is required: the recording", param="file", code="invalid_value", cause="invalid")
-        if not isinstance(text, str):
-            raise ApiError(400, "text must be a string", param="text", code="invalid_value", cause="invalid")
-        data = await upload.read()
-        reference = await gateway.submit(partial(gateway.client.add_voice, data, text))
-        return JSONResponse({"reference": reference}, status_code=201)
-
-    @app.get("/v1/voices", tags=["voices"])
-    async def list_voices(key_id: str = key) -> Response:
-        """The stored reference voices."""
-        from ttsq.voices import list_voices
-
-        voices = await gateway.submit(partial(list_voices, gateway.client.storage))
-        return JSONResponse({"voices": [voice.summary() for voice in voices]})
-
-    @app.delete("/v1/voices/{name:path}", tags=["voices"])
-    async def delete_voice(name: str, key_id: str = key) -> Response:
-        """Remove a stored reference (``voices/<sha256>.wav``, or its 64 hex digits)."""
-        from ttsq.voices import delete_voice
-
-        match = _VOICE_NAME.fullmatch(name)
-        if match is None:
-            raise ApiError(
-                400,
-                "expected a voice key like voices/<64 hex digits>.wav",
-                param="voice",
-                code="invalid_value",
-                cause="invalid",
-            )
-        reference = f"voices/{match.group(1)}.wav"
-        if not await gateway.submit(partial(delete_voice, gateway.client.storage, reference)):
-            raise ApiError(404, f"no voice {reference}", code="not_found", cause="not_found")
-        return JSONResponse({"reference": reference, "deleted": True})
-
-    @app.post("/generate", tags=["design documents"])
-    async def generate(request: Request, key_id: str = key) -> Response:
-        """``{"text", "language" (default korean), "instruction"}``: synthesize and return the result JSON."""
-        body = await body_of(request)
-        if not isinstance(body, dict):
-            raise ApiError(400, "expected a JSON object", param="body", code="invalid_value", cause="invalid")
-        fields = {name: value for name, value in body.items() if name not in ("text", "instruction")}
-        fields.setdefault("language", "korean")
-        if "instruction" in body:
-            fields["instruct"] = body["instruction"]
-        job = await gateway.submit(partial(_submit_fields, send, {**fields, "text": body.get("text")}))
-        result = await result_of(job)
-        await gateway.charge(key_id, float(result["duration_s"]))
-        return JSONResponse(result)
+            answers.append(_job_body(await gateway.submit(partial(_submit_request, gateway, item))))
+        except ApiError as exc:
+            param = f"requests[{index}].{exc.param}" if exc.param else f"requests[{index}]"
+            answers.append({"error": {"message": exc.message, "type": exc.type, "param": param, "code": exc.code}})
+    return JSONResponse({"jobs": answers})
 
 
-def _submit_fields(send: Any, body: Any) -> Job:
-    """A job from a JSON body of request fields (``text`` and the rest)."""
-    if not isinstance(body, dict):
-        raise InvalidRequest("body", "expected a JSON object of request fields")
-    text = body.get("text")
-    if not isinstance(text, str):
-        raise InvalidRequest("text", "is required" if text is None else f"expected a string, got {type(text).__name__}")
-    return cast("Job", send({name: value for name, value in body.items() if name != "text"}, text))
+def _job_body(job: Job) -> dict[str, Any]:
+    if job.result is not None:
+        return {"id": job.id, "state": states.SUCCESS, "key": job.key, "result": job.result}
+    return {"id": job.id, "state": states.PENDING, "key": job.key, "joined": job.joined, "chunks": job.chunks}
+
+
+def _job_response(job: Job) -> Response:
+    if job.result is not None:
+        return JSONResponse(_job_body(job))
+    return JSONResponse(_job_body(job), status_code=202, headers={"Location": f"/v1/jobs/{job.id}"})
+
+
+@router.get("/v1/jobs/{job_id}", tags=["jobs"])
+async def get_job(job_id: str, gateway: GatewayDep, key_id: KeyId) -> Response:
+    """A job's state; for a document its progress; when done its result, with a URL signed now."""
+    status = await gateway.submit(partial(gateway.client.status, job_id))
+    if status.get("state") == states.SUCCESS and isinstance(status.get("result"), dict):
+        await gateway.charge_once(key_id, job_id, float(status["result"].get("duration_s", 0.0)))
+    return JSONResponse(status)
+
+
+@router.get("/v1/jobs/{job_id}/audio", tags=["jobs"])
+async def get_audio(job_id: str, gateway: GatewayDep, key_id: KeyId, redirect: bool = False) -> Response:
+    """A finished job's audio, read from storage (``?redirect=true``: a redirect to its signed URL)."""
+    status = await gateway.submit(partial(gateway.client.status, job_id))
+    result = status.get("result")
+    if status.get("state") != states.SUCCESS or not isinstance(result, dict):
+        raise ApiError(
+            409, f"job {job_id} is {status.get('state')}, not done", code="not_ready", headers={"Retry-After": "1"}
+        )
+    await gateway.charge_once(key_id, job_id, float(result.get("duration_s", 0.0)))
+    if redirect:
+        return RedirectResponse(result["url"], status_code=307)
+    object_key = checked_key(result["object_key"])
+    stream = await anyio.to_thread.run_sync(lambda: gateway.client.storage.stream(object_key))
+    return StreamingResponse(stream, media_type=str(result.get("content_type", "application/octet-stream")))
+
+
+@router.delete("/v1/jobs/{job_id}", tags=["jobs"])
+async def cancel_job(job_id: str, gateway: GatewayDep) -> Response:
+    """Cancel a job that has not run: a queued job never reaches a worker (a document's queued chunks
+    neither). 409 for a job that already finished."""
+    state = await gateway.submit(partial(gateway.client.cancel, job_id))
+    if state != states.REVOKED:
+        raise ApiError(409, f"job {job_id} already finished ({state})", code="finished")
+    return JSONResponse({"id": job_id, "state": state})
+
+
+@router.post("/v1/voices", tags=["voices"], status_code=201)
+async def add_voice(upload: Annotated[VoiceUpload, File()], gateway: GatewayDep) -> Response:
+    """Store a reference recording (multipart: ``file``, and ``text``, its transcript) for voice_clone."""
+    data = await upload.file.read()
+    reference = await gateway.submit(partial(gateway.client.add_voice, data, upload.text))
+    return JSONResponse({"reference": reference}, status_code=201)
+
+
+@router.get("/v1/voices", tags=["voices"])
+async def list_voices(gateway: GatewayDep) -> Response:
+    """The stored reference voices."""
+    from ttsq.voices import list_voices
+
+    voices = await gateway.submit(partial(list_voices, gateway.client.storage))
+    return JSONResponse({"voices": [voice.summary() for voice in voices]})
+
+
+@router.delete("/v1/voices/{name:path}", tags=["voices"])
+async def delete_voice(name: str, gateway: GatewayDep) -> Response:
+    """Remove a stored reference (``voices/<sha256>.wav``, or its 64 hex digits)."""
+    from ttsq.voices import delete_voice
+
+    match = _VOICE_NAME.fullmatch(name)
+    if match is None:
+        raise ApiError(
+            400,
+            "expected a voice key like voices/<64 hex digits>.wav",
+            param="voice",
+            code="invalid_value",
+            cause="invalid",
+        )
+    reference = f"voices/{match.group(1)}.wav"
+    if not await gateway.submit(partial(delete_voice, gateway.client.storage, reference)):
+        raise ApiError(404, f"no voice {reference}", code="not_found", cause="not_found")
+    return JSONResponse({"reference": reference, "deleted": True})
+
+
+@router.post("/generate", tags=["design documents"])
+async def generate(body: GenerateRequest, gateway: GatewayDep, key_id: KeyId) -> Response:
+    """``{"text", "language" (default korean), "instruction"}``: synthesize and return the result JSON."""
+    job = await gateway.submit(partial(_submit, gateway, body.job_fields()))
+    result = await result_of(gateway, job)
+    await gateway.charge(key_id, float(result["duration_s"]))
+    return JSONResponse(result)
 
 
 def _sse(stream: Iterator[bytes], result: JobResult) -> Iterator[bytes]:

@@ -20,19 +20,17 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from redis import asyncio as aioredis
+from starlette.exceptions import HTTPException
 
 from ttsq.app import make_app
 from ttsq.client import Client
-from ttsq.constants import APIKEY_PREFIX, REDIS_CONNECT_TIMEOUT_S
+from ttsq.constants import APIKEY_PREFIX
 from ttsq.errors import BrokerError, CorruptRecord, InvalidRequest, JobTimeout, StorageError, UnknownJob
 from ttsq.gateway.apikeys import (
-    AUTHORIZE,
-    CHARGE,
-    CHARGE_ONCE,
     QUOTA_TTL_S,
     audio_ms,
     authorize_args,
@@ -42,8 +40,9 @@ from ttsq.gateway.apikeys import (
 )
 from ttsq.gateway.errors import ApiError, invalid
 from ttsq.gateway.waiter import ResultWaiter
-from ttsq.records.connection import connect
+from ttsq.records.owner import RedisOwner
 from ttsq.records.queues import queue_depth
+from ttsq.records.scripts import register_async
 from ttsq.voices import MAX_REFERENCE_BYTES
 
 if TYPE_CHECKING:
@@ -57,9 +56,6 @@ logger = logging.getLogger(__name__)
 CAUSES = ("auth", "revoked", "rate", "quota", "queue", "invalid", "too_large", "not_found")
 #: Seconds a refused client is told to wait before it tries again when the queue is full.
 QUEUE_RETRY_AFTER_S = 5
-#: Connections each async Redis pool of a gateway process keeps, and how long a request waits for one.
-REDIS_POOL_SIZE = 32
-REDIS_POOL_WAIT_S = 30
 #: Paths that need no key: operations, and the API's own description.
 OPEN_PATHS = ("/healthz", "/readyz", "/metrics", "/docs", "/openapi.json", "/redoc")
 
@@ -69,23 +65,16 @@ class Gateway:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._broker = connect(settings.broker_url, decode=False)
-        self.client = Client(settings, app=make_app(settings), admit=self._admit)
-        # A bounded pool that waits for a free connection: a thousand requests at once share a few dozen
-        # connections instead of opening a thousand (Redis's accept backlog would refuse some).
-        self.redis = aioredis.Redis(
-            connection_pool=aioredis.BlockingConnectionPool.from_url(
-                settings.cache_url,
-                max_connections=REDIS_POOL_SIZE,
-                timeout=REDIS_POOL_WAIT_S,
-                socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
-                decode_responses=True,
-            )
-        )
-        self.waiter = ResultWaiter(settings.result_backend)
-        self._authorize = self.redis.register_script(AUTHORIZE)
-        self._charge = self.redis.register_script(CHARGE)
-        self._charge_once = self.redis.register_script(CHARGE_ONCE)
+        #: This process's Redis: one sync client per database (the producer ``Client``'s, admission
+        #: control's) and one async one per database (keys and quotas, results).
+        self.redis = RedisOwner(settings, role="gateway")
+        self.client = Client(settings, app=make_app(settings), admit=self._admit, redis=self.redis)
+        #: The cache database, async: API keys, rates and quotas, readiness.
+        self.cache = self.redis.async_client(settings.cache_url)
+        self.waiter = ResultWaiter(self.redis.async_client(settings.result_backend))
+        self._authorize = register_async(self.cache, "authorize")
+        self._charge = register_async(self.cache, "charge")
+        self._charge_once = register_async(self.cache, "charge_once")
         registry = self.registry = CollectorRegistry()
         self.requests = Counter(
             "ttsq_gateway_requests", "HTTP requests by route and status.", ["route", "status"], registry=registry
@@ -109,7 +98,7 @@ class Gateway:
     def _admit(self, queue: str) -> None:
         """Admission control, from the submit thread: a queue at its limit takes nothing more."""
         limit = self.settings.gateway_max_queue
-        if limit and queue_depth(self._broker, queue) >= limit:
+        if limit and queue_depth(self.redis.broker, queue) >= limit:
             raise ApiError(
                 503,
                 f"the queue {queue} holds {limit} or more waiting jobs; try again shortly",
@@ -190,7 +179,7 @@ class Gateway:
         await self.waiter.close()
         await self.redis.aclose()
         self.client.close()
-        self._broker.close()
+        self.redis.close()
 
 
 def install(app: FastAPI, gateway: Gateway) -> None:
@@ -218,20 +207,34 @@ def _errors(app: FastAPI, gateway: Gateway) -> None:
         assert isinstance(exc, InvalidRequest)
         return await api_error(request, invalid(exc))
 
+    def not_json() -> ApiError:
+        return ApiError(400, "the body is not JSON", param="body", code="invalid_json", cause="invalid")
+
     async def validation(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
         first = exc.errors()[0] if exc.errors() else {}
-        param = ".".join(str(part) for part in first.get("loc", ())[1:]) or "body"
+        kind, loc = first.get("type"), tuple(first.get("loc", ()))
+        if kind == "json_invalid":  # FastAPI's JSON decoding, or a body model's (``ttsq.gateway.bodies``)
+            return await api_error(request, not_json())
+        param = ".".join(str(part) for part in loc[1:]) or "body"
+        # An empty body, or JSON null, is a missing one to FastAPI: no body model sees it.
+        reason = "expected a JSON object" if kind == "missing" and loc == ("body",) else first.get("msg", "invalid")
         return await api_error(
-            request,
-            ApiError(
-                400,
-                f"invalid {param}: {first.get('msg', 'invalid')}",
-                param=param,
-                code="invalid_value",
-                cause="invalid",
-            ),
+            request, ApiError(400, f"invalid {param}: {reason}", param=param, code="invalid_value", cause="invalid")
         )
+
+    async def unreadable(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code != 400:  # routing's 404 and 405, answered as FastAPI answers them
+            return await http_exception_handler(request, exc)
+        if isinstance(exc.__cause__, _TooLarge):  # FastAPI wrapped BodyLimit's refusal: BodyLimit answers it
+            raise exc.__cause__
+        # A body FastAPI or Starlette could not parse before any route ran: JSON that is not UTF-8 or nests
+        # deeper than Python recurses, a broken multipart form.
+        if isinstance(exc.__cause__, (ValueError, RecursionError)):
+            return await api_error(request, not_json())
+        unparsed = f"the body cannot be read: {exc.detail}"
+        return await api_error(request, ApiError(400, unparsed, param="body", code="invalid_value", cause="invalid"))
 
     async def unknown(request: Request, exc: Exception) -> Response:
         return await api_error(request, ApiError(404, str(exc), code="not_found", cause="not_found"))
@@ -260,6 +263,7 @@ def _errors(app: FastAPI, gateway: Gateway) -> None:
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(InvalidRequest, invalid_request)
     app.add_exception_handler(RequestValidationError, validation)
+    app.add_exception_handler(HTTPException, unreadable)
     app.add_exception_handler(UnknownJob, unknown)
     for error in (BrokerError, StorageError):
         app.add_exception_handler(error, unavailable)
@@ -308,7 +312,7 @@ def _operations(app: FastAPI, gateway: Gateway) -> None:
         """Redis and storage reachable, and a worker serving some mode: ready to take jobs."""
         checks: dict[str, bool] = {}
         try:
-            checks["redis"] = bool(await gateway.redis.ping())
+            checks["redis"] = bool(await gateway.cache.ping())
         except Exception:
             checks["redis"] = False
         try:

@@ -7,22 +7,21 @@ subscription to every result channel on one connection (no subscribe and unsubsc
 a message nobody here awaits is dropped unread), reads a waiter's key once after registering it (so a
 result stored in between is not missed), and wakes the waiter when a final state arrives. If a message
 is missed anyway (the connection dropped and came back), every waiter reads its key again every few
-seconds.
+seconds. What it reads is read by ttsq's one reader of stored results (``ttsq.results.read_result``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
-from celery import states
-from redis import asyncio as aioredis
-
-from ttsq.constants import REDIS_CONNECT_TIMEOUT_S
 from ttsq.errors import BrokerError, CorruptRecord, JobTimeout
+from ttsq.results import StoredResult, read_result
+
+if TYPE_CHECKING:
+    from redis import asyncio as aioredis
 
 logger = logging.getLogger(__name__)
 
@@ -35,15 +34,12 @@ RECHECK_S = 2.0
 class ResultWaiter:
     """Async waits for Celery task results on the result backend's Redis. One per event loop."""
 
-    def __init__(self, url: str, *, connections: int = 32) -> None:
-        # A bounded pool that waits for a free connection: a thousand waiters share a few dozen.
-        self._redis = aioredis.Redis(
-            connection_pool=aioredis.BlockingConnectionPool.from_url(
-                url, max_connections=connections, timeout=30, socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S
-            )
-        )
+    def __init__(self, client: aioredis.Redis) -> None:
+        """``client``: the result backend's database, from the process's ``RedisOwner`` (a bounded pool:
+        a thousand waiters share a few dozen connections)."""
+        self._redis = client
         self._pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-        self._waiters: dict[str, set[asyncio.Future[dict[str, Any]]]] = {}
+        self._waiters: dict[str, set[asyncio.Future[StoredResult]]] = {}
         self._reader: asyncio.Task[None] | None = None
 
     @property
@@ -51,29 +47,29 @@ class ResultWaiter:
         """How many waits are open."""
         return sum(len(futures) for futures in self._waiters.values())
 
-    async def meta(self, task_id: str) -> dict[str, Any] | None:
-        """The stored state of a task (None: nothing stored)."""
+    async def stored(self, task_id: str) -> StoredResult:
+        """What the result backend holds for a task (PENDING: nothing)."""
         try:
             raw = await self._redis.get(RESULT_KEY_PREFIX + task_id)
         except Exception as exc:
             raise BrokerError(f"cannot reach the result backend: {type(exc).__name__}") from exc
-        return None if raw is None else _decode(raw, task_id)
+        return read_result(raw, task_id)
 
-    async def wait(self, task_id: str, timeout: float) -> dict[str, Any]:
-        """The task's meta once it is in a final state (SUCCESS, FAILURE, REVOKED); ``JobTimeout`` after
-        ``timeout`` seconds."""
+    async def wait(self, task_id: str, timeout: float) -> StoredResult:
+        """The task's stored result once its state is final (SUCCESS, FAILURE, REVOKED); ``JobTimeout``
+        after ``timeout`` seconds."""
         channel = RESULT_KEY_PREFIX + task_id
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[dict[str, Any]] = loop.create_future()
+        future: asyncio.Future[StoredResult] = loop.create_future()
         deadline = loop.time() + timeout
         self._waiters.setdefault(channel, set()).add(future)
         if self._reader is None or self._reader.done():
             self._reader = asyncio.create_task(self._read(), name="ttsq-result-reader")
         try:
             while True:
-                meta = await self.meta(task_id)  # after registering: nothing stored in between is missed
-                if meta is not None and meta.get("status") in states.READY_STATES:
-                    return meta
+                stored = await self.stored(task_id)  # after registering: nothing stored in between is missed
+                if stored.done:
+                    return stored
                 left = deadline - loop.time()
                 if left <= 0:
                     raise JobTimeout(f"job {task_id} not done after {timeout:.0f}s")
@@ -109,33 +105,22 @@ class ResultWaiter:
             if not futures:
                 continue  # a result nobody here waits for: not even decoded
             try:
-                meta = _decode(message["data"], _text(message["channel"]).removeprefix(RESULT_KEY_PREFIX))
+                stored = read_result(message["data"], _text(message["channel"]).removeprefix(RESULT_KEY_PREFIX))
             except CorruptRecord:
                 continue  # the waiter reads the key itself and reports it
-            if meta.get("status") in states.READY_STATES:
+            if stored.done:
                 for future in futures:
                     if not future.done():
-                        future.set_result(meta)
+                        future.set_result(stored)
 
     async def close(self) -> None:
-        """Stop reading and close the connections."""
+        """Stop reading and give the subscription's connection back (the pool is the owner's to close)."""
         if self._reader is not None:
             self._reader.cancel()
             with contextlib.suppress(BaseException):
                 await self._reader
         with contextlib.suppress(Exception):
             await self._pubsub.aclose()  # type: ignore[no-untyped-call]
-        await self._redis.aclose()
-
-
-def _decode(raw: bytes | str, task_id: str) -> dict[str, Any]:
-    try:
-        meta = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise CorruptRecord("result", f"of job {task_id[:80]} cannot be read") from None
-    if not isinstance(meta, dict):
-        raise CorruptRecord("result", f"of job {task_id[:80]} is not a JSON object")
-    return meta
 
 
 def _text(value: bytes | str) -> str:

@@ -224,7 +224,7 @@ def measure(
                 settings = settings.replace(storage_url=folder)
             # Quiet worker: the bench prints its own figures, per-job log lines would only cost time.
             deployment = stack.enter_context(Embedded(settings.replace(log_level="WARNING")))
-            settings, app = deployment.settings, deployment.app
+            settings, app, owner = deployment.settings, deployment.app, deployment.owner
             target = (
                 f"embedded: private Redis, in-process {settings.engine} worker "
                 f"(max batch {settings.max_batch}, max wait {settings.max_wait_ms} ms), "
@@ -232,8 +232,8 @@ def measure(
             )
         else:
             target = f"broker {redact_url(settings.broker_url)}, queue {settings.queue}, engine {settings.engine}"
-            app = None
-        client = Client(settings, app=app)
+            app, owner = None, None
+        client = Client(settings, app=app, redis=owner)
         stack.callback(client.close)
         if not embedded and not client.identities():
             logger.warning(

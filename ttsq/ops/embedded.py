@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from celery import Celery
 
     from ttsq.config import Settings
+    from ttsq.records.owner import RedisOwner
     from ttsq.worker.runtime import WorkerRuntime
 
 logger = logging.getLogger(__name__)
@@ -100,6 +101,8 @@ class Embedded:
         self.redis = RedisServer()
         self.settings: Settings = settings
         self.runtime: WorkerRuntime | None = None
+        #: The in-process worker's Redis owner, for a client in this process to share.
+        self.owner: RedisOwner | None = None
         self.worker: InProcessWorker | None = None
 
     def __enter__(self) -> Embedded:
@@ -114,6 +117,7 @@ class Embedded:
         try:
             self.runtime = WorkerRuntime(self.settings)
             self.runtime.start()
+            self.owner = self.runtime.redis
             self.app = worker_app(self.settings, self.runtime)
             self.worker = InProcessWorker(self.app, self.settings, queues=self.runtime.queues)
             self.worker.start()

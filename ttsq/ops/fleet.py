@@ -16,9 +16,8 @@ import redis
 from ttsq.app import make_app, queue_for
 from ttsq.errors import BrokerError
 from ttsq.job import MODES
-from ttsq.records.connection import connect
+from ttsq.records.owner import RedisOwner
 from ttsq.records.queues import queue_depth, unacked
-from ttsq.records.stats import FleetStats
 
 if TYPE_CHECKING:
     from ttsq.config import Settings
@@ -36,18 +35,16 @@ def snapshot(
     """
     now = time.time() if now is None else now
     queues = [queue_for(settings.queue, mode) for mode in MODES]
-    stats = FleetStats(settings.cache_url)
-    broker = connect(settings.broker_url, decode=False)
+    owner = RedisOwner(settings, role="stats")
     try:
-        depths = [{"queue": queue, "depth": queue_depth(broker, queue)} for queue in queues]
-        unacked_messages = unacked(broker)
-        totals = stats.window(minutes, now=now)
-        workers = stats.workers()
+        depths = [{"queue": queue, "depth": queue_depth(owner.broker, queue)} for queue in queues]
+        unacked_messages = unacked(owner.broker)
+        totals = owner.stats.window(minutes, now=now)
+        workers = owner.stats.workers()
     except redis.exceptions.RedisError as exc:
         raise BrokerError(f"cannot read statistics from Redis: {type(exc).__name__}: {exc}") from exc
     finally:
-        stats.close()
-        broker.close()
+        owner.close()
     answered = _ping(settings, ping_timeout) if ping_timeout > 0 and workers else set()
     for worker in workers:
         worker["device"] = worker.get("device") or "cpu"  # as the table shows it (a heartbeat of an older worker)

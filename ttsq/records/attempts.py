@@ -17,10 +17,13 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ttsq.constants import ATTEMPTS_PREFIX, PARKED_KEY
-from ttsq.records.connection import connect, patiently
+from ttsq.records.connection import address, patiently
+
+if TYPE_CHECKING:
+    import redis
 
 
 @dataclass(frozen=True)
@@ -51,11 +54,11 @@ class ParkedJob:
 class Ledger:
     """Attempt counters and parked jobs, in one Redis database."""
 
-    def __init__(self, url: str, *, ttl_s: int, patience_s: float = 0.0) -> None:
-        self.url = url
+    def __init__(self, client: redis.Redis, *, ttl_s: int, patience_s: float = 0.0) -> None:
+        self.url = address(client)
         self.ttl_s = ttl_s
         self.patience_s = patience_s
-        self._redis = connect(url)
+        self._redis = client
 
     def attempts(self, task_id: str) -> int:
         """Engine calls with this job in them that never returned."""
@@ -115,10 +118,6 @@ class Ledger:
 
         record = patiently(take, self.url, self.patience_s)
         return None if record is None else _parked(task_id, record)
-
-    def close(self) -> None:
-        """Close the connection pool."""
-        self._redis.close()
 
 
 def _parked(task_id: str, record: str) -> ParkedJob:

@@ -8,8 +8,12 @@ metrics; ``ttsq stats`` prints them.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
-import redis
+from ttsq.records.connection import within
+
+if TYPE_CHECKING:
+    import redis
 
 # kombu's Redis transport keeps priority levels other than 0 in lists named queue + sep + level.
 _PRIORITY_SEP = "\x06\x16"
@@ -18,13 +22,24 @@ _PRIORITY_STEPS = (3, 6, 9)
 UNACKED_KEY = "unacked"
 
 
+def _lists(queue: str) -> list[str]:
+    """The broker's lists of ``queue``: one per priority level."""
+    return [queue, *(f"{queue}{_PRIORITY_SEP}{step}" for step in _PRIORITY_STEPS)]
+
+
 def queue_depth(client: redis.Redis, queue: str) -> int:
     """Messages waiting in ``queue`` on a kombu Redis broker, every priority level included."""
-    names = [queue, *(f"{queue}{_PRIORITY_SEP}{step}" for step in _PRIORITY_STEPS)]
     with client.pipeline(transaction=False) as pipe:
-        for name in names:
+        for name in _lists(queue):
             pipe.llen(name)
         return sum(int(n) for n in pipe.execute())
+
+
+def queued_within(client: redis.Redis, queues: list[str], timeout_s: float) -> int:
+    """Messages waiting in all of ``queues``, if Redis answers within ``timeout_s`` (else
+    ``redis.TimeoutError``): for the batcher, which must never wait on a broker that stopped answering."""
+    lists = [name for queue in queues for name in _lists(queue)]
+    return sum(int(n) for n in within(client, timeout_s, *(("LLEN", name) for name in lists)))
 
 
 def unacked(client: redis.Redis) -> int:
@@ -66,7 +81,7 @@ def held(client: redis.Redis, task_ids: set[str], queues: list[str], *, unacked_
     if unacked_too:
         look(client.hvals(UNACKED_KEY))
     for queue in queues:
-        for name in [queue, *(f"{queue}{_PRIORITY_SEP}{step}" for step in _PRIORITY_STEPS)]:
+        for name in _lists(queue):
             start = 0
             while needles.keys() - found:
                 page = client.lrange(name, start, start + _PAGE - 1)

@@ -3,8 +3,7 @@
 Prometheus scrapes each worker; this is the view any host can read without Prometheus (``ttsq
 stats``, ``ttsq.ops.fleet``): the counters every worker (and every producer, for its cache hits) adds to
 ``ttsq:minute:<unix minute>``, and the heartbeats of live workers. ``FleetObserver`` is the worker's
-observer that feeds them, with the all-time counters of the cache database (``ttsq:stats:*``).
-Nothing here holds request content.
+observer that feeds them. Nothing here holds request content.
 """
 
 from __future__ import annotations
@@ -18,10 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from ttsq.constants import HEARTBEAT_TTL_S, MINUTE_PREFIX, MINUTE_STATS_TTL_S, RESTARTS_KEY, WORKER_PREFIX
 from ttsq.observer import JobReport, Observer
-from ttsq.records.connection import connect
 
 if TYPE_CHECKING:
-    from ttsq.records.cache import CacheIndex
+    import redis
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +32,8 @@ SECONDS = ("audio_s", "device_s")
 class FleetStats:
     """Reads and writes the fleet's statistics in the cache Redis."""
 
-    def __init__(self, url: str) -> None:
-        self._redis = connect(url)
+    def __init__(self, client: redis.Redis) -> None:
+        self._redis = client
 
     # Writing -----------------------------------------------------------------------------------
 
@@ -101,9 +99,9 @@ class FleetStats:
         """Launcher restarts per node, since Redis was last emptied."""
         return {str(node): int(n) for node, n in self._redis.hgetall(RESTARTS_KEY).items()}
 
-    def close(self) -> None:
-        """Close the connection pool."""
-        self._redis.close()
+    def restarts_of(self, node: str) -> int:
+        """Launcher restarts of one node."""
+        return int(self._redis.hget(RESTARTS_KEY, node) or 0)
 
 
 def worker_info(*, node: str, engine: str, model: str, device: str, started_at: float, jobs: int) -> dict[str, Any]:
@@ -120,12 +118,11 @@ def worker_info(*, node: str, engine: str, model: str, device: str, started_at: 
 
 
 class FleetObserver(Observer):
-    """Feeds a worker's finished jobs into the fleet's minute counters and the all-time counters, and
-    counts them for the worker's heartbeat."""
+    """Feeds a worker's finished jobs into the fleet's minute counters, and counts them for the worker's
+    heartbeat."""
 
-    def __init__(self, stats: FleetStats, cache: CacheIndex) -> None:
+    def __init__(self, stats: FleetStats) -> None:
         self.stats = stats
-        self.cache = cache
         self._jobs = 0
         self._lock = threading.Lock()
 
@@ -133,9 +130,6 @@ class FleetObserver(Observer):
     def jobs(self) -> int:
         """Jobs this worker has finished, whatever their outcome (its heartbeat shows it)."""
         return self._jobs
-
-    def job_parked(self, task_id: str) -> None:
-        self.cache.count("jobs_parked")
 
     def job_finished(self, report: JobReport) -> None:
         with self._lock:
@@ -145,9 +139,3 @@ class FleetObserver(Observer):
         if outcome == "synthesized" and result is not None:
             amounts.update(audio_s=result["duration_s"], device_s=result["timings"]["device_s"])
         self.stats.record(**amounts)
-        if outcome == "cached":
-            self.cache.count("cache_hits_worker")
-        elif outcome == "synthesized":
-            self.cache.count("items_synthesized")
-            if report.written:
-                self.cache.count("objects_written")

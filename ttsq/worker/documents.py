@@ -1,27 +1,11 @@
 """The worker side of long documents: fan out into chunk jobs, count progress, stitch one file.
 
-What a document is (validation, key, seed, result shape) is ``ttsq.document``; this module runs it:
-
-1. **Fan out.** The ``ttsq.document`` task replaces itself (``Task.replace``) with a Celery chord: a
-   group of ordinary ``ttsq.synthesize`` jobs, one per distinct chunk, each with its normal content
-   key (cached and shared with ordinary submits), and the ``ttsq.stitch`` job as its body. The body
-   inherits the document task's id, so the id the user holds ends up carrying the stitched result.
-2. **Progress.** Each chunk job that succeeds (Celery's ``task_success``) records its audio seconds in
-   a Redis hash for the document and stores the custom state ``PROGRESS`` (chunks done / total, audio
-   seconds, phase ``synthesizing``) on the document's id; ``ttsq status`` and ``AsyncResult.info`` read
-   it, and a ``task-progress`` event shows it in Flower.
-3. **Stitch.** The stitch job (which carries the document's id, and stores no ``STARTED`` over its
-   progress) first stores ``PROGRESS`` with phase ``stitching``; then it reads each chunk's audio
-   through the cache index (never trusting the chord's result list: a redelivered chunk may report
-   twice), joins them (``ttsq.audio.join``) with a crossfade inside a cut sentence, a short pause
-   between sentences and a longer one between paragraphs, encodes the requested format, stores it
-   under the document key, indexes it last and returns its URL with the time span of every chunk
-   and every sentence.
-
-**Resume.** A worker that dies mid-document loses nothing: its chunk messages are redelivered (late
-acks), finished chunks are acked and stored. A document re-submitted after a crash joins the running
-document (single flight on the document key) or, if that one failed, starts again, and every chunk
-already stored is answered from the cache by the worker: only missing chunks are synthesized.
+What a document is (validation, key, seed, result shape) is ``ttsq.document``; this module runs it as
+one Celery chord: the ``ttsq.document`` task replaces itself with a group of ordinary
+``ttsq.synthesize`` chunk jobs and a ``ttsq.stitch`` body that carries the document's id; each chunk
+that succeeds counts towards the document's ``PROGRESS``; the stitch joins the stored chunks and
+stores the file through the job pipeline's ``store_audio``. How and why, resume after a crash
+included: docs/documents.md, "How a worker runs a document".
 
 Why one file over 400 lines: fan-out, progress and stitch are the three steps of one chord and share
 its keys and records.
@@ -41,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ttsq.app import queue_for
-from ttsq.audio import decode, encode, join, probe, resample
+from ttsq.audio import decode, join, resample
 from ttsq.constants import (
     DOCUMENT_HEADER,
     DOCUMENT_PREFIX,
@@ -64,9 +48,10 @@ from ttsq.document import (
 from ttsq.engines.base import reading_seconds
 from ttsq.errors import InvalidRequest, JobFailed
 from ttsq.job import FORMATS, StoredAudio
-from ttsq.keys import canonical_json, content_key, object_key
-from ttsq.records.connection import connect
+from ttsq.keys import canonical_json, content_key
+from ttsq.records.scripts import register
 from ttsq.results import checked_key
+from ttsq.worker.pipeline import store_audio
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -81,34 +66,18 @@ STITCHED_PROGRESS_TTL_S = 600
 #: The field of a document's progress hash that says its stitch has begun (beside one per chunk index).
 _STITCHING = "stitching"
 
-# Set a document's result to PROGRESS unless it already holds a final state (Celery's ready states).
-_PROGRESS_UNLESS_DONE = """
-local current = redis.call('get', KEYS[1])
-if current then
-  local ok, meta = pcall(cjson.decode, current)
-  if ok and type(meta) == 'table' and (meta.status == 'SUCCESS' or meta.status == 'FAILURE'
-      or meta.status == 'REVOKED') then
-    return 0
-  end
-end
-if tonumber(ARGV[2]) > 0 then
-  redis.call('setex', KEYS[1], ARGV[2], ARGV[1])
-else
-  redis.call('set', KEYS[1], ARGV[1])
-end
-redis.call('publish', KEYS[1], ARGV[1])
-return 1
-"""
 
-
-class Orchestrator:
-    """The worker side of documents: fan out, count progress, stitch. One per worker process."""
+class Documents:
+    """The worker side of documents: fan out, count progress, stitch. One per worker app."""
 
     def __init__(self, app: Celery, runtime: WorkerRuntime) -> None:
         self.app = app
         self.runtime = runtime
         self.settings = runtime.settings
-        self._redis = connect(runtime.settings.cache_url)
+        self._redis = runtime.documents_redis
+        # Runs on the result backend's client (Celery's), by SHA: registered here once, loaded there on
+        # first use and again after a flushed script cache.
+        self._progress_unless_done = register(self._redis, "progress_unless_done")
 
     # --- 1. the document task -------------------------------------------------------------------
 
@@ -293,7 +262,8 @@ class Orchestrator:
             "task_id": doc_id,
         }
         expires = int(backend.expires or 0)
-        backend.client.eval(_PROGRESS_UNLESS_DONE, 1, backend.get_key_for_task(doc_id), backend.encode(meta), expires)
+        key = backend.get_key_for_task(doc_id)
+        self._progress_unless_done(keys=[key], args=[backend.encode(meta), expires], client=backend.client)
 
     # --- 3. the stitch task --------------------------------------------------------------------
 
@@ -357,40 +327,33 @@ class Orchestrator:
         audio, spans = join_chunks([p if p is not None else silence for p in pieces], rate, plan["chunks"], options)
         for span, chunk in zip(spans, plan["chunks"], strict=True):
             span["cached"] = chunk["key"] in cached_keys
-        encoded = encode(audio, rate, plan["format"])
-        target = object_key(key, plan["format"])
-        if not runtime.storage.put(target, encoded.data, encoded.content_type):
-            encoded = probe(runtime.storage.get(target), plan["format"])
-        identity = runtime.engine.identity
         ignored = sorted(
             {name for entry in entries for name in entry["ignored"] if name != "seed" or plan.get("seed_given", True)}
         )
-        audio_entry = StoredAudio(
-            object_key=target,
-            format=plan["format"],
-            content_type=encoded.content_type,
-            sample_rate=encoded.sample_rate,
-            duration_s=encoded.duration_s,
-            bytes=len(encoded.data),
-            engine=identity.engine,
-            model=identity.model,
-            model_revision=identity.revision,
+        info = DocumentInfo(
+            chunks=len(spans),
+            cached_chunks=sum(span["cached"] for span in spans),
+            characters=plan["characters"],
+            seed=plan["seed"],
+        )
+
+        def index(entry: StoredAudio) -> dict[str, Any]:
+            record = {"key": key, "audio": entry, "chunks": spans, "document": info}
+            ttl_s = self.settings.cache_ttl_s or None
+            self._redis.set(DOCUMENT_PREFIX + key, canonical_json(record).decode(), ex=ttl_s)
+            return record
+
+        saved = store_audio(
+            runtime.storage,
+            audio,
+            rate,
+            key=key,
+            audio_format=plan["format"],
+            identity=runtime.engine.identity,
             truncated=any(entry["truncated"] for entry in entries),
             ignored=ignored,
+            index=index,
         )
-        record = {
-            "key": key,
-            "audio": audio_entry,
-            "chunks": spans,
-            "document": DocumentInfo(
-                chunks=len(spans),
-                cached_chunks=sum(span["cached"] for span in spans),
-                characters=plan["characters"],
-                seed=plan["seed"],
-            ),
-        }
-        # Last: the index never points at an object that is not there.
-        self._redis.set(DOCUMENT_PREFIX + key, canonical_json(record).decode(), ex=self.settings.cache_ttl_s or None)
         runtime.cache.release(key, task_id)
         # Not deleted: a chunk whose count comes after the stitch must still find the stitching mark
         # (``_chunk_done``); the hash goes once nothing late can come.
@@ -400,18 +363,14 @@ class Orchestrator:
             task_id,
             len(spans),
             key[:12],
-            encoded.duration_s,
+            saved.audio["duration_s"],
             time.perf_counter() - started,
         )
-        return runtime.results.document(record, cached=False)
+        return runtime.results.document(saved.record, cached=False)
 
     def stored(self, key: str) -> dict[str, Any] | None:
         """The index record of a stitched document, if there is one."""
         return read_document(self._redis, key)
-
-    def close(self) -> None:
-        """Release the Redis connection."""
-        self._redis.close()
 
 
 def stop_listening(backend: Any, task_ids: Sequence[str], *, unless_waited: bool = False) -> None:

@@ -21,9 +21,11 @@ import base64
 import binascii
 import json
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from kombu.utils import json as kombu_json
 
 from ttsq.constants import CLAIM_HEADER, DOCUMENT_HEADER, SENT_AT_HEADER, SEQ_HEADER
 
@@ -49,6 +51,8 @@ _OPTIONAL_STRINGS = (
     CLAIM_HEADER,
 )
 _EMBED_KEYS = {"callbacks", "errbacks", "chain", "chord"}
+#: The JSON decoder Celery reads a task's body with (kombu's, typed here: kombu ships no annotations).
+_kombu_loads: Callable[[bytes | str], Any] = kombu_json.loads
 
 
 class Refused(Exception):
@@ -171,10 +175,13 @@ def _check_headers(headers: Mapping[str, Any]) -> None:
 
 
 def _check_body(body: bytes | str | None) -> tuple[list[Any], dict[str, Any]]:
+    # Decoded as Celery will decode it, with kombu's JSON: kombu turns an object of exactly ``__type__``
+    # and ``__value__`` into a Python value (a ``Decimal``, a ``datetime``), so kwargs that are an
+    # object to plain JSON may reach Celery as something else, or fail its decoder inside the consumer.
     try:
-        decoded = json.loads(body if body is not None else "")
-    except (UnicodeDecodeError, ValueError):
-        raise Refused("body", "body is not JSON") from None
+        decoded = _kombu_loads(body if body is not None else "")
+    except Exception:  # kombu's type decoders raise whatever their constructors raise
+        raise Refused("body", "body is not JSON kombu can decode") from None
     if not (isinstance(decoded, list) and len(decoded) == 3):
         raise Refused("body", "body is not [args, kwargs, embed]")
     args, kwargs, embed = decoded

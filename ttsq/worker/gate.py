@@ -1,20 +1,10 @@
 """The envelope gate: every message a ttsq worker receives is checked before Celery touches it.
 
-Two places in the worker see a message before any Celery code parses it:
-
-- ``GatedChannel``, kombu's Redis channel with one change: the list item it pops is checked
-  (``ttsq.worker.envelope.check_raw``) before kombu builds a message from it, so a body that is not JSON, or
-  an envelope of the wrong shape, never raises inside the consumer's event loop (where it would end
-  the worker, and the message would be lost with it);
-- ``Gate.admit``, called by the worker's consumer (``GatedConsumer``) for each message before Celery's
-  strategy: the task headers and body are checked (``check_task``), and the job is marked received in
-  the accepted-job ledger, which also refuses a second copy of a job a worker already received.
-
-A refused message is acknowledged (so no ``unacked`` entry is left behind and it never comes back),
-kept raw in the bounded dead-letter list (``ttsq dead``), counted (``ttsq_dead_letters_total``) and
-logged in one line with its task id if it has one. The worker keeps consuming. A message Celery still
-cannot take apart (a case no check foresaw) is refused the same way instead of ending the worker, and
-a broker lost while the worker holds messages is survived (``GatedConsumer``).
+``GatedChannel`` checks each raw list item before kombu builds a message from it; ``Gate.admit``, called
+by ``GatedConsumer`` before Celery's strategy, checks the task headers and body and marks the job
+received in the accepted-job ledger. A refused message is acknowledged, dead-lettered, counted and
+logged, and the worker keeps consuming. Why two places, and what a refusal leaves: docs/guarantees.md,
+"How recovery works" (the envelope gate).
 """
 
 from __future__ import annotations
@@ -31,13 +21,11 @@ from kombu.transport import redis as kombu_redis
 
 from ttsq.constants import DOCUMENT_HEADER, SEQ_HEADER
 from ttsq.records.accepted import AcceptedJobs, Receipt
-from ttsq.records.connection import connect
-from ttsq.records.deadletters import DeadLetters
 from ttsq.worker.envelope import Refused, check_raw, check_task
 
 if TYPE_CHECKING:
-    from ttsq.config import Settings
     from ttsq.observer import Observer
+    from ttsq.records.deadletters import DeadLetters
 
 logger = logging.getLogger(__name__)
 
@@ -49,12 +37,12 @@ class Gate:
     """Checks, dead-letters and marks received every message one worker takes in."""
 
     def __init__(
-        self, settings: Settings, *, tasks: Collection[str], observer: Observer, accepted: AcceptedJobs
+        self, *, tasks: Collection[str], observer: Observer, accepted: AcceptedJobs, dead_letters: DeadLetters
     ) -> None:
         self.tasks = frozenset(tasks)
         self.observer = observer
         self.accepted = accepted
-        self.dead_letters = DeadLetters(connect(settings.broker_url, decode=False))
+        self.dead_letters = dead_letters
 
     def refuse(self, raw: bytes | str, *, queue: str, refused: Refused, headers: Any = None) -> None:
         """Keep a refused message in the dead-letter list, count it and log it (never its text)."""

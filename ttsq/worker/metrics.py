@@ -1,45 +1,10 @@
 """A worker's Prometheus metrics: what its batches, jobs and device are doing.
 
-Every worker process owns one ``Metrics`` (its own registry, no module-level state) and serves it on
-``TTSQ_METRICS_PORT`` (a launcher gives its Nth worker that port + N). Series, all prefixed ``ttsq_``:
-
-=====================================  =========  ==================================================
-name                                   type       meaning
-=====================================  =========  ==================================================
-``batch_size``                         histogram  jobs per engine call (continuous: see below)
-``synthesis_seconds``                  histogram  engine time per batch (continuous: see below)
-``queue_wait_seconds``                 histogram  producer send to worker start, per job
-``real_time_factor``                   histogram  engine seconds per second of audio, per batch
-``audio_seconds_total``                counter    seconds of audio synthesized
-``device_seconds_total``               counter    engine (device) seconds spent in batches
-``jobs_total{outcome}``                counter    synthesized, cached, invalid, failed, timeout
-``cache_lookups_total{result}``        counter    the worker's cache re-check: hit, miss
-``truncated_items_total``              counter    items cut at the frame cap
-``oom_splits_total``                   counter    batches split after a device out-of-memory error
-``dead_letters_total{reason}``         counter    messages the envelope gate refused, by reason
-``duplicate_deliveries_total``         counter    second copies of a received job, dropped
-``recovered_jobs_total``               counter    lost jobs the sweeper sent again
-``jobs_in_progress``                   gauge      jobs this worker holds (waiting or in a batch)
-``worker_info{node,engine,model}``     gauge      1, naming this worker and its model
-``worker_restarts_total{node}``        counter    times the launcher restarted this node (Redis)
-``queue_depth{queue}``                 gauge      messages waiting in the queue (Redis, at scrape)
-``outstanding_jobs{queue}``            gauge      waiting plus delivered and unacked: scale on this
-``unacked_messages``                   gauge      messages delivered but not yet acked, fleet-wide
-``gpu_utilization_ratio{device}``      gauge      NVML, only where NVML is available
-``gpu_memory_used_bytes{device}``      gauge      NVML
-``gpu_memory_total_bytes{device}``     gauge      NVML
-=====================================  =========  ==================================================
-
-A continuous engine (``qwen-fast``) has no batches: jobs join and leave its slots between frames. There
-``batch_finished`` is called once per finished job: ``batch_size`` is the number of jobs decoding when
-that job joined (itself included), and ``synthesis_seconds``, ``device_seconds_total`` and
-``real_time_factor`` use the job's share of the device: its own prefill plus, for every frame, the
-frame's time divided by the jobs then in the engine. The shares of all jobs add up to the engine's
-busy time.
-
-Labels carry names chosen by the operator (queue, node, engine, model, device) and fixed outcome
-words, never request content. ``Metrics`` is an ``Observer``: the worker and its batcher report to it
-through the observer hooks, never by touching these series themselves.
+Each worker process owns one ``Metrics`` (its own registry, no module-level state), served on
+``TTSQ_METRICS_PORT``. It is an ``Observer``: the worker and its batcher report to it through the
+observer hooks, never by touching the series themselves. Labels carry names chosen by the operator and
+fixed outcome words, never request content. Every series, and what the batch series mean for a
+continuous engine: docs/deployment.md, "Metrics".
 """
 
 from __future__ import annotations
@@ -57,15 +22,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ttsq.constants import REDIS_CONNECT_TIMEOUT_S, RESTARTS_KEY
 from ttsq.observer import OUTCOMES, BatchReport, JobReport, Observer
-from ttsq.records.connection import connect
 from ttsq.records.queues import queue_depth, unacked_by_queue
 from ttsq.worker.envelope import REASONS
 from ttsq.worker.health import Health, with_health
 
 if TYPE_CHECKING:
     from prometheus_client import Metric
+
+    from ttsq.records.stats import FleetStats
 
 logger = logging.getLogger(__name__)
 
@@ -82,8 +47,8 @@ class Metrics(Observer):
         *,
         node: str = "",
         queues: Sequence[str] = (),
-        broker_url: str | None = None,
-        cache_url: str | None = None,
+        broker: redis.Redis | None = None,
+        stats: FleetStats | None = None,
         gpus: Sequence[str] | None = None,
     ) -> None:
         self.node = node
@@ -133,11 +98,11 @@ class Metrics(Observer):
             self.dead_letters.labels(reason=reason)
         ProcessCollector(registry=r)
         self._queues: _QueueCollector | None = None
-        if broker_url is not None:
-            self._queues = _QueueCollector(broker_url, list(queues))
+        if broker is not None:
+            self._queues = _QueueCollector(broker, list(queues))
             r.register(self._queues)
-        if cache_url is not None and node:
-            r.register(_RestartCollector(cache_url, node))
+        if stats is not None and node:
+            r.register(_RestartCollector(stats, node))
         nvml = _NvmlCollector.open(gpus)
         if nvml is not None:
             r.register(nvml)
@@ -235,10 +200,9 @@ class _QuietHandler(WSGIRequestHandler):
 class _QueueCollector(Collector):
     """Queue depth per queue and unacked messages, read from the broker at scrape time."""
 
-    def __init__(self, broker_url: str, queues: list[str]) -> None:
+    def __init__(self, broker: redis.Redis, queues: list[str]) -> None:
         self.queues = queues
-        # A scrape waits for Redis no longer than a connect: Prometheus' own timeout is seconds.
-        self._redis = connect(broker_url, decode=False, socket_timeout=REDIS_CONNECT_TIMEOUT_S)
+        self._redis = broker
 
     def collect(self) -> Iterable[Metric]:
         try:
@@ -270,13 +234,13 @@ class _QueueCollector(Collector):
 class _RestartCollector(Collector):
     """How often the launcher restarted this node; the launcher counts it in Redis."""
 
-    def __init__(self, cache_url: str, node: str) -> None:
+    def __init__(self, stats: FleetStats, node: str) -> None:
         self.node = node
-        self._redis = connect(cache_url, socket_timeout=REDIS_CONNECT_TIMEOUT_S)
+        self._stats = stats
 
     def collect(self) -> Iterable[Metric]:
         try:
-            restarts = int(self._redis.hget(RESTARTS_KEY, self.node) or 0)
+            restarts = self._stats.restarts_of(self.node)
         except redis.exceptions.RedisError:
             return
         family = CounterMetricFamily("ttsq_worker_restarts", "Times the launcher restarted this node.", labels=["node"])

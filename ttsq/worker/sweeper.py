@@ -1,21 +1,9 @@
 """The sweeper: a job whose message was lost between the broker and a worker is sent again.
 
-One worker of a deployment at a time runs it (a Redis lock its holder renews; another worker takes
-over within a few seconds if the holder dies). Every second it reads the accepted-job ledger
-(``ttsq.records.accepted``) and, for each queue of the deployment, sends again, under the same task id, with
-the same kwargs and headers:
-
-- a job no worker has received, once ``TTSQ_LOST_JOB_GRACE_S`` has passed since it was accepted and
-  its queue has moved past it (a worker received a job accepted after it) or drained, and it is not
-  in the queue (read once per sweep, only while there are such jobs): kombu popped it and lost it
-  before it recorded it as unacknowledged (a Redis restart, a dropped connection);
-- a job a worker received that made no progress for one visibility timeout (plus the grace) and has
-  no final result: the broker's own redelivery record of it was lost too, or, for a document, one of
-  its chunk messages (a document sent again fans out again; its finished chunks come from the cache).
-
-Before sending, the result backend is asked: a job with a final result only has its record dropped.
-A second copy that reaches a worker while the first is still around is dropped by the envelope gate;
-content keys make a rerun idempotent in any case.
+One worker of a deployment at a time runs it. Every second it reads the accepted-job ledger
+(``ttsq.records.accepted``) and sends again, under the same task id, through ``ttsq.sending``, a job no
+worker received although its queue moved past it, and a received job that made no progress for a
+visibility timeout. When a job counts as lost, and why a rerun is safe: docs/guarantees.md, "Lost jobs".
 """
 
 from __future__ import annotations
@@ -26,16 +14,20 @@ from typing import TYPE_CHECKING
 
 from celery import states
 
-from ttsq.app import make_app, queue_for
-from ttsq.constants import SEQ_HEADER, SWEEPER_LOCK_PREFIX
+from ttsq.app import queue_for, stored_result
+from ttsq.constants import SWEEPER_LOCK_PREFIX
+from ttsq.errors import CorruptRecord
 from ttsq.job import MODES
-from ttsq.records.connection import connect
 from ttsq.records.queues import held, queue_depth
+from ttsq.sending import Outgoing, send_job
 
 if TYPE_CHECKING:
+    from celery import Celery
+
     from ttsq.config import Settings
     from ttsq.observer import Observer
-    from ttsq.records.accepted import AcceptedJob, AcceptedJobs
+    from ttsq.records.accepted import AcceptedJob
+    from ttsq.records.owner import RedisOwner
 
 logger = logging.getLogger(__name__)
 
@@ -43,28 +35,21 @@ logger = logging.getLogger(__name__)
 SWEEP_INTERVAL_S = 1.0
 LOCK_TTL_S = 5.0
 
-# Extend the lock only while this worker still holds it.
-_RENEW = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
-return 0
-"""
-
 
 class Sweeper:
     """Finds and re-sends lost jobs, on one worker of the deployment at a time."""
 
-    def __init__(self, settings: Settings, accepted: AcceptedJobs, observer: Observer, *, node: str) -> None:
+    def __init__(self, app: Celery, settings: Settings, redis: RedisOwner, observer: Observer, *, node: str) -> None:
+        """``app`` is the worker's own: lost jobs are sent again through it."""
         self.settings = settings
-        self.accepted = accepted
+        self.accepted = redis.accepted
         self.observer = observer
         self.node = node
         self.grace_s = float(settings.lost_job_grace_s)
         self.queues = [queue_for(settings.queue, mode) for mode in MODES]
-        self._broker = connect(settings.broker_url, decode=False)
-        self._cache = connect(settings.cache_url)
-        self._renew = self._cache.register_script(_RENEW)
-        self._app = make_app(settings)
-        self._lock_key = SWEEPER_LOCK_PREFIX + settings.queue
+        self._broker = redis.broker
+        self._lease = redis.lease(SWEEPER_LOCK_PREFIX + settings.queue, node, ttl_s=LOCK_TTL_S)
+        self._app = app
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ttsq-sweeper", daemon=True)
         #: Task id -> Redis time it was first found suspect (lost once it stays so for the grace).
@@ -80,15 +65,9 @@ class Sweeper:
         if self._thread.is_alive():
             self._thread.join(timeout=SWEEP_INTERVAL_S + 10)
         try:
-            self._cache.eval(
-                "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]) end",
-                1,
-                self._lock_key,
-                self.node,
-            )
+            self._lease.give_up()
         except Exception as exc:  # the lock expires by itself within seconds
             logger.debug("could not give the sweeper lock up: %s", type(exc).__name__)
-        self._app.close()
 
     def _run(self) -> None:
         while not self._stop.wait(SWEEP_INTERVAL_S):
@@ -101,11 +80,10 @@ class Sweeper:
                 logger.warning("sweep failed: %s: %s", type(exc).__name__, exc)
 
     def _hold_lock(self) -> bool:
-        ttl_ms = int(LOCK_TTL_S * 1000)
-        if self._cache.set(self._lock_key, self.node, nx=True, px=ttl_ms):
+        if self._lease.take():
             logger.info("this worker sweeps for lost jobs")
             return True
-        return bool(self._renew(keys=[self._lock_key], args=[self.node, ttl_ms]))
+        return self._lease.renew()
 
     def sweep(self) -> int:
         """One round over every queue of the deployment; return how many jobs were sent again."""
@@ -158,7 +136,11 @@ class Sweeper:
         return sent
 
     def _send_again(self, job: AcceptedJob, *, why: str, stale: bool = False) -> int:
-        state = self._app.AsyncResult(job.task_id).state
+        try:
+            state = stored_result(self._app, job.task_id).state
+        except CorruptRecord as exc:  # a result is there, if not one ttsq wrote: the job is not lost
+            logger.warning("job %s: %s; its record is dropped, not sent again", job.task_id, exc)
+            state = states.FAILURE
         if state in states.READY_STATES:
             self.accepted.finish(job.task_id)
             self._suspects.pop(job.task_id, None)
@@ -166,15 +148,15 @@ class Sweeper:
         if state != states.PENDING and not stale:  # STARTED or PROGRESS: a worker has it; its mark went missing
             self._suspects.pop(job.task_id, None)
             return 0
-        seq = self.accepted.accept(job.task_id, task=job.task, queue=job.queue, kwargs=job.kwargs, headers=job.headers)
-        self._app.send_task(
-            job.task,
-            kwargs=job.kwargs,
+        again = Outgoing(
             task_id=job.task_id,
+            task=job.task,
             queue=job.queue,
-            headers={**job.headers, SEQ_HEADER: seq},
+            kwargs=job.kwargs,
+            headers=job.headers,
             kwargsrepr="<sent again by the sweeper>",
         )
+        send_job(self._app, self.accepted, again, withdraw=False)  # not sent: the next sweep tries again
         self._suspects.pop(job.task_id, None)
         self.observer.job_recovered()
         logger.warning("job %s: %s; sent again", job.task_id, why)

@@ -1,17 +1,10 @@
 """The tasks a worker runs: ``ttsq.synthesize``, ``ttsq.document`` and ``ttsq.stitch``, registered on the app.
 
-Thin by design: each task checks its message's shape and hands its JSON kwargs to the worker runtime
-(``ttsq.worker.runtime``) or the document orchestrator (``ttsq.worker.documents``). Producers never import this
-module; they send by name through ``ttsq.app``.
-
-Contract for web backends that do not import ttsq::
-
-    celery.send_task("ttsq.synthesize", kwargs={"text": "...", "language": "korean"}, queue="ttsq")
-
-returns a ``JobResult`` dict (see ``ttsq.job``) or fails with ``InvalidRequest`` / ``EngineError``.
-``ttsq.document`` takes the same kwargs with a text of any length and returns a ``DocumentResult``
-(see ``ttsq.document``); on a worker it becomes a chord of ``ttsq.synthesize`` jobs and ``ttsq.stitch``.
-The queue of each mode is ``ttsq.app.queue_for``.
+Thin by design: each task hands its JSON kwargs to the job pipeline (``ttsq.worker.pipeline``) or the
+document side (``ttsq.worker.documents``), and every message is checked by the envelope gate
+(``ttsq.worker.gate``) before Celery takes it apart. Producers never import this module; they send by
+name through ``ttsq.app``. The contract for backends that do not import ttsq (kwargs, queues, result,
+errors): docs/task-contract.md.
 """
 
 from __future__ import annotations
@@ -20,15 +13,15 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from celery import Celery, Task, states
-from celery.exceptions import InvalidTaskError, Reject
+from celery import Celery, states
+from celery.exceptions import Reject
 from celery.signals import task_postrun, task_success
 
 from ttsq.app import make_app
 from ttsq.constants import CLAIM_HEADER, DOCUMENT_TASK_NAME, SENT_AT_HEADER, STITCH_TASK_NAME, TASK_NAME
 from ttsq.errors import InvalidRequest
-from ttsq.worker.documents import Orchestrator
-from ttsq.worker.gate import GATE_OPTION, Gate, GatedTransport
+from ttsq.worker.documents import Documents
+from ttsq.worker.gate import GATE_OPTION, Gate, GatedConsumer, GatedTransport
 
 if TYPE_CHECKING:
     from ttsq.config import Settings
@@ -51,54 +44,31 @@ _TASK_OPTIONS: dict[str, Any] = {
 }
 
 
-class GuardedTask(Task):  # type: ignore[misc]
-    """A task whose messages are checked for shape before Celery builds a request from them.
-
-    Celery 5.7 unpacks a protocol-2 body as ``args, kwargs, embed`` outside any handler: one message
-    whose body is a JSON object or a number ends the whole worker ("Unrecoverable error"), and,
-    never acknowledged, it ends the next worker too; kwargs that are not an object leave the task
-    without any result. Here such a message becomes an ``InvalidTaskError``, which Celery's consumer
-    logs and drops.
-    """
-
-    def start_strategy(self, app: Celery, consumer: Any, **kwargs: Any) -> Any:
-        handle = super().start_strategy(app, consumer, **kwargs)
-
-        def guarded(message: Any, body: Any, *args: Any, **kw: Any) -> Any:
-            if "task" in (message.headers or {}):  # protocol 2; protocol 1 bodies are checked by Celery
-                payload = message.payload
-                if not (
-                    isinstance(payload, (list, tuple))
-                    and len(payload) == 3
-                    and isinstance(payload[0], (list, tuple))
-                    and isinstance(payload[1], dict)
-                    and isinstance(payload[2], (dict, type(None)))
-                ):
-                    raise InvalidTaskError("message body is not [args, kwargs, embed]")
-            return handle(message, body, *args, **kw)
-
-        return guarded
-
-
 def worker_app(settings: Settings, runtime: WorkerRuntime) -> Celery:
     """The Celery app of a worker: ttsq's tasks registered over a started ``WorkerRuntime`` (engine
     loaded and warmed first, so a broken model stops the process before it consumes anything), and
-    every message it receives checked by the envelope gate (``ttsq.worker.gate``) before Celery parses it."""
+    every message it receives checked by the envelope gate (``ttsq.worker.gate``) before Celery parses it.
+    The runtime's sweeper starts here, sending lost jobs again through this app."""
     app = make_app(settings, worker=True)
     register_tasks(app, runtime)
-    gate = Gate(settings, tasks=TASKS, observer=runtime.observer, accepted=runtime.accepted)
+    gate = Gate(
+        tasks=TASKS, observer=runtime.observer, accepted=runtime.accepted, dead_letters=runtime.redis.dead_letters
+    )
     # The transport checks each popped list item, the consumer (``ttsq.worker.gate``) each message.
     app.conf.broker_transport = GatedTransport
     app.conf.broker_transport_options = {**app.conf.broker_transport_options, GATE_OPTION: gate}
+    # Any worker made from this app gets the gated consumer, not only those that name it.
+    app.conf.worker_consumer = f"{GatedConsumer.__module__}:{GatedConsumer.__qualname__}"
     app.ttsq_gate = gate
+    runtime.sweep(app)
     return app
 
 
-def register_tasks(app: Celery, runtime: WorkerRuntime) -> Orchestrator:
+def register_tasks(app: Celery, runtime: WorkerRuntime) -> Documents:
     """Register ``ttsq.synthesize``, ``ttsq.document`` and ``ttsq.stitch`` on ``app``."""
-    orchestrator = Orchestrator(app, runtime)
+    documents = Documents(app, runtime)
 
-    @app.task(name=TASK_NAME, base=GuardedTask, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
+    @app.task(name=TASK_NAME, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
     def synthesize(self: Any, *args: Any, **kwargs: Any) -> JobResult:
         if args:
             raise InvalidRequest("args", "ttsq.synthesize takes keyword arguments only (kwargs=...)")
@@ -109,7 +79,7 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> Orchestrator:
             # A worker died holding it (or it outlived the visibility timeout): the rerun is harmless.
             logger.info("job %s: redelivered", self.request.id)
         try:
-            return runtime.run(
+            return runtime.pipeline.run(
                 kwargs,
                 task_id=self.request.id,
                 queue_wait_s=queue_wait,
@@ -122,21 +92,21 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> Orchestrator:
                 raise Reject(exc, requeue=True) from exc
             raise
 
-    @app.task(name=DOCUMENT_TASK_NAME, base=GuardedTask, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
+    @app.task(name=DOCUMENT_TASK_NAME, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
     def document(self: Any, *args: Any, **kwargs: Any) -> Any:
         if args:
             raise InvalidRequest("args", "ttsq.document takes keyword arguments only (kwargs=...)")
-        return orchestrator.fan_out(self, kwargs)
+        return documents.fan_out(self, kwargs)
 
     # The stitch carries the document's id: a STARTED stored over its PROGRESS would take the document's
     # progress back; the stitch stores PROGRESS (phase stitching) itself.
-    @app.task(name=STITCH_TASK_NAME, base=GuardedTask, track_started=False, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
+    @app.task(name=STITCH_TASK_NAME, track_started=False, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
     def stitch(self: Any, results: Any = None, *, plan: dict[str, Any]) -> Any:
-        return orchestrator.stitch(self, results, plan)
+        return documents.stitch(self, results, plan)
 
-    # A chunk of a document is an ordinary job; the orchestrator counts it once it has succeeded.
-    task_success.connect(orchestrator.chunk_succeeded, sender=synthesize, weak=False)
-    task_postrun.connect(orchestrator.chunk_ended, sender=synthesize, weak=False)
+    # A chunk of a document is an ordinary job; the document side counts it once it has succeeded.
+    task_success.connect(documents.chunk_succeeded, sender=synthesize, weak=False)
+    task_postrun.connect(documents.chunk_ended, sender=synthesize, weak=False)
 
     def finished(task_id: str = "", state: str | None = None, **_: Any) -> None:
         # A final result is stored: the job leaves the accepted-job ledger. (A document is replaced by its
@@ -149,4 +119,4 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> Orchestrator:
 
     for task in (synthesize, document, stitch):
         task_postrun.connect(finished, sender=task, weak=False)
-    return orchestrator
+    return documents

@@ -1,21 +1,11 @@
 """The 12 Hz codec's decoder as ``qwen-fast`` runs it: qwen-tts's network, with two kinds of its modules
-swapped for equivalent ones that cost less. The ``qwen`` engine keeps the stock modules: it is the
-reference the fast engine is measured and tested against.
+swapped for equivalent ones that cost less.
 
-- **Pointwise convolutions** (kernel 1, stride 1: the second convolution of every residual unit) become
-  one matrix product over the channels. oneDNN, which runs ``conv1d`` on a CPU, lays activations out in
-  blocks of 8 or 16 channels; the last upsampling stages have few channels at 24 kHz (2 and 4 on the
-  tiny checkpoint, 96 and 192 on the full size), so it spends its time reordering padding. Measured on 2
-  cores, 16 rows x 48 frames: one such convolution 83 ms as ``conv1d``, 1.3 ms as a product (tiny);
-  23.6 against 22.1 ms at 96 channels (full size). The wider convolutions stay oneDNN's, which is faster
-  for them.
-- **SnakeBeta** (``x + sin(x exp(a))^2 / (exp(b) + eps)``) takes ``exp(a)`` and ``1 / (exp(b) + eps)``
-  from buffers computed once here instead of on every call, in three passes over its input instead of
-  five.
-
-The numbers are the stock decoder's up to float rounding (``tests/test_qwen_codec.py``: within 1e-5 of
-full scale, under a third of one 16-bit PCM step, on the tiny and the full-size architecture), so the
-swap is not part of the engine's identity. ``benchmarks/qwen_fast.py`` times both decoders side by side.
+The pointwise convolutions become one matrix product and SnakeBeta takes its exponentials from buffers.
+The audio is the stock decoder's up to float rounding (``tests/test_qwen_codec.py``), so the swap is not
+part of the engine's identity; the ``qwen`` engine keeps the stock modules as the reference. Why, and
+the timings: docs/qwen.md, "qwen-fast: ttsq's own decode loop", and docs/benchmarks.md, "qwen-fast against
+stock qwen-tts".
 """
 
 from __future__ import annotations

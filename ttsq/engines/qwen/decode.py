@@ -1,31 +1,9 @@
 """ttsq's own Qwen3-TTS decode loop: static caches, on-device sampling, slots that rows join and leave.
 
-Stock ``qwen-tts`` runs one Hugging Face ``generate`` for the talker and, inside every talker step, a
-nested ``generate`` of 15 code-predictor steps with a fresh cache: thousands of small operations and
-allocations per 80 ms audio frame. This loop runs the same modules of the same checkpoint, and replaces
-only the generation loop:
-
-- **Slots.** A fixed number of rows (``slots``). A row is prefilled alone, at its exact prompt length,
-  exactly as stock qwen-tts prefills it, and its keys and values are copied into its slot of a
-  preallocated talker cache (slots x positions). It then decodes with the others, one frame per
-  ``step``, and leaves the moment it samples its end token or reaches its frame cap; its slot is free
-  for the next request at the next frame.
-- **Static caches.** The talker cache is allocated once. The code predictor's cache (16 positions) is
-  allocated once and overwritten every frame. A step allocates no cache and calls no ``generate``.
-- **On-device sampling.** Repetition penalty, the end-token rules (``min_new_tokens=2``, codec
-  control ids suppressed), temperature, top-k and top-p run as tensor operations for all rows at once,
-  each row with its own settings. The random draw is a counter-based hash of the row's seed, the frame
-  and the codebook (``qwen_sampling.uniform``): a seeded row samples the same codes whatever rows share its batch,
-  whatever slot it sits in and whenever it joined.
-- **Static shapes.** ``step`` runs on the slot prefix ``[:rows]`` and the cache prefix ``[:length]``.
-  On CUDA the talker step and the 15-step predictor pass are captured as one CUDA graph per
-  (rows, length) bucket at warm-up and replayed; on a CPU the very same functions run uncaptured, with
-  the exact prefix (less padding, same tokens).
-
-With greedy settings the codes equal stock qwen-tts's, token for token (``tests/test_qwen_fast.py``).
-The prompt itself is built by qwen-tts's own code (``Prompt.capture``), so it cannot drift from stock.
-The layers the loop runs are in ``qwen_layers``, the per-row sampling in ``qwen_sampling``; this module
-is the loop itself (slots, caches, graph capture).
+It runs the same modules of the same checkpoint as stock ``qwen-tts`` and replaces only the generation
+loop; with greedy settings its codes equal stock's, token for token. This module is the loop itself
+(slots, caches, CUDA graph capture); the layers it runs are in ``layers``, the per-row sampling in
+``sampling``. What it changes against stock, and why: docs/qwen.md, "qwen-fast: ttsq's own decode loop".
 
 Why one file over 400 lines: slots, caches and graph capture are one loop's state; split, each part
 would reach into the others' tensors.

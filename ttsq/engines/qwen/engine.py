@@ -1,22 +1,10 @@
 """Qwen3-TTS through the ``qwen-tts`` package: VoiceDesign, CustomVoice and voice cloning, batched.
 
-One checkpoint per worker process, loaded from a local folder (``TTSQ_QWEN_MODEL``); the checkpoint's
-``tts_model_type`` decides the one mode it serves (voice_design, custom_voice, or voice_clone for a
-Base checkpoint). This is the only module in ttsq that imports torch, transformers or qwen_tts, and it
-imports them in ``load`` on the batcher thread, so that constructing the engine (and the identity that
-goes into content keys) costs nothing.
-
-A batch is one ``generate_*`` call: qwen-tts left-pads the rows and runs them through one Hugging Face
-``generate``, with text, language, voice and speaker per row. Three things are added around it:
-
-- **Frame caps.** Each row gets a cap from its own text (``frame_cap``), or the request's
-  ``max_new_tokens``, bounded by ``TTSQ_QWEN_MAX_FRAMES``. The call runs to the largest cap in the
-  batch (qwen-tts has one ``max_new_tokens`` per call); each row is then cut to its own cap, and a row
-  that reached it without its end token is returned with ``truncated=True``.
-- **Out of memory** becomes ``EngineOutOfMemory``, which the batcher answers by splitting the batch.
-- **Voice cloning** reads the reference through ttsq's storage and hands the model ``(samples, rate)``;
-  the clone prompt (reference codes and speaker embedding) is computed once per reference and kept in
-  a bounded least-recently-used cache.
+One checkpoint per worker process (``TTSQ_QWEN_MODEL``), whose ``tts_model_type`` decides the one mode it
+serves. A batch is one ``generate_*`` call, wrapped in per-row frame caps, ``EngineOutOfMemory`` and a
+cache of clone prompts. torch, transformers and qwen_tts are imported in ``load``, on the batcher thread,
+so that constructing the engine (and the identity that goes into content keys) costs nothing. Modes,
+caps and cloning: docs/qwen.md.
 
 Why one file over 400 lines: loading, frame caps, OOM handling and the clone prompt all wrap the one
 ``generate_*`` call, and the heavy imports must stay inside one engine module.

@@ -1,24 +1,10 @@
 """``qwen-fast``: the same Qwen3-TTS checkpoints, modes and request contract as ``qwen``, decoded by
-ttsq's own loop (``qwen_decode.DecodeLoop``) with continuous batching.
+ttsq's own loop (``decode.DecodeLoop``) with continuous batching.
 
-Everything around generation is the ``qwen`` engine's: the checkpoint folder, its identity (mode,
-languages, speakers, revision), the per-row frame caps and the ``truncated`` flag, the clone-prompt
-cache, out-of-memory handling and the codec call. Only the generation loop and the codec's
-modules differ:
-
-- Requests join and leave a fixed set of slots (``TTSQ_MAX_BATCH``) between frames. The batcher feeds
-  them one by one as slots free up (``admit``); a short job leaves as soon as it is done instead of
-  waiting for the longest job of its batch.
-- The codec decoder is qwen-tts's with two kinds of module swapped for cheaper equivalents
-  (``qwen_codec``): the same audio within float rounding, in half the time on a CPU's tiny checkpoint.
-- With greedy settings the codes are stock qwen-tts's, token for token. With sampling, each row draws
-  from its own seed (``seed`` in the request, else a random one): on a CPU (float32, where it is
-  tested) a seeded request gives the same audio whatever else runs beside it; on CUDA the matrix
-  kernels may depend on how many rows decode together, so there it is not a guarantee. The draws
-  differ from stock's (stock seeds one global generator per batch), so the engine has its own name
-  in content keys.
-- On CUDA, each frame is one CUDA graph replay per (rows, cache length) bucket, captured at warm-up;
-  finished rows are decoded to audio on a second stream, overlapping the next frames.
+Everything around generation (the checkpoint, its identity, frame caps, clone prompts, out-of-memory
+handling, the codec call) is the ``qwen`` engine's; only the generation loop and two kinds of the codec's
+modules differ. What changes, and what a seed does and does not promise: docs/qwen.md, "qwen-fast: ttsq's
+own decode loop".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Qwen3-TTS layers as ttsq's decode loop runs them (``qwen_decode``): the same operations in the
+"""The Qwen3-TTS layers as ttsq's decode loop runs them (``decode``): the same operations in the
 same order as qwen-tts's modules, called as functions over a preallocated per-slot cache.
 
 On a CPU the module calls of the tiny model cost more than its arithmetic; these functions take the
@@ -116,7 +116,7 @@ def decoder_layer(
 
 def linear(x: torch.Tensor, module: Any) -> torch.Tensor:
     """``module(x)`` without the module call for a plain ``Linear``; a quantized one
-    (``qwen_quant.QuantizedLinear``) runs its own ``forward``."""
+    (``quant.QuantizedLinear``) runs its own ``forward``."""
     if module.__class__ is torch.nn.Linear:
         return F.linear(x, module.weight, module.bias)
     result: torch.Tensor = module.forward(x)

@@ -1,24 +1,9 @@
 """Quantized weights for the Qwen3-TTS decoder layers (``TTSQ_QWEN_QUANT``), for both qwen engines.
 
-What is quantized: the seven linear layers of every decoder layer of the talker and of the code
-predictor (attention q, k, v, o; MLP gate, up, down), which hold nearly all the weights read per frame.
-The embeddings, the output heads, the projections between them and the codec stay in the model's
-dtype: the heads decide every code, and the codec is another network with its own error budget.
-
-- ``int8``: weights rounded per output channel (symmetric, scale = max |w| / 127). At run time each
-  row of the activations gets its own scale (per token, symmetric) and the product is an integer
-  matrix multiply (``torch._int_mm``, int32 accumulation), rescaled by both scales. Per-row scales make
-  a row's result independent of the rows beside it, so the qwen-fast promise holds quantized too: a
-  seeded row samples the same codes whatever shares its batch, and greedy stock and qwen-fast stay token
-  for token equal (per-tensor dynamic quantization, as ``torch.ao``'s, would tie every row to its
-  neighbours' largest activation).
-- ``fp8``: weights as float8 e4m3 per output channel (scale = max |w| / 448), activations per row. On
-  CUDA with fp8 tensor cores (Hopper) the product is ``torch._scaled_mm`` with row-wise scales; on a
-  CPU, or where that kernel refuses the shapes, the weights are widened back for every product, which
-  costs more than full precision: fp8 on a CPU exists to measure fidelity, not speed.
-
-``quantize`` swaps the modules in place and reports the weight memory before and after. The decode
-loop (``qwen_layers.linear``) calls a swapped module's ``forward``; stock qwen-tts calls it as a module.
+``quantize`` swaps the decoder layers' linear modules in place for int8 or fp8 ones, with activations
+scaled per row so that a row's result never depends on the rows beside it, and reports the weight memory
+before and after. The decode loop (``layers.linear``) calls a swapped module's ``forward``; stock qwen-tts
+calls it as a module. What is quantized, and why so: docs/qwen.md, "Quantized weights".
 """
 
 from __future__ import annotations

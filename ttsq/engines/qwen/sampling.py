@@ -1,4 +1,4 @@
-"""Per-row sampling on the device for ttsq's Qwen3-TTS decode loop (``qwen_decode``).
+"""Per-row sampling on the device for ttsq's Qwen3-TTS decode loop (``decode``).
 
 Temperature, top-k and top-p as Hugging Face's warpers apply them, each row with its own settings,
 then one draw per row as an exponential race over counter-based noise (``uniform``): a pure function

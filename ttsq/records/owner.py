@@ -1,0 +1,150 @@
+"""The one owner of Redis in a process: one client (one connection pool) per database, and the records on them.
+
+Each entrypoint (a worker, the gateway, a command, the launcher) builds one ``RedisOwner`` from its
+settings and passes it down; nothing else in ttsq opens a Redis connection, so this is where Sentinel
+will plug in. Every connection names itself (``CLIENT SETNAME ttsq:<role>:<pid>:<databases>:<pool>``),
+so ``CLIENT LIST`` tells ttsq's pools from Celery's and kombu's. The result backend is Celery's own.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import secrets
+import threading
+from typing import TYPE_CHECKING
+
+from redis import asyncio as aioredis
+
+from ttsq.constants import REDIS_CONNECT_TIMEOUT_S
+from ttsq.records.accepted import AcceptedJobs
+from ttsq.records.attempts import Ledger
+from ttsq.records.cache import CacheIndex
+from ttsq.records.connection import connect
+from ttsq.records.deadletters import DeadLetters
+from ttsq.records.identities import Identities
+from ttsq.records.lease import Lease
+from ttsq.records.stats import FleetStats
+
+if TYPE_CHECKING:
+    import redis
+
+    from ttsq.config import Settings
+
+#: Connections each async pool (the gateway's) keeps, and how long a request waits for a free one: a
+#: thousand requests at once share a few dozen connections instead of opening a thousand (Redis's
+#: accept backlog would refuse some).
+ASYNC_POOL_SIZE = 32
+ASYNC_POOL_WAIT_S = 30
+
+
+class RedisOwner:
+    """ttsq's Redis connections in one process, and the records kept there. Safe to share between threads."""
+
+    def __init__(self, settings: Settings, *, role: str, patience_s: float = 0.0) -> None:
+        """``role`` names the process in ``CLIENT LIST`` (worker, gateway, client, launcher);
+        ``patience_s`` is how long the records' calls ride out a Redis that cannot be reached."""
+        self.settings = settings
+        self.role = role
+        self.patience_s = patience_s
+        self._clients: dict[str, redis.Redis] = {}
+        self._async_clients: dict[str, aioredis.Redis] = {}
+        self._lock = threading.Lock()
+
+    # -- one client per database ---------------------------------------------------------------
+
+    @property
+    def broker(self) -> redis.Redis:
+        """The broker's database: queue depths, unacknowledged messages, dead letters."""
+        return self.client(self.settings.broker_url)
+
+    @property
+    def cache(self) -> redis.Redis:
+        """The cache database: every record ttsq keeps."""
+        return self.client(self.settings.cache_url)
+
+    def client(self, url: str) -> redis.Redis:
+        """The one client of the database at ``url``, opened on first use."""
+        client = self._clients.get(url)  # no lock once it exists: the batcher asks every few milliseconds
+        if client is None:
+            with self._lock:
+                client = self._clients.get(url)
+                if client is None:
+                    client = self._clients[url] = connect(url, name=self._name(url))
+        return client
+
+    def async_client(self, url: str) -> aioredis.Redis:
+        """The one async client of the database at ``url`` (the gateway's): a bounded pool that waits
+        for a free connection."""
+        with self._lock:
+            if url not in self._async_clients:
+                pool = aioredis.BlockingConnectionPool.from_url(
+                    url,
+                    max_connections=ASYNC_POOL_SIZE,
+                    timeout=ASYNC_POOL_WAIT_S,
+                    socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+                    decode_responses=True,
+                    encoding_errors="replace",
+                    client_name=self._name(url, "async"),
+                )
+                self._async_clients[url] = aioredis.Redis(connection_pool=pool)
+            return self._async_clients[url]
+
+    def _name(self, url: str, kind: str = "") -> str:
+        # The settings that name this database, and a token that tells this pool from any other.
+        fields = {"broker_url": "broker", "result_backend": "results", "cache_url": "cache"}
+        databases = "+".join(label for field, label in fields.items() if getattr(self.settings, field) == url)
+        parts = [self.role, str(os.getpid()), databases or "redis", kind, secrets.token_hex(3)]
+        return "ttsq:" + ":".join(part for part in parts if part)
+
+    # -- the records ----------------------------------------------------------------------------
+
+    @functools.cached_property
+    def cache_index(self) -> CacheIndex:
+        """Content key → stored audio, and single-flight claims."""
+        return CacheIndex(self.cache, ttl_s=self.settings.cache_ttl_s, patience_s=self.patience_s)
+
+    @functools.cached_property
+    def accepted(self) -> AcceptedJobs:
+        """Every job a producer accepted, until it has a final result; cancel marks."""
+        return AcceptedJobs(self.cache, patience_s=self.patience_s)
+
+    @functools.cached_property
+    def attempts(self) -> Ledger:
+        """Engine calls per job that never returned, and the jobs parked for them."""
+        return Ledger(self.cache, ttl_s=self.settings.inflight_ttl_s, patience_s=self.patience_s)
+
+    @functools.cached_property
+    def identities(self) -> Identities:
+        """The models live workers announced, per mode."""
+        return Identities(self.cache, patience_s=self.patience_s)
+
+    @functools.cached_property
+    def stats(self) -> FleetStats:
+        """Per-minute counters, heartbeats and launcher restarts of the fleet."""
+        return FleetStats(self.cache)
+
+    @functools.cached_property
+    def dead_letters(self) -> DeadLetters:
+        """The messages workers refused, kept in the broker's database."""
+        return DeadLetters(self.broker)
+
+    def lease(self, key: str, holder: str, *, ttl_s: float) -> Lease:
+        """The lease ``key`` in the cache database, held as ``holder``."""
+        return Lease(self.cache, key, holder, ttl_s=ttl_s)
+
+    # -- closing --------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the sync pools (the async ones close with ``aclose``, on their event loop)."""
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            client.close()
+
+    async def aclose(self) -> None:
+        """Close the async pools."""
+        with self._lock:
+            clients, self._async_clients = list(self._async_clients.values()), {}
+        for client in clients:
+            await client.aclose()

@@ -1,0 +1,99 @@
+"""The one way a job is sent: accepted (recorded) first, then sent, and withdrawn if it was not sent.
+
+A producer's submit, ``ttsq retry`` and the worker's sweeper all send through here, so every message
+carries the seq of its accepted record (``ttsq.records.accepted``), and a job whose send failed leaves
+no record behind for the sweeper to send later, behind the back of a caller who was told it failed.
+The sweeper alone keeps the record (``withdraw=False``): it re-sends a job someone was already told is
+accepted, so a failed re-send must leave it for the next sweep.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ttsq.constants import SEQ_HEADER
+from ttsq.errors import BrokerError
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from ttsq.records.accepted import AcceptedJobs
+
+logger = logging.getLogger(__name__)
+
+#: How long a sender keeps trying to withdraw the record of a job it could not send (seconds): Redis
+#: may be restarting, which is often why the send failed.
+WITHDRAW_PATIENCE_S = 10.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outgoing:
+    """A job to send: what its message carries, and what logs and Flower show instead of its kwargs."""
+
+    task_id: str
+    task: str
+    queue: str
+    kwargs: dict[str, Any]
+    headers: dict[str, Any]
+    kwargsrepr: str
+
+
+@contextmanager
+def sending(
+    app: Celery,
+    accepted: AcceptedJobs,
+    job: Outgoing,
+    *,
+    withdraw: bool = True,
+    patience_s: float = WITHDRAW_PATIENCE_S,
+) -> Iterator[Callable[[], None]]:
+    """Accept ``job``, then hand over the call that sends it; unless that call returned, withdraw the
+    record on the way out (an exception, Ctrl-C, or a caller that decided not to send after all).
+
+    The caller's steps between the accept and the send run inside the block: a submit claims the
+    job's content key there, so a job that owns a claim always has a record until it finishes.
+    The broker's own exception propagates from the send; the caller says what failed."""
+    seq = accepted.accept(job.task_id, task=job.task, queue=job.queue, kwargs=job.kwargs, headers=job.headers)
+    sent = False
+
+    def send() -> None:
+        nonlocal sent
+        app.send_task(
+            job.task,
+            kwargs=job.kwargs,
+            task_id=job.task_id,
+            queue=job.queue,
+            headers={**job.headers, SEQ_HEADER: seq},
+            kwargsrepr=job.kwargsrepr,
+        )
+        sent = True
+
+    try:
+        yield send
+    finally:
+        if not sent and withdraw:
+            _withdraw(accepted, job.task_id, patience_s)
+
+
+def send_job(app: Celery, accepted: AcceptedJobs, job: Outgoing, *, withdraw: bool = True) -> None:
+    """Accept, send, and withdraw the record if the send fails (``sending`` with nothing in between)."""
+    with sending(app, accepted, job, withdraw=withdraw) as send:
+        send()
+
+
+def _withdraw(accepted: AcceptedJobs, task_id: str, patience_s: float) -> None:
+    give_up = time.monotonic() + patience_s
+    while True:
+        try:
+            accepted.forget(task_id)
+            return
+        except BrokerError as exc:
+            if time.monotonic() >= give_up:  # the job may yet run once (a rerun of it is harmless)
+                logger.warning("job %s was not sent, and its record could not be withdrawn: %s", task_id, exc)
+                return
+            time.sleep(0.5)

@@ -1,0 +1,277 @@
+"""What a worker does with one job: re-check, batch, store, index, result.
+
+Task threads call ``Pipeline.run``; the batcher thread is the only one that touches the engine. The
+order of the stages is the delivery guarantee:
+
+1. validate the kwargs again (a raw ``send_task`` never met the producer's checks);
+2. re-check the cache: the message may be a redelivery of a job that already finished;
+   then drop a job past its deadline, and park a job whose engine call has failed to return
+   ``max_attempts`` times (it kills or hangs workers; see ``ttsq.records.attempts``);
+3. synthesize in a batch (a job with an engine call that never returned runs alone);
+4. ``store_audio``: encode and ``put`` the object (idempotent: same key, same audio), then write the
+   index entry last, so the index never points at a missing object;
+5. release the single-flight claim and return; Celery acks after the return.
+
+A worker killed anywhere in 3-5 has its message redelivered, and the rerun is harmless. The document
+stitch (``ttsq.worker.documents``) stores its file through the same ``store_audio``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from ttsq.app import queue_for
+from ttsq.audio import encode, probe
+from ttsq.errors import DeadlineExceeded, InvalidRequest, JobParked, JobTimeout
+from ttsq.job import JobResult, StoredAudio, SynthesisRequest, Timings, no_timings
+from ttsq.keys import content_key, object_key
+from ttsq.observer import JobReport
+from ttsq.records.attempts import ParkedJob
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    from ttsq.batching.batcher import Batcher
+    from ttsq.batching.jobs import Expected
+    from ttsq.config import Settings
+    from ttsq.engines.base import Engine, EngineIdentity
+    from ttsq.job import Limits
+    from ttsq.observer import Observer
+    from ttsq.records.attempts import Ledger
+    from ttsq.records.cache import CacheIndex
+    from ttsq.results import Results
+    from ttsq.storage import Storage
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Stored(Generic[T]):
+    """What ``store_audio`` stored: the index entry's audio facts, what indexing returned, the timings."""
+
+    audio: StoredAudio
+    #: What the ``index`` callback returned (the document stitch: the record it wrote).
+    record: T
+    #: Whether this run wrote the object (an earlier run of the same key may have).
+    written: bool
+    encode_s: float
+    upload_s: float
+    index_s: float
+
+
+def store_audio(
+    storage: Storage,
+    samples: npt.NDArray[np.floating[Any]] | npt.NDArray[np.int16],
+    sample_rate: int,
+    *,
+    key: str,
+    audio_format: str,
+    identity: EngineIdentity,
+    truncated: bool,
+    ignored: Sequence[str],
+    index: Callable[[StoredAudio], T],
+) -> Stored[T]:
+    """Encode ``samples``, put them under ``key``'s object (idempotent), then index them with ``index``.
+
+    The index entry is written last, so it never points at an object that is not there; a worker
+    killed before it leaves an object that the rerun finds and indexes.
+    """
+    started = time.perf_counter()
+    audio = encode(samples, sample_rate, audio_format)
+    encoded = time.perf_counter()
+    target = object_key(key, audio_format)
+    written = storage.put(target, audio.data, audio.content_type)
+    if not written:
+        # An earlier run of this key stored its object first (a redelivery, or a claim that expired).
+        # A sampling model does not repeat itself byte for byte: index what is stored, not this run.
+        audio = probe(storage.get(target), audio_format)
+    uploaded = time.perf_counter()
+    entry = StoredAudio(
+        object_key=target,
+        format=audio_format,
+        content_type=audio.content_type,
+        sample_rate=audio.sample_rate,
+        duration_s=audio.duration_s,
+        bytes=len(audio.data),
+        engine=identity.engine,
+        model=identity.model,
+        model_revision=identity.revision,
+        truncated=truncated,
+        ignored=list(ignored),
+    )
+    record = index(entry)
+    indexed = time.perf_counter()
+    return Stored(
+        audio=entry,
+        record=record,
+        written=written,
+        encode_s=encoded - started,
+        upload_s=uploaded - encoded,
+        index_s=indexed - uploaded,
+    )
+
+
+class Pipeline:
+    """Runs ``ttsq.synthesize`` jobs to stored, indexed results; built by ``WorkerRuntime``."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        limits: Limits,
+        engine: Engine,
+        batcher: Batcher,
+        storage: Storage,
+        cache: CacheIndex,
+        ledger: Ledger,
+        results: Results,
+        observer: Observer,
+    ) -> None:
+        self.settings = settings
+        self.limits = limits
+        self.engine = engine
+        self.batcher = batcher
+        self.storage = storage
+        self.cache = cache
+        self.ledger = ledger
+        self.results = results
+        self.observer = observer
+
+    def run(
+        self, kwargs: dict[str, Any], *, task_id: str, queue_wait_s: float | None, claimed_key: str | None = None
+    ) -> JobResult:
+        """Run one job to a stored, indexed result.
+
+        ``claimed_key`` is the key the producer claimed for this job; it is released however the job
+        ends, even if this worker rejects the request or computes another key (another model).
+        """
+        key = claimed_key
+        started = time.perf_counter()
+        outcome, result, written = "failed", None, False
+        self.observer.job_started(task_id)
+        # A batch that is not full may wait for this job while it is checked (cache, ledger).
+        expected = self.batcher.expect()
+        try:
+            request = SynthesisRequest.from_dict(kwargs, self.limits)
+            self.engine.identity.check(request)  # a raw send_task may name a mode, speaker or language we lack
+            key = content_key(request, self.engine.identity)
+            stored = self.cache.get(key)
+            self.observer.cache_checked(hit=stored is not None)
+            if stored is not None:
+                logger.info("job %s: cache hit %s", task_id, key[:12])
+                timings = no_timings()
+                timings["queue_wait_s"] = round(queue_wait_s or 0.0, 4)
+                result = self.results.job(key, stored, cached=True, timings=timings)
+                outcome = "cached"
+            else:
+                if request.expired():
+                    raise DeadlineExceeded(
+                        f"deadline passed {time.time() - (request.deadline or 0):.1f}s before "
+                        "synthesis; the job was dropped"
+                    )
+                attempts = self.ledger.attempts(task_id)
+                if attempts >= self.settings.max_attempts:
+                    self._park(kwargs, request, task_id, attempts)
+                result, written = self._synthesize(
+                    request, key, task_id=task_id, queue_wait_s=queue_wait_s, isolated=attempts > 0, expected=expected
+                )
+                outcome = "synthesized"
+            # Signed and ready: what is left (claim release, result store) belongs to the round trip.
+            result["timings"]["worker_s"] = round(time.perf_counter() - started, 4)
+            return result
+        except InvalidRequest:
+            outcome = "invalid"
+            raise
+        except JobTimeout:
+            outcome = "timeout"
+            raise
+        finally:
+            expected.done()  # it never reached the batcher (a cache hit, a refusal): nothing to wait for
+            self.observer.job_finished(
+                JobReport(task_id=task_id, outcome=outcome, queue_wait_s=queue_wait_s, result=result, written=written)
+            )
+            # Success or failure, this job no longer produces the key: let the next submit try.
+            for claimed in {k for k in (key, claimed_key) if k is not None}:
+                self.cache.release(claimed, task_id)
+
+    def _park(self, kwargs: dict[str, Any], request: SynthesisRequest, task_id: str, attempts: int) -> None:
+        error = (
+            f"job {task_id} was in {attempts} engine calls that never returned (it crashed or hung its "
+            f"worker each time); parked: `ttsq failed` lists it, `ttsq retry {task_id}` re-queues it"
+        )
+        queue = queue_for(self.settings.queue, request.mode)  # where `ttsq retry` sends it back
+        self.ledger.park(
+            ParkedJob(id=task_id, queue=queue, kwargs=kwargs, attempts=attempts, error=error, parked_at=time.time())
+        )
+        self.observer.job_parked(task_id)
+        logger.error("job %s parked after %d unfinished attempts", task_id, attempts)
+        raise JobParked(error)
+
+    def _synthesize(
+        self,
+        request: SynthesisRequest,
+        key: str,
+        *,
+        task_id: str,
+        queue_wait_s: float | None,
+        isolated: bool = False,
+        expected: Expected | None = None,
+    ) -> tuple[JobResult, bool]:
+        """The job's result, and whether this run wrote its object (an earlier run may have)."""
+        queued = time.perf_counter()
+        # A job that was in an engine call that never returned runs alone: if it is the one that
+        # crashes workers, it takes no neighbour down with it this time.
+        future = self.batcher.submit(
+            request,
+            isolated=isolated,
+            on_enter=lambda: self.ledger.charge(task_id),
+            on_exit=lambda: self.ledger.refund(task_id),
+        )
+        if expected is not None:
+            expected.done()  # after the hand-over, so the batcher always sees it on its way or arrived
+        try:
+            item = future.result(timeout=self.settings.job_timeout_s)
+        except FutureTimeout:
+            self.batcher.abandon(future)  # not waiting any more, nor holding a slot
+            raise JobTimeout(f"no batch finished this job within {self.settings.job_timeout_s}s") from None
+
+        # Everything in the batcher that was not the forward pass: filling, and waiting behind a batch.
+        batch_wait_s = max(0.0, time.perf_counter() - queued - item.synthesis_s)
+        stored = store_audio(
+            self.storage,
+            item.output.samples,
+            item.output.sample_rate,
+            key=key,
+            audio_format=request.format,
+            identity=self.engine.identity,
+            truncated=item.output.truncated,
+            ignored=item.output.ignored,
+            index=lambda entry: self.cache.put(key, entry),
+        )
+        logger.info(
+            "job %s: synthesized %s in batch %d of %d (%.2fs audio)",
+            task_id,
+            key[:12],
+            item.batch_id,
+            item.batch_size,
+            stored.audio["duration_s"],
+        )
+        timings = Timings(
+            queue_wait_s=round(queue_wait_s or 0.0, 4),
+            batch_wait_s=round(batch_wait_s, 4),
+            synthesis_s=round(item.synthesis_s, 4),
+            device_s=round(item.device_s, 4),
+            encode_s=round(stored.encode_s, 4),
+            upload_s=round(stored.upload_s, 4),
+            index_s=round(stored.index_s, 4),
+            worker_s=0.0,
+        )
+        result = self.results.job(key, stored.audio, cached=False, batch_size=item.batch_size, timings=timings)
+        return result, stored.written
