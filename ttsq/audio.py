@@ -4,6 +4,7 @@ stored files, and joining pieces (a document's chunks) with pauses and crossfade
 from __future__ import annotations
 
 import io
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,6 +40,8 @@ def encode(
     samples: npt.NDArray[np.floating] | npt.NDArray[np.int16], sample_rate: int, audio_format: str
 ) -> EncodedAudio:
     """Encode mono samples (float in [-1, 1] or int16) as ``audio_format``."""
+    if audio_format == "wav":
+        return _wav(samples, sample_rate)
     mono = _as_float_mono(samples)
     if mono.size == 0:
         raise EngineError("the engine produced no audio")
@@ -50,6 +53,27 @@ def encode(
     buffer = io.BytesIO()
     sf.write(buffer, mono, sample_rate, format=container, subtype=subtype)
     return EncodedAudio(buffer.getvalue(), CONTENT_TYPES[audio_format], sample_rate, round(duration_s, 4))
+
+
+def _wav(samples: npt.NDArray[np.floating] | npt.NDArray[np.int16], sample_rate: int) -> EncodedAudio:
+    """16-bit PCM WAV, written directly: the same bytes as libsndfile's (its 44-byte header, and its
+    float conversion, ``floor(x * 32768)`` clipped), at a fraction of its cost per job, and int16
+    samples go in as they are instead of through float and back."""
+    array = np.asarray(samples)
+    if array.ndim != 1:
+        raise EngineError(f"expected mono samples, got shape {array.shape}")
+    if array.size == 0:
+        raise EngineError("the engine produced no audio")
+    if array.dtype == np.int16:
+        pcm = array.astype("<i2", copy=False)
+    else:
+        scaled = np.floor(np.clip(array.astype(np.float32), -1.0, 1.0) * np.float32(32768.0))
+        pcm = np.clip(scaled, -32768, 32767).astype("<i2")
+    data = pcm.tobytes()
+    header = b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVE"
+    header += b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
+    header += b"data" + struct.pack("<I", len(data))
+    return EncodedAudio(header + data, CONTENT_TYPES["wav"], sample_rate, round(array.size / sample_rate, 4))
 
 
 def probe(data: bytes, audio_format: str) -> EncodedAudio:

@@ -345,32 +345,46 @@ class Client:
     def _finished(self, task_id: str, timeout: float | None) -> StoredResult:
         """The job's stored result once its state is final; ``JobTimeout`` after ``timeout`` seconds.
 
-        It listens on the job's result channel (the result backend publishes every state it stores) and
-        reads the stored result after subscribing, on each publish, and every ``WAIT_RECHECK_S``: Redis
-        may take a result's SET and PUBLISH before this waiter's SUBSCRIBE, and that publish never
-        reaches it."""
-        backend = self.app.backend
+        Celery's result consumer listens for the job's publish on one subscription shared by every
+        wait of this client (a connection per wait would cost each job a connect and a handshake); the
+        stored result is then read and rendered by ``read_meta``, like every other reader's. The wait
+        is cut every ``WAIT_RECHECK_S`` to read the stored result again: Redis may take a result's SET
+        and PUBLISH before the SUBSCRIBE, and that publish never reaches this waiter."""
+        from celery.exceptions import TimeoutError as CeleryTimeout
+
+        async_result = self.async_result(task_id)
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            listener = backend.client.pubsub(ignore_subscribe_messages=True)
-            try:
-                listener.subscribe(backend.get_key_for_task(task_id))
-                while True:
-                    stored = stored_result(self.app, task_id)
-                    if stored.done:
-                        return stored
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        raise JobTimeout(f"job {task_id} not done after {timeout}s")
-                    listener.get_message(timeout=WAIT_RECHECK_S if left is None else min(left, WAIT_RECHECK_S))
-            finally:
-                listener.close()
+            while True:
+                stored = stored_result(self.app, task_id)
+                if stored.done:
+                    return stored
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise JobTimeout(f"job {task_id} not done after {timeout}s")
+                wait_s = WAIT_RECHECK_S if left is None else min(left, WAIT_RECHECK_S)
+                try:
+                    # The embedded mode runs a worker in this process; waiting here is not inside a task.
+                    async_result.get(timeout=wait_s, disable_sync_subtasks=False, propagate=False)
+                except CeleryTimeout:
+                    pass
+                except Exception as exc:
+                    if _is_connection_error(exc):
+                        raise
+                    # Celery could not decode what it read (a forged record): the reader above says
+                    # what it is on the next pass; not a busy loop if it is still not final.
+                    time.sleep(min(wait_s, 0.5))
         except TTSQError:
             raise
         except Exception as exc:
             if _is_connection_error(exc):
                 raise BrokerError(f"cannot reach the result backend: {exc}") from exc
             raise
+        finally:
+            # Stop listening for it now: left pending, Celery unsubscribes during interpreter shutdown,
+            # reconnecting to a Redis that may be gone and printing a traceback.
+            with contextlib.suppress(Exception):
+                async_result.backend.remove_pending_result(async_result)
 
     def status(self, task_id: str) -> dict[str, Any]:
         """State of a task: PENDING (queued), STARTED, PROGRESS (a document: ``progress`` holds chunks
