@@ -11,6 +11,8 @@ import is still a dependency), over ``ttsq/`` and the folders installed as ``tts
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -245,3 +247,19 @@ def test_the_checker_sees_celery_in_the_batcher(tmp_path: Path) -> None:
     path = tmp_path / "probe.py"
     path.write_text("from __future__ import annotations\n\nfrom celery import Celery\n")
     assert library_imports(path) & set(FORBIDDEN_LIBRARIES["batching"]) == {"celery"}
+
+
+def test_the_package_face_exports_the_client_the_request_the_result_and_the_errors() -> None:
+    """``from ttsq import Client, SynthesisRequest, JobResult`` and the error tree; importing the package
+    loads no Celery until ``Client`` is asked for (a tool that wants ``ttsq.errors`` pays nothing)."""
+    code = (
+        "import sys, ttsq\n"
+        "assert 'celery' not in sys.modules, 'import ttsq loaded celery'\n"
+        "from ttsq import Client, JobResult, SynthesisRequest, TTSQError, InvalidRequest, __version__\n"
+        "from ttsq.client import Client as Direct\n"
+        "assert Client is Direct and issubclass(InvalidRequest, TTSQError) and __version__\n"
+        "assert sorted(ttsq.__all__) == sorted(set(ttsq.__all__))\n"
+        "for name in ttsq.__all__: getattr(ttsq, name)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
