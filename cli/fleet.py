@@ -185,24 +185,29 @@ def retry(ctx: click.Context, job_id: str) -> None:
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the dead letters as JSON.")
-@click.option("--purge", is_flag=True, help="Drop every dead letter (after listing them).")
+@click.option(
+    "--purge", is_flag=True, help="Drop the dead letters listed (not those that arrive meanwhile) and say how many."
+)
 @click.pass_context
 @one_line_errors
 def dead(ctx: click.Context, as_json: bool, purge: bool) -> None:
     """List messages workers refused to run (malformed envelopes, unknown tasks), newest first: when,
-    queue, why and task id, never their text. They are kept raw in Redis (the last 1000)."""
+    queue, why and task id, never their text. They are kept raw in Redis (the last 1000). The ids and
+    names come from the messages: control characters in them are shown as escapes."""
     from ttsq.records.connection import redis_errors
     from ttsq.records.owner import RedisOwner
+    from ttsq.redaction import printable
 
     settings = settings_of(ctx)
     owner = RedisOwner(settings, role="cli")
     try:
         with redis_errors(settings.broker_url):
             store = owner.dead_letters
-            letters = [letter.summary() for letter in store.letters()]
-            purged = store.purge() if purge else 0
+            listed = store.letters()
+            purged = store.purge(listed) if purge else 0
     finally:
         owner.close()
+    letters = [letter.summary() for letter in listed]
     if as_json:
         click.echo(json.dumps(letters))
     elif not letters:
@@ -210,8 +215,9 @@ def dead(ctx: click.Context, as_json: bool, purge: bool) -> None:
     for letter in [] if as_json else letters:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(letter["at"]))
         click.echo(
-            f"{when}Z  {letter['queue'] or '-'}  {letter['id'] or '(no id)'}  {letter['task'] or '-'}  "
-            f"{letter['bytes']} bytes  {letter['reason']}: {letter['detail']}"
+            f"{when}Z  {printable(letter['queue'] or '-')}  {printable(letter['id'] or '(no id)')}  "
+            f"{printable(letter['task'] or '-')}  {letter['bytes']} bytes  "
+            f"{printable(letter['reason'])}: {printable(letter['detail'], 200)}"
         )
     if purge and not as_json:
         click.echo(f"purged {purged}")

@@ -2,6 +2,8 @@
 
 Every place that reports a job outside its result goes through here:
 
+- ``printable``: an untrusted name (a task id, a task name from a broker message) with its control
+  characters escaped and its length cut, for log lines and terminals;
 - ``redact_url``: a Redis (or any) URL with its password masked, for messages and logs;
 - ``describe_kwargs``: raw task kwargs as field names and sizes (a producer outside ttsq sends
   Celery's default repr, with the text in it);
@@ -37,6 +39,28 @@ _PLAIN_FIELDS = (
     "max_new_tokens",
 )
 _URL = re.compile(r"""(['"]url['"]:\s*)(['"])[^'"]*(\2|$)""")
+
+
+def printable(text: Any, limit: int = 120) -> str:
+    """``text`` for a log line or a terminal: characters that are not printable (newlines, terminal
+    escape sequences, bidirectional overrides) as ``\\xNN``/``\\uNNNN`` escapes, cut to ``limit``
+    characters with ``...`` marking the cut. A forged log line or a terminal command cannot pass."""
+    text = text if isinstance(text, str) else str(text)
+    out: list[str] = []
+    size = 0
+    for char in text:
+        shown = char if char.isprintable() else _escaped(char)
+        if size + len(shown) > limit:
+            out.append("...")
+            break
+        out.append(shown)
+        size += len(shown)
+    return "".join(out)
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def redact_url(url: str) -> str:

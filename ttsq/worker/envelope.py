@@ -81,10 +81,10 @@ def check_raw(item: bytes | str) -> dict[str, Any]:
     properties = payload.get("properties")
     if not isinstance(properties, dict):
         raise Refused("envelope", "properties is not an object")
-    if not isinstance(properties.get("delivery_tag"), str) or not properties["delivery_tag"]:
-        raise Refused("envelope", "properties.delivery_tag is not a string")
-    if not isinstance(properties.get("delivery_info", {}), dict):
-        raise Refused("envelope", "properties.delivery_info is not an object")
+    tag = properties.get("delivery_tag")
+    if not isinstance(tag, str) or not 0 < len(tag) <= _MAX_ID_CHARS or not tag.isprintable():
+        raise Refused("envelope", f"properties.delivery_tag is not a printable string of 1..{_MAX_ID_CHARS} characters")
+    _check_delivery_info(properties.get("delivery_info"))
     priority = properties.get("priority")
     if priority is not None and not (_is_int(priority) and 0 <= priority <= 255):
         raise Refused("envelope", "properties.priority is not an integer 0..255")
@@ -105,6 +105,22 @@ def check_raw(item: bytes | str) -> dict[str, Any]:
     except (binascii.Error, ValueError):
         raise Refused("encoding", "body is not valid base64") from None
     return payload
+
+
+def _check_delivery_info(info: Any) -> None:
+    # kombu files every delivered message in its ``unacked`` record under ``delivery_info``'s exchange
+    # and routing key (``QoS.append``), and restores it by them: a message without them raises inside
+    # the consumer's event loop, and the worker loses its broker connection with every job it holds.
+    if not isinstance(info, dict):
+        raise Refused("envelope", "properties.delivery_info is not an object")
+    for name in ("exchange", "routing_key"):
+        value = info.get(name)
+        if not isinstance(value, str) or len(value) > _MAX_ID_CHARS or not value.isprintable():
+            raise Refused("envelope", f"properties.delivery_info.{name} is not a printable string")
+    if not info["routing_key"]:
+        raise Refused("envelope", "properties.delivery_info.routing_key is empty")
+    if info.get("redelivered") is not None and not isinstance(info["redelivered"], bool):
+        raise Refused("envelope", "properties.delivery_info.redelivered is not a boolean")
 
 
 def check_task(

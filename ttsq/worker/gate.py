@@ -21,7 +21,8 @@ from kombu.transport import redis as kombu_redis
 
 from ttsq.constants import DOCUMENT_HEADER, SEQ_HEADER
 from ttsq.records.accepted import AcceptedJobs, Receipt
-from ttsq.worker.envelope import Refused, check_raw, check_task
+from ttsq.redaction import printable
+from ttsq.worker.envelope import MAX_MESSAGE_BYTES, Refused, check_raw, check_task
 
 if TYPE_CHECKING:
     from ttsq.observer import Observer
@@ -48,11 +49,12 @@ class Gate:
         """Keep a refused message in the dead-letter list, count it and log it (never its text)."""
         task_id = headers.get("id") if isinstance(headers, dict) and isinstance(headers.get("id"), str) else None
         task = headers.get("task") if isinstance(headers, dict) and isinstance(headers.get("task"), str) else None
+        # The id, task and queue come from the message: escaped, so that none can forge a log line.
         logger.warning(
             "message %s on %s refused (%s) and dead-lettered; see `ttsq dead`",
-            (task_id or "without an id")[:80],
-            queue,
-            refused,
+            printable(task_id, 80) if task_id is not None else "without an id",
+            printable(queue, 80),
+            printable(str(refused), 200),
         )
         self.observer.message_refused(refused.reason)
         try:
@@ -121,6 +123,17 @@ def raw_of(message: Any) -> bytes:
     return body if isinstance(body, bytes) else str(body).encode("utf-8", "replace")
 
 
+def _headers_of(item: bytes | str, refused: Refused) -> Any:
+    """The headers of a list item ``check_raw`` refused, if it has any, for the letter's id and task."""
+    if refused.reason not in ("envelope", "encoding", "body") or len(item) > MAX_MESSAGE_BYTES:
+        return None
+    try:
+        payload = json.loads(item)
+    except ValueError:
+        return None
+    return payload.get("headers") if isinstance(payload, dict) else None
+
+
 class GatedChannel(kombu_redis.Channel):
     """kombu's Redis channel, with the list item it pops checked before kombu turns it into a message.
 
@@ -147,7 +160,7 @@ class GatedChannel(kombu_redis.Channel):
                     gate = self.connection.client.transport_options.get(GATE_OPTION)
                     if gate is None:
                         raise
-                    gate.refuse(item, queue=dest, refused=refused)
+                    gate.refuse(item, queue=dest, refused=refused, headers=_headers_of(item, refused))
                     return True
                 self.connection._deliver(payload, dest)
                 return True
