@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 from click.core import ParameterSource
 
 from ttsq.config import ENV_PREFIX, Settings
 from ttsq.errors import ConfigError, InvalidRequest, TTSQError
-from ttsq.job import JobResult
+from ttsq.job import FORMATS, JobResult
 
 if TYPE_CHECKING:
     from ttsq.client import Client
@@ -63,6 +64,8 @@ def one_line_errors(command: F) -> F:
             return command(*args, **kwargs)
         except click.ClickException:
             raise  # usage errors: main() prints them as one line
+        except BrokenPipeError:
+            closed_pipe()
         except (InvalidRequest, ConfigError) as exc:
             message, code = str(exc), 2
         except TTSQError as exc:
@@ -76,6 +79,43 @@ def one_line_errors(command: F) -> F:
         fail(message, code)
 
     return wrapper  # type: ignore[return-value]
+
+
+#: The exit status of a command whose stdout reader went away: 128 + SIGPIPE, what a shell reports for
+#: ``cat`` or ``grep`` stopped by that signal (``yes | head`` under ``set -o pipefail``).
+CLOSED_PIPE_EXIT = 141
+
+
+def closed_pipe() -> NoReturn:
+    """The reader of stdout went away (``ttsq ... | head``): stop quietly, as a Unix tool stopped by
+    SIGPIPE does. Stdout is pointed at /dev/null first, so the interpreter's last flush of what is still
+    buffered does not fail again (``Exception ignored ... BrokenPipeError``)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is not a file descriptor (a test runner's buffer)
+        pass
+    sys.exit(CLOSED_PIPE_EXIT)
+
+
+#: Output name extensions and the format each names (Ogg Opus files are often named .opus).
+OUTPUT_EXTENSIONS: dict[str, str] = {**{fmt: fmt for fmt in FORMATS}, "opus": "ogg"}
+
+
+def format_of_output(output: Path) -> str | None:
+    """The format an output name's extension names; None for a name without one. A usage error for an
+    extension that is no format ttsq writes: ``-o x.aac`` would otherwise hold WAV data."""
+    suffix = output.suffix.lower().lstrip(".")
+    if not suffix:
+        return None
+    if suffix not in OUTPUT_EXTENSIONS:
+        supported = ", ".join(f".{extension}" for extension in OUTPUT_EXTENSIONS)
+        raise click.BadParameter(
+            f"{output}: .{suffix} is not a format ttsq writes; name the file {supported}",
+            param_hint="'-o' / '--output'",
+        )
+    return OUTPUT_EXTENSIONS[suffix]
 
 
 def fail(message: str, code: int) -> None:
@@ -122,13 +162,11 @@ def report(result: JobResult, *, output: Path | None, as_json: bool, client: Cli
     import json
 
     if output is not None:
-        from ttsq.job import FORMATS
-
-        suffix = output.suffix.lower().lstrip(".")
-        if suffix in FORMATS and suffix != result["format"]:  # never a .mp3 file that holds a WAV
+        named = format_of_output(output)
+        if named is not None and named != result["format"]:  # never a .mp3 file that holds a WAV
             raise click.UsageError(
-                f"-o {output} names {suffix}, but the result is {result['format']}: name the file "
-                f".{result['format']}, or submit again with --format {suffix}"
+                f"-o {output} names {named}, but the result is {result['format']}: name the file "
+                f".{result['format']}, or submit again with --format {named}"
             )
         output.write_bytes(client.download(result))
     if as_json:

@@ -1,4 +1,5 @@
-"""``ttsq submit``, ``ttsq status``, ``ttsq result``: put jobs in, follow them, get their audio."""
+"""``ttsq submit``, ``ttsq status``, ``ttsq result``, ``ttsq cancel``: put jobs in, follow them, get their
+audio, call them off."""
 
 from __future__ import annotations
 
@@ -6,14 +7,22 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from ttsq.errors import InvalidRequest, TTSQError
 from ttsq.job import FORMATS, LANGUAGES, JobResult
 
-from .common import one_line_errors, pointed_to_documents, read_text, report, settings_of, summary
+from .common import (
+    format_of_output,
+    one_line_errors,
+    pointed_to_documents,
+    read_text,
+    report,
+    settings_of,
+    summary,
+)
 
 if TYPE_CHECKING:
     from ttsq.client import Client, Job
@@ -80,7 +89,15 @@ if TYPE_CHECKING:
     "--output",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="Write the audio to this file (implies --wait).",
+    help="Write the audio to this file (implies --wait); its extension (.wav, .flac, .ogg or .opus, .mp3) "
+    "picks the format unless --format does.",
+)
+@click.option(
+    "--output-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="With --each-line: save each line's audio in this directory (created if missing) as its line "
+    "number, zero-padded to 4 digits, and the format's extension: 0007.wav (implies --wait).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option(
@@ -109,6 +126,7 @@ def submit(
     wait: bool,
     timeout: float,
     output: Path | None,
+    output_dir: Path | None,
     as_json: bool,
     embedded: bool,
 ) -> None:
@@ -118,7 +136,9 @@ def submit(
     if each_line and text_file is None:
         raise click.UsageError("--each-line reads the lines of -f FILE")
     if each_line and output is not None:
-        raise click.UsageError("--each-line makes one file per line: print their URLs with --json instead of -o")
+        raise click.UsageError("--each-line makes one file per line: save them with --output-dir DIR instead of -o")
+    if output_dir is not None and not each_line:
+        raise click.UsageError("--output-dir saves the lines of --each-line: for one file use -o FILE")
     if embedded and not wait:
         raise click.UsageError("--embedded waits for its one job: it cannot be combined with --no-wait")
     text = _input_text(text, text_file)
@@ -144,11 +164,23 @@ def submit(
     settings = settings_of(ctx)
     try:
         if embedded:
-            _submit_embedded(settings, kind, text, fields, timeout=timeout, output=output, as_json=as_json)
+            _submit_embedded(
+                settings, kind, text, fields, timeout=timeout, output=output, output_dir=output_dir, as_json=as_json
+            )
             return
         from ttsq.client import Client
 
-        _submit(Client(settings), kind, text, fields, wait=wait, timeout=timeout, output=output, as_json=as_json)
+        _submit(
+            Client(settings),
+            kind,
+            text,
+            fields,
+            wait=wait,
+            timeout=timeout,
+            output=output,
+            output_dir=output_dir,
+            as_json=as_json,
+        )
     except InvalidRequest as exc:
         raise pointed_to_documents(exc, kind, settings.max_text_chars) from None
 
@@ -176,10 +208,10 @@ def _request_fields(
     sampling: dict[str, Any],
 ) -> dict[str, Any]:
     """The request fields the flags give (validated later, at the edge, like any other input)."""
-    suffix = output.suffix.lower().lstrip(".") if output else ""
+    named = format_of_output(output) if output is not None else None
     if audio_format is None:
-        audio_format = suffix if suffix in FORMATS else "wav"
-    elif suffix in FORMATS and suffix != audio_format.lower():
+        audio_format = named or "wav"
+    elif named is not None and named != audio_format.lower():
         raise click.UsageError(
             f"--format {audio_format} and -o {output} disagree: drop --format (the extension decides) "
             f"or name the file .{audio_format.lower()}"
@@ -203,11 +235,25 @@ def _submit(
     wait: bool,
     timeout: float,
     output: Path | None,
+    output_dir: Path | None,
     as_json: bool,
+    keeps_running: bool = True,
 ) -> None:
-    """Submit one job, one document, or one job per line, and report as the flags ask."""
+    """Submit one job, one document, or one job per line, and report as the flags ask. ``keeps_running``:
+    the job outlives this command (not so with --embedded), so Ctrl-C says how to find it again."""
     if kind == "lines":
-        sys.exit(_submit_lines(client, text, fields, wait=wait, timeout=timeout, as_json=as_json))
+        sys.exit(
+            _submit_lines(
+                client,
+                text,
+                fields,
+                wait=wait or output_dir is not None,
+                timeout=timeout,
+                output_dir=output_dir,
+                as_json=as_json,
+                keeps_running=keeps_running,
+            )
+        )
     job = client.submit_document(text, **fields) if kind == "document" else client.submit(text, **fields)
     if job.result is None and not wait and output is None:
         queued: dict[str, Any] = {"id": job.id, "key": job.key, "state": "PENDING"}
@@ -219,8 +265,31 @@ def _submit(
             else f"queued {job.id}" + (f" ({job.chunks} chunks)" if kind == "document" else "")
         )
         return
-    result = _wait_with_progress(client, job, timeout) if kind == "document" else job.wait(timeout)
+    try:
+        result = _wait_with_progress(client, job, timeout) if kind == "document" else job.wait(timeout)
+    except KeyboardInterrupt:
+        if not keeps_running or job.id is None:
+            raise
+        _interrupted([job.id])
     report(result, output=output, as_json=as_json, client=client)
+
+
+def _interrupted(job_ids: list[str]) -> NoReturn:
+    """Ctrl-C while waiting: the jobs were accepted and keep running; say how to re-attach or cancel."""
+    if len(job_ids) == 1:
+        (job_id,) = job_ids
+        message = (
+            f"interrupted; job {job_id} keeps running: `ttsq result {job_id}` waits for it again, "
+            f"`ttsq cancel {job_id}` cancels it"
+        )
+    else:
+        message = (
+            f"interrupted; {len(job_ids)} jobs keep running ({' '.join(job_ids)}): `ttsq result ID` waits "
+            "for one again, `ttsq cancel ID` cancels it"
+        )
+    after_caret = "\n" if sys.stderr.isatty() else ""  # a terminal shows ^C where the cursor was
+    click.echo(f"{after_caret}ttsq: {message}", err=True)
+    sys.exit(130)
 
 
 def _submit_embedded(
@@ -231,6 +300,7 @@ def _submit_embedded(
     *,
     timeout: float,
     output: Path | None,
+    output_dir: Path | None,
     as_json: bool,
 ) -> None:
     """The same, through a private Redis and an in-process espeak worker started for this one run."""
@@ -264,7 +334,9 @@ def _submit_embedded(
             wait=True,
             timeout=timeout,
             output=output,
+            output_dir=output_dir,
             as_json=as_json,
+            keeps_running=False,
         )
 
 
@@ -313,8 +385,30 @@ def result(ctx: click.Context, job_id: str, timeout: float, output: Path | None,
     """Wait for job JOB_ID and print its result with a freshly signed URL."""
     from ttsq.client import Client
 
+    if output is not None:
+        format_of_output(output)  # a name no format has: refused before the wait, not after
     client = Client(settings_of(ctx))
     report(client.wait(job_id, timeout=timeout), output=output, as_json=as_json, client=client)
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON: id and state.")
+@click.pass_context
+@one_line_errors
+def cancel(ctx: click.Context, job_id: str, as_json: bool) -> None:
+    """Cancel job JOB_ID if it has not finished: a queued job (or document) never runs; a job a worker
+    is already running finishes. Exit 1 for an id ttsq never
+    accepted."""
+    from ttsq.client import Client
+
+    state = Client(settings_of(ctx)).cancel(job_id)
+    if as_json:
+        click.echo(json.dumps({"id": job_id, "state": state}))
+    elif state == "REVOKED":
+        click.echo(f"cancelled {job_id}")
+    else:
+        click.echo(f"not cancelled: job {job_id} had already finished ({state})")
 
 
 def _wait_with_progress(client: Client, job: Job, timeout: float) -> JobResult:
@@ -343,14 +437,39 @@ def _wait_with_progress(client: Client, job: Job, timeout: float) -> JobResult:
 
 
 def _submit_lines(
-    client: Client, text: str, fields: dict[str, Any], *, wait: bool, timeout: float, as_json: bool
+    client: Client,
+    text: str,
+    fields: dict[str, Any],
+    *,
+    wait: bool,
+    timeout: float,
+    output_dir: Path | None,
+    as_json: bool,
+    keeps_running: bool,
 ) -> int:
-    """One job per non-blank line; a bad line fails alone. Exit status 1 if any line failed."""
+    """One job per non-blank line; a bad line fails alone. Exit status 1 if any line failed. With
+    ``output_dir``, each line's audio is saved there as ``<line number, 4 digits or more>.<format>``."""
     records: list[dict[str, Any]] = []
     jobs: list[tuple[dict[str, Any], Job]] = []
     # The file's own lines (\n or \r\n): str.splitlines would also split at U+2028, form feeds and
     # the like, and the failures would name the wrong line numbers.
-    for number, line in enumerate(text.split("\n"), start=1):
+    lines = text.split("\n")
+    width = max(4, len(str(len(lines))))  # one width for the whole file: the names sort by line
+    if output_dir is not None:
+        output_dir.mkdir(parents=True, exist_ok=True)
+
+    def save(record: dict[str, Any], result: JobResult) -> None:
+        if output_dir is None:
+            return
+        path = output_dir / f"{record['line']:0{width}d}.{result['format']}"
+        try:
+            path.write_bytes(client.download(result))
+        except (TTSQError, OSError) as exc:
+            record.update(state="failed", error=f"cannot save {path}: {exc}")
+            return
+        record["file"] = str(path)
+
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         record: dict[str, Any] = {"line": number}
@@ -364,24 +483,32 @@ def _submit_lines(
             record.update(
                 id=job.id, key=job.key, state="cached", url=job.result["url"], duration_s=job.result["duration_s"]
             )
+            save(record, job.result)
             continue
         record.update(id=job.id, key=job.key, state="queued")
         jobs.append((record, job))
     deadline = time.monotonic() + timeout
     if wait:
-        with click.progressbar(jobs, label="lines", file=sys.stderr, show_pos=True) as bar:
-            for record, job in bar:
-                try:
-                    result = job.wait(max(0.1, deadline - time.monotonic()))
-                except TTSQError as exc:
-                    record.update(state="failed", error=str(exc))
-                    continue
-                record.update(
-                    state="cached" if result["cached"] else "done",
-                    key=result["key"],
-                    url=result["url"],
-                    duration_s=result["duration_s"],
-                )
+        try:
+            with click.progressbar(jobs, label="lines", file=sys.stderr, show_pos=True) as bar:
+                for record, job in bar:
+                    try:
+                        result = job.wait(max(0.1, deadline - time.monotonic()))
+                    except TTSQError as exc:
+                        record.update(state="failed", error=str(exc))
+                        continue
+                    record.update(
+                        state="cached" if result["cached"] else "done",
+                        key=result["key"],
+                        url=result["url"],
+                        duration_s=result["duration_s"],
+                    )
+                    save(record, result)
+        except KeyboardInterrupt:
+            running = [job.id for record, job in jobs if record["state"] == "queued" and job.id is not None]
+            if not keeps_running or not running:
+                raise
+            _interrupted(running)
     counts = {state: sum(1 for r in records if r["state"] == state) for state in ("done", "cached", "failed", "queued")}
     if as_json:
         for record in records:

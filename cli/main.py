@@ -2,7 +2,7 @@
 
 Thin by design: parse flags, build ``Settings``, call ``ttsq``. Errors are one line on stderr and a
 non-zero exit (2 for bad input or settings, 1 for everything else), never a traceback. The commands
-live by family: ``jobs`` (submit, status, result), ``voices``, ``fleet`` (worker, stats, flower,
+live by family: ``jobs`` (submit, status, result, cancel), ``voices``, ``fleet`` (worker, stats, flower,
 failed, retry, dead, config) and ``bench``; this module is the group and the entry point. The connection
 flags (``--broker-url`` ...) are the group's and every command's: before or after the command's name.
 """
@@ -16,10 +16,10 @@ import click
 from ttsq import __version__
 
 from .bench import bench
-from .common import connection_options, fail
+from .common import closed_pipe, connection_options, fail
 from .fleet import config, dead, failed, flower, retry, stats, worker
 from .gateway import keys, serve
-from .jobs import result, status, submit
+from .jobs import cancel, result, status, submit
 from .voices import voices
 
 
@@ -40,7 +40,23 @@ def _take_connection_flags(command: click.Command) -> None:
         command.params.extend(connection_options())
 
 
-_COMMANDS = (submit, status, result, voices, failed, retry, dead, worker, serve, keys, bench, stats, flower, config)
+_COMMANDS = (
+    submit,
+    status,
+    result,
+    cancel,
+    voices,
+    failed,
+    retry,
+    dead,
+    worker,
+    serve,
+    keys,
+    bench,
+    stats,
+    flower,
+    config,
+)
 cli.params.extend(connection_options())
 for _command in _COMMANDS:
     _take_connection_flags(_command)
@@ -58,6 +74,8 @@ def main() -> None:
         fail(exc.format_message(), 2)
     except click.Abort:
         fail("aborted", 130)
+    except BrokenPipeError:  # stdout's reader went away outside a command (`ttsq --help | head -1`)
+        closed_pipe()
     sys.exit(code if isinstance(code, int) else 0)
 
 

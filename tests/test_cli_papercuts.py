@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from support import WorkerProcess, published_states, queue_length, run_cli
+from support import WorkerProcess, published_states, queue_length, run_cli, settings_env
 
 from ttsq.cli.main import cli
 from ttsq.client import Client
@@ -258,3 +261,150 @@ def test_a_document_reports_only_the_ignored_fields_the_user_set(
     seeded = run_cli("submit", "-f", str(document), "--seed", "7", "--instruct", "calm", "--json", settings=settings)
     assert seeded.returncode == 0, seeded.stderr
     assert json.loads(seeded.stdout)["ignored"] == ["instruct", "seed"]
+
+
+# --- 10. a closed pipe ends quietly (issue 26) ---------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [["config"], ["submit", "Into a closed pipe.", "--json"]])
+def test_a_closed_stdout_pipe_ends_quietly_with_the_sigpipe_status(
+    settings: Settings, start_worker: StartWorker, tmp_path: Path, args: list[str]
+) -> None:
+    if args[0] == "submit":
+        start_worker(settings)
+    errors = tmp_path / "stderr"
+    with errors.open("wb") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ttsq.cli.main", *args],
+            env=settings_env(settings),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+        )
+        assert process.stdout is not None
+        process.stdout.close()  # the reader goes away (`| head -c 10`) before ttsq prints anything
+        code = process.wait(timeout=120)
+    assert errors.read_bytes() == b""  # no traceback, no "Exception ignored", no error line
+    assert code == 141  # 128 + SIGPIPE, as a shell reports `cat` or `grep` stopped by it
+
+
+# --- 11. -o with an extension that names no format -----------------------------------------------
+
+
+def test_an_output_name_that_names_no_format_is_a_usage_error(
+    settings: Settings, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    target = tmp_path / "x.aac"
+    for extra in ([], ["--format", "mp3"], ["--no-wait"]):
+        out = run_cli("submit", "Which format?", "-o", str(target), *extra, "--timeout", "2", settings=settings)
+        message = out.stderr.decode().strip()
+        assert out.returncode == 2 and len(message.splitlines()) == 1, message
+        assert "'-o' / '--output'" in message and ".aac" in message, message
+        assert all(f".{extension}" in message for extension in ("wav", "flac", "ogg", "opus", "mp3")), message
+    assert not target.exists() and queue_length(settings) == 0
+
+    start_worker(settings)
+    queued = run_cli("submit", "A WAV result.", "--no-wait", "--json", settings=settings)
+    job_id = json.loads(queued.stdout)["id"]
+    out = run_cli("result", job_id, "-o", str(target), settings=settings)
+    assert out.returncode == 2 and ".aac" in out.stderr.decode() and not target.exists(), out.stderr
+    # The extensions that name a format still pick it; .opus is Ogg Opus.
+    for name, magic in (("x.mp3", (b"ID3", b"\xff")), ("x.opus", (b"OggS",)), ("x.FLAC", (b"fLaC",))):
+        out = run_cli("submit", "A named format.", "-o", str(tmp_path / name), settings=settings)
+        assert out.returncode == 0, out.stderr
+        assert (tmp_path / name).read_bytes().startswith(magic), name
+
+
+# --- 12. --each-line --output-dir ----------------------------------------------------------------
+
+
+def test_each_line_saves_its_audio_in_the_output_dir(
+    settings: Settings, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    lines = tmp_path / "lines.txt"
+    lines.write_text("First line.\n\nThird line.\n" + "Too long. " * 600 + "\nFifth line.\n", encoding="utf-8")
+    refused = run_cli("submit", "One job.", "--output-dir", str(tmp_path / "out"), settings=settings)
+    assert refused.returncode == 2 and "--each-line" in refused.stderr.decode(), refused.stderr
+
+    start_worker(settings)
+    folder = tmp_path / "out" / "clips"  # created, parents too
+    out = run_cli(
+        "submit", "-f", str(lines), "--each-line", "--output-dir", str(folder), "--format", "mp3", "--json",
+        settings=settings,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr  # line 4 is over the job limit: it fails alone
+    records = [json.loads(line) for line in out.stdout.decode().splitlines()]
+    assert [(r["line"], r["state"]) for r in records] == [(1, "done"), (3, "done"), (4, "failed"), (5, "done")]
+    assert sorted(path.name for path in folder.iterdir()) == ["0001.mp3", "0003.mp3", "0005.mp3"]
+    saved = [str(folder / name) if name else None for name in ("0001.mp3", "0003.mp3", None, "0005.mp3")]
+    assert [r.get("file") for r in records] == saved
+    assert all(path.read_bytes().startswith((b"ID3", b"\xff")) for path in folder.iterdir())
+
+    # --output-dir waits for its files even with --no-wait (as -o does).
+    again = run_cli(
+        "submit", "-f", str(lines), "--each-line", "--output-dir", str(tmp_path / "again"), "--no-wait",
+        settings=settings,
+    )  # fmt: skip
+    assert again.returncode == 1, again.stderr
+    assert sorted(path.name for path in (tmp_path / "again").iterdir()) == ["0001.wav", "0003.wav", "0005.wav"]
+
+
+# --- 13. ttsq cancel -----------------------------------------------------------------------------
+
+
+def test_cancel_calls_off_a_queued_job_and_names_the_outcome(settings: Settings, start_worker: StartWorker) -> None:
+    queued = run_cli("submit", "Never spoken.", "--no-wait", "--json", settings=settings)  # no worker yet
+    job_id = json.loads(queued.stdout)["id"]
+    out = run_cli("cancel", job_id, settings=settings)
+    assert out.returncode == 0 and out.stdout.decode() == f"cancelled {job_id}\n", out
+    assert run_cli("status", job_id, settings=settings).stdout.decode().split()[0] == "REVOKED"
+
+    unknown = run_cli("cancel", "no-such-job", settings=settings)
+    message = unknown.stderr.decode().strip()
+    assert unknown.returncode == 1 and len(message.splitlines()) == 1, message
+    assert message.startswith("ttsq: error: unknown job ID 'no-such-job'"), message
+
+    start_worker(settings)
+    done = json.loads(run_cli("submit", "Spoken at once.", "--no-wait", "--json", settings=settings).stdout)["id"]
+    assert run_cli("result", done, settings=settings).returncode == 0
+    finished = run_cli("cancel", done, "--json", settings=settings)
+    assert finished.returncode == 0 and json.loads(finished.stdout) == {"id": done, "state": "SUCCESS"}
+    line = run_cli("cancel", done, settings=settings).stdout.decode()
+    assert line == f"not cancelled: job {done} had already finished (SUCCESS)\n"
+    never = run_cli("result", job_id, "--timeout", "10", settings=settings)
+    assert never.returncode == 1 and "cancel" in never.stderr.decode(), never.stderr
+
+
+# --- 14. Ctrl-C while ttsq submit waits ----------------------------------------------------------
+
+
+def test_ctrl_c_while_waiting_names_the_job_and_how_to_reattach_or_cancel(
+    settings: Settings,
+    start_worker: StartWorker,
+    faulty_engine: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    events = tmp_path / "events"
+    monkeypatch.setenv("FAULTY_ENGINE_EVENTS", str(events))
+    settings = settings.replace(engine=faulty_engine)
+    start_worker(settings)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ttsq.cli.main", "submit", "A slow job [slow]."],
+        env=settings_env(settings),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 60
+    while not (events.exists() and events.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert events.read_text(), "the job never reached the engine"
+    process.send_signal(signal.SIGINT)  # what Ctrl-C sends, while the engine sleeps over the job
+    stdout, stderr = process.communicate(timeout=60)
+    message = stderr.decode().strip()
+    assert process.returncode == 130 and len(message.splitlines()) == 1 and stdout == b"", (stdout, message)
+    match = re.fullmatch(r"ttsq: interrupted; job (\S+) keeps running: `ttsq result \1` waits for it again, "
+                         r"`ttsq cancel \1` cancels it", message)  # fmt: skip
+    assert match, message
+    # It did keep running: re-attaching gets its result.
+    again = run_cli("result", match.group(1), "--json", settings=settings)
+    assert again.returncode == 0 and json.loads(again.stdout)["duration_s"] > 0, again.stderr
