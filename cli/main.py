@@ -2,7 +2,7 @@
 
 Thin by design: parse flags, build ``Settings``, call ``ttsq``. Errors are one line on stderr and a
 non-zero exit (2 for bad input or settings, 1 for everything else), never a traceback. The commands
-live by family: ``jobs`` (submit, status, result, cancel), ``voices``, ``fleet`` (worker, stats, flower,
+live by family: ``jobs`` (submit), ``follow`` (status, result, cancel), ``voices``, ``fleet`` (worker, stats, flower,
 failed, retry, dead, config) and ``bench``; this module is the group and the entry point. The connection
 flags (``--broker-url`` ...) are the group's and every command's: before or after the command's name.
 """
@@ -18,8 +18,9 @@ from ttsq import __version__
 from .bench import bench
 from .common import closed_pipe, connection_options, fail
 from .fleet import config, dead, failed, flower, retry, stats, worker
+from .follow import cancel, result, status
 from .gateway import keys, serve
-from .jobs import cancel, result, status, submit
+from .jobs import submit
 from .voices import voices
 
 
