@@ -441,7 +441,7 @@ def test_cli_usage_errors_are_one_line_and_queue_nothing(settings: Settings, tmp
     for args, message in (
         (["submit", "text", "-f", str(doc)], "one of them"),
         (["submit", "--each-line", "text"], "--each-line reads the lines of -f FILE"),
-        (["submit", "-f", str(doc), "--each-line", "-o", str(tmp_path / "x.wav")], "--json"),
+        (["submit", "-f", str(doc), "--each-line", "-o", str(tmp_path / "x.wav")], "--output-dir"),
         (["submit", "-f", str(tmp_path / "missing.txt")], "does not exist"),
         (["submit", "-f", str(bad)], "invalid text: is not valid UTF-8"),
         (["submit", "-f", str(doc), "--deadline-s", "30"], "invalid deadline"),
