@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import pytest
@@ -39,7 +40,14 @@ def test_metrics_after_a_burst_add_up(settings: Settings, start_worker: StartWor
         )
     assert all(r["cached"] for r in cached)
 
+    # Late acks: a job's result is stored before its message is acknowledged, so the caller may see
+    # the last result a moment before the worker acks it. Settled means nothing held, nothing running.
+    deadline = time.monotonic() + 10
     samples = scrape(port)
+    while (value(samples, "ttsq_unacked_messages"), value(samples, "ttsq_jobs_in_progress")) != (0, 0):
+        assert time.monotonic() < deadline, "a message stayed unacknowledged after its result"
+        time.sleep(0.1)
+        samples = scrape(port)
     assert listening_on(port) == {"127.0.0.1"}  # loopback unless TTSQ_METRICS_HOST says otherwise
     synthesized = [r for r in results if not r["cached"]]
     assert len(synthesized) == 13

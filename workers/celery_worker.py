@@ -31,7 +31,10 @@ logger = logging.getLogger(__name__)
 #: soak grew each worker by 30 MiB without one leaked object (tracemalloc showed nothing). Fixed at
 #: 64 KiB, the same soak stays flat.
 MMAP_THRESHOLD_BYTES = 64 * 1024
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter numbers
+_M_TRIM_THRESHOLD = -1
+#: glibc's own default, and what its dynamic rule would pair with a 64 KiB mmap threshold.
+TRIM_THRESHOLD_BYTES = 2 * MMAP_THRESHOLD_BYTES
 #: glibc reads this at start and fixes the threshold itself: the operator's choice, kept.
 _GLIBC_VARIABLE = "MALLOC_MMAP_THRESHOLD_"
 
@@ -55,10 +58,18 @@ def tune_heap(engine: Engine) -> str:
     if not sys.platform.startswith("linux"):
         return "allocator untuned (not Linux)"
     try:
-        mallopt = ctypes.CDLL(None).mallopt
+        libc = ctypes.CDLL(None)
+        mallopt, malloc_trim = libc.mallopt, libc.malloc_trim
     except (OSError, AttributeError):
         return "allocator untuned (no glibc mallopt)"
     mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    # glibc maps a large block only when the heap's free top cannot serve it. Loading the engine may
+    # have freed a big mapped block, which raised the trim threshold to twice its size and let the
+    # top keep megabytes: every audio buffer would then come from that top, threshold or not (seen
+    # in CI, where the import history differed). The trim threshold back at its default and one trim
+    # now make the fixed threshold hold from the first job.
+    mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
+    malloc_trim(0)
     return f"glibc's mmap threshold fixed at {MMAP_THRESHOLD_BYTES // 1024} KiB (audio buffers go back to the OS)"
 
 
