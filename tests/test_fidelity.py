@@ -25,6 +25,7 @@ Whisper hears espeak worst on short function words ("a", "the", "of") and on hom
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import re
@@ -89,6 +90,35 @@ def recognizer() -> Recognizer:
 
 def spans_of(result: dict[str, Any]) -> list[tuple[int, int]]:
     return [(chunk["start_char"], chunk["end_char"]) for chunk in result["chunks"]]
+
+
+#: The longest stretch of a stitched document Whisper hears at once: under its 30-second window.
+WINDOW_S = 25.0
+
+
+def transcribe_by_chunks(audio: bytes, result: dict[str, Any]) -> str:
+    """A long stitched file transcribed in stretches of whole chunks, cut where the result says chunks
+    start, each under Whisper's 30-second window.
+
+    Whisper reads longer audio by seeking window to window, and once in a while a window's decoding
+    runs away (a CI run: one window's two chunks heard as 126 inserted words, recall 0.0 and 0.22),
+    which says nothing about the stitch. Cut at the result's chunk starts, every chunk's words must
+    still be heard in its own stretch and in order: a chunk the stitch dropped, repeated or moved is
+    still missing, repeated or out of place."""
+    samples, rate = sf.read(io.BytesIO(audio), dtype="float32")
+    starts = [float(chunk["start_s"]) for chunk in result["chunks"]]
+    cuts, first = [0.0], 0.0
+    for start in starts[1:]:
+        if start - first >= WINDOW_S:
+            cuts.append(start)
+            first = start
+    cuts.append(len(samples) / rate)
+    heard = []
+    for begin, end in itertools.pairwise(cuts):
+        piece = io.BytesIO()
+        sf.write(piece, samples[int(begin * rate) : int(end * rate)], rate, format="WAV", subtype="PCM_16")
+        heard.append(recognizer().transcribe(piece.getvalue()))
+    return " ".join(heard)
 
 
 def chunk_audio(settings: Settings, result: dict[str, Any]) -> list[bytes]:
@@ -200,7 +230,7 @@ def test_a_1600_word_document_through_submit_f_is_heard_chunk_by_chunk(
     assert result["format"] == "wav" and len(result["chunks"]) >= 40
     text = normalize_text(DOCUMENT)
 
-    document = check(text, recognizer().transcribe(out_path.read_bytes()), spans=spans_of(result))
+    document = check(text, transcribe_by_chunks(out_path.read_bytes(), result), spans=spans_of(result))
     assert document.reference_words >= 1500
     assert document.faults(MIN_CHUNK_RECALL) == [], describe(document)
     assert min(chunk.recall for chunk in document.chunks) >= MIN_CHUNK_RECALL
