@@ -8,6 +8,7 @@ the Ctrl-C message; split by path, one command's behaviour would live in four fi
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -28,6 +29,8 @@ from .common import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from ttsq.client import Client, Job
     from ttsq.config import Settings
 
@@ -268,6 +271,9 @@ def _submit(
             else f"queued {job.id}" + (f" ({job.chunks} chunks)" if kind == "document" else "")
         )
         return
+    if job.result is None and job.id is not None and keeps_running:
+        _accepted(job, kind)
+    _show_waits_on_redis()
     try:
         result = _wait_with_progress(client, job, timeout) if kind == "document" else job.wait(timeout)
     except KeyboardInterrupt:
@@ -275,6 +281,30 @@ def _submit(
             raise
         _interrupted([job.id])
     report(result, output=output, as_json=as_json, client=client)
+
+
+def _accepted(job: Job, kind: str) -> None:
+    """Name the job as soon as it is accepted, before the wait: whatever ends the wait (Ctrl-C, a timeout,
+    Redis gone for longer than the wait rides out), ``ttsq result ID`` finds it again. On stderr, like
+    every message: stdout keeps only the result (its one line, or its JSON) for scripts to read."""
+    chunks = f" ({job.chunks} chunk{'' if job.chunks == 1 else 's'})" if kind == "document" else ""
+    joined = ", joining the identical job already running" if job.joined else ""
+    click.echo(f"ttsq: job {job.id} accepted{chunks}{joined}; waiting for it", err=True)
+
+
+class _Said(logging.Handler):
+    """A library warning as one ``ttsq: ...`` line on stderr (wherever stderr is at the time: click's)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(f"ttsq: {record.getMessage()}", err=True)
+
+
+def _show_waits_on_redis() -> None:
+    """While a wait rides out an unreachable Redis, say so (one line per outage): the client logs it, and
+    this command shows that one logger's warnings (the library itself never prints)."""
+    waits = logging.getLogger("ttsq.client")
+    if not any(isinstance(handler, _Said) for handler in waits.handlers):
+        waits.addHandler(_Said(logging.WARNING))
 
 
 def _interrupted(job_ids: list[str]) -> NoReturn:
@@ -344,28 +374,50 @@ def _submit_embedded(
 
 
 def _wait_with_progress(client: Client, job: Job, timeout: float) -> JobResult:
-    """Wait for a document, with a progress bar of its chunks on stderr (read from its PROGRESS state)."""
+    """Wait for a document, showing its chunks on stderr (read from its PROGRESS state): a bar on a
+    terminal, else one plain ``N/M chunks`` line each time the count changes (a log, a CI job, a pipe
+    read by a program). Redis unreachable for a while is ridden out as ``Client.wait`` rides it out."""
     if job.result is not None or job.id is None or job.chunks <= 1:
         return job.wait(timeout)  # one chunk is one job: a bar of 0/1 then 1/1 says nothing
     deadline = time.monotonic() + timeout
-    total = job.chunks
-    with click.progressbar(length=total, label="chunks", file=sys.stderr, show_pos=True) as bar:
-        shown = 0
-        while time.monotonic() < deadline:
-            info = client.status(job.id)
-            progress = info.get("progress")
-            if progress:
-                bar.length = total = int(progress["chunks_total"])  # repeated chunks run once
-                done = int(progress["chunks_done"])
+    if sys.stderr.isatty():
+        with click.progressbar(length=job.chunks, label="chunks", file=sys.stderr, show_pos=True) as bar:
+            shown = 0
+            for progress, final in _progress(client, job.id, job.chunks, deadline):
+                bar.length = int(progress["chunks_total"])  # repeated chunks run once
                 stitching = ", stitching" if progress.get("phase") == "stitching" else ""
                 bar.label = f"chunks ({progress['audio_s']:.0f} s of audio{stitching})"
+                done = int(progress["chunks_total"]) if final else int(progress["chunks_done"])
                 bar.update(done - shown)
                 shown = done
-            if info["state"] in ("SUCCESS", "FAILURE", "REVOKED"):
-                bar.update(total - shown)
-                break
-            time.sleep(0.3)
+    else:
+        said = ""
+        for progress, final in _progress(client, job.id, job.chunks, deadline):
+            if final:
+                break  # the result line says it is done; a last "M/M" would repeat it
+            stitching = ", stitching" if progress.get("phase") == "stitching" else ""
+            line = f"{progress['chunks_done']}/{progress['chunks_total']} chunks{stitching}"
+            if line != said:
+                click.echo(line, err=True)
+                said = line
     return job.wait(max(0.1, deadline - time.monotonic()))
+
+
+def _progress(client: Client, job_id: str, chunks: int, deadline: float) -> Iterator[tuple[dict[str, Any], bool]]:
+    """A document's progress (chunks done and total, audio seconds, phase) every 0.3 s until its state is
+    final (then once more, with True) or the deadline passes. Redis unreachable is waited out for as long
+    as ``Client.wait`` waits it out."""
+    from ttsq.client import WAIT_PATIENCE_S
+
+    progress: dict[str, Any] = {"chunks_done": 0, "chunks_total": chunks, "audio_s": 0.0}
+    while (left := deadline - time.monotonic()) > 0:
+        info = client.status(job_id, patience_s=min(WAIT_PATIENCE_S, left))
+        progress = info.get("progress") or progress
+        if info["state"] in ("SUCCESS", "FAILURE", "REVOKED"):
+            yield progress, True
+            return
+        yield progress, False
+        time.sleep(0.3)
 
 
 def _submit_lines(

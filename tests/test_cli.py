@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -92,16 +93,19 @@ def test_storage_down_is_one_line(settings: Settings, start_worker: StartWorker,
     )
     # The worker stores fine; this producer's own endpoint is down, so the download (through ttsq's
     # storage, with its retries) fails.
+    # The job id first (accepted), then the error: one line.
     lines = out.stderr.decode().strip().splitlines()
-    assert out.returncode == 1 and len(lines) == 1, lines
-    assert lines[0].startswith("ttsq: error: s3 get_object") and "gave up after 2 tries" in lines[0]
+    assert out.returncode == 1 and len(lines) <= 2, lines
+    assert len(lines) == 1 or re.fullmatch(r"ttsq: job \S+ accepted; waiting for it", lines[0]), lines
+    assert lines[-1].startswith("ttsq: error: s3 get_object") and "gave up after 2 tries" in lines[-1]
 
 
 def test_timeout_is_one_line(settings: Settings) -> None:
     out = run_cli("submit", "nobody listens", "--timeout", "1", settings=settings)
     lines = out.stderr.decode().strip().splitlines()
-    assert out.returncode == 1 and len(lines) == 1
-    assert lines[0].startswith("ttsq: error: job ") and lines[0].endswith("not done after 1.0s")
+    assert out.returncode == 1 and len(lines) == 2, lines
+    assert re.fullmatch(r"ttsq: job \S+ accepted; waiting for it", lines[0]), lines
+    assert lines[1].startswith("ttsq: error: job ") and lines[1].endswith("not done after 1.0s")
 
 
 def test_submit_output_status_and_result_through_real_processes(
@@ -141,7 +145,7 @@ def test_json_result_reports_ignored_fields(settings: Settings, start_worker: St
         cli, ["submit", "Hello", "--instruct", "a warm voice", "--json"], env=settings_env(settings)
     )
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["ignored"] == ["instruct"]
+    assert json.loads(result.stdout)["ignored"] == ["instruct"]
 
 
 def test_submit_help_never_imports_torch() -> None:

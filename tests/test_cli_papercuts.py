@@ -197,20 +197,21 @@ def test_only_a_document_draws_a_chunks_bar(settings: Settings, start_worker: St
     start_worker(settings)
     single = run_cli("submit", "One short job.", "-o", str(tmp_path / "one.wav"), settings=settings)
     assert single.returncode == 0, single.stderr
-    assert single.stderr == b""
+    assert re.fullmatch(rb"ttsq: job \S+ accepted; waiting for it\n", single.stderr), single.stderr  # no bar
     # A document that fits one chunk is one job too: no bar (it drew "chunks 1/1" before).
     short = tmp_path / "short.txt"
     short.write_text("One sentence. Another one.", encoding="utf-8")
     out = run_cli("submit", "-f", str(short), "-o", str(tmp_path / "short.wav"), settings=settings)
     assert out.returncode == 0, out.stderr
-    assert b"chunks" not in out.stderr, out.stderr
+    assert re.fullmatch(rb"ttsq: job \S+ accepted \(1 chunk\); waiting for it\n", out.stderr), out.stderr
     assert "1 chunk (0 from the cache)" in out.stdout.decode()
     # Several chunks (200 characters each by default): the bar counts them.
     document = tmp_path / "doc.txt"
     document.write_text(" ".join(f"Sentence number {i} of a document with several chunks." for i in range(12)))
     out = run_cli("submit", "-f", str(document), "-o", str(tmp_path / "doc.wav"), settings=settings)
     assert out.returncode == 0, out.stderr
-    assert "chunks" in out.stderr.decode()
+    # The count, as plain lines here: stderr is a pipe (a terminal gets click's bar).
+    assert re.search(r"^\d+/\d+ chunks", out.stderr.decode(), re.M), out.stderr
 
 
 # --- 7. ttsq bench starts with its report --------------------------------------------------------
@@ -283,7 +284,8 @@ def test_a_closed_stdout_pipe_ends_quietly_with_the_sigpipe_status(
         assert process.stdout is not None
         process.stdout.close()  # the reader goes away (`| head -c 10`) before ttsq prints anything
         code = process.wait(timeout=120)
-    assert errors.read_bytes() == b""  # no traceback, no "Exception ignored", no error line
+    # No traceback, no "Exception ignored", no error line: for submit, only the job's id, said before the wait.
+    assert re.fullmatch(rb"(ttsq: job \S+ accepted; waiting for it\n)?", errors.read_bytes()), errors.read_bytes()
     assert code == 141  # 128 + SIGPIPE, as a shell reports `cat` or `grep` stopped by it
 
 
@@ -400,11 +402,54 @@ def test_ctrl_c_while_waiting_names_the_job_and_how_to_reattach_or_cancel(
     assert events.read_text(), "the job never reached the engine"
     process.send_signal(signal.SIGINT)  # what Ctrl-C sends, while the engine sleeps over the job
     stdout, stderr = process.communicate(timeout=60)
-    message = stderr.decode().strip()
-    assert process.returncode == 130 and len(message.splitlines()) == 1 and stdout == b"", (stdout, message)
+    accepted, message = stderr.decode().strip().splitlines()
+    assert process.returncode == 130 and stdout == b"", (stdout, message)
     match = re.fullmatch(r"ttsq: interrupted; job (\S+) keeps running: `ttsq result \1` waits for it again, "
                          r"`ttsq cancel \1` cancels it", message)  # fmt: skip
     assert match, message
+    assert accepted == f"ttsq: job {match.group(1)} accepted; waiting for it"  # named before the wait, too
     # It did keep running: re-attaching gets its result.
     again = run_cli("result", match.group(1), "--json", settings=settings)
     assert again.returncode == 0 and json.loads(again.stdout)["duration_s"] > 0, again.stderr
+
+
+# --- 15. the job id first; plain progress lines off a terminal (issue 26) ------------------------
+
+
+def test_submit_names_the_job_on_stderr_before_its_result_and_keeps_stdout_parseable(
+    settings: Settings, start_worker: StartWorker
+) -> None:
+    """Across a Redis restart: tests/test_cli_outage.py."""
+    start_worker(settings)
+    out = run_cli("submit", "Named before it is done.", "--json", settings=settings)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)  # stdout is the result's JSON alone
+    match = re.fullmatch(r"ttsq: job (\S+) accepted; waiting for it", out.stderr.decode().strip())
+    assert match, out.stderr
+    status = run_cli("status", match.group(1), "--json", settings=settings)
+    assert status.returncode == 0 and json.loads(status.stdout)["result"]["key"] == result["key"], status.stderr
+    # Answered from the cache: there is no job to name, and nothing but the result is printed.
+    again = run_cli("submit", "Named before it is done.", "--json", settings=settings)
+    assert again.returncode == 0 and again.stderr == b"" and json.loads(again.stdout)["cached"], again.stderr
+
+
+def test_document_progress_off_a_terminal_is_plain_lines_one_per_change(
+    settings: Settings, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    start_worker(settings.replace(max_batch=1))  # chunk after chunk: the count moves step by step
+    document = tmp_path / "doc.txt"
+    document.write_text(" ".join(f"Sentence number {i} of a document with several chunks." for i in range(24)))
+    out = run_cli("submit", "-f", str(document), "--json", settings=settings)  # stderr is a pipe here
+    assert out.returncode == 0, out.stderr
+    chunks = json.loads(out.stdout)["document"]["chunks"]
+    assert chunks >= 4
+    accepted, *lines = out.stderr.decode().splitlines()
+    assert re.fullmatch(rf"ttsq: job \S+ accepted \({chunks} chunks\); waiting for it", accepted), accepted
+    assert "\r" not in out.stderr.decode() and "[" not in out.stderr.decode()  # no bar, no redraws
+    counts = []
+    for line in lines:
+        match = re.fullmatch(rf"(\d+)/{chunks} chunks(, stitching)?", line)
+        assert match, lines
+        counts.append((int(match.group(1)), bool(match.group(2))))
+    assert counts and len(counts) == len(set(counts)), lines  # at most one line per change
+    assert counts == sorted(counts), lines  # and they only go forward

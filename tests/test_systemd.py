@@ -1,6 +1,7 @@
 """deploy/systemd: the units pass ``systemd-analyze verify`` (which needs no running systemd), and say what
 ttsq's behaviour needs: a plain worker per GPU, no restart loop on bad settings, a stop timeout above the
-drain, Flower on loopback. Their ExecStart lines run here, with the ttsq binary swapped for a recorder."""
+drain, Flower and the gateway on loopback. Their ExecStart lines run here, with the ttsq binary swapped for a
+recorder, or (the gateway) as they are, against real Redis."""
 
 from __future__ import annotations
 
@@ -10,21 +11,25 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from support import missing_tool
+from support import listening_on, missing_tool, settings_env, stop_process
 
 from ttsq.config import Settings
+from ttsq.ops.redis_server import free_port
 from ttsq.workers.supervisor import EXIT_CONFIG, Supervisor
 
 ROOT = Path(__file__).parent.parent
 UNITS = ROOT / "deploy" / "systemd"
 WORKER = UNITS / "ttsq-worker@.service"
 FLOWER = UNITS / "ttsq-flower.service"
+GATEWAY = UNITS / "ttsq-gateway.service"
 TARGET = UNITS / "ttsq.target"
 #: Where the units expect ttsq's virtual environment (docs/systemd.md installs it there).
 INSTALLED_TTSQ = "/opt/ttsq/venv/bin/ttsq"
@@ -89,6 +94,7 @@ def verify(units: Path) -> list[str]:
             # the template as a real instance, so that %i is expanded as it will be
             f"{worker}:ttsq-worker@0.service",
             str(units / FLOWER.name),
+            str(units / GATEWAY.name),
             str(units / TARGET.name),
         ],
         capture_output=True,
@@ -108,7 +114,7 @@ def installable_copy(tmp_path: Path, edit: tuple[str, str, str] | None = None) -
     assert TTSQ.exists(), TTSQ
     folder = tmp_path / "units"
     folder.mkdir()
-    for unit in (WORKER, FLOWER, TARGET):
+    for unit in (WORKER, FLOWER, GATEWAY, TARGET):
         text = unit.read_text(encoding="utf-8").replace(INSTALLED_TTSQ, str(TTSQ))
         if edit is not None and edit[0] == unit.name:
             assert text.count(edit[1]) == 1, edit
@@ -121,6 +127,13 @@ def test_the_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     assert verify(installable_copy(tmp_path)) == []
 
 
+def test_every_unit_in_the_folder_is_verified() -> None:
+    """A unit added to deploy/systemd without a place in ``verify`` would never be checked."""
+    assert {path.name for path in UNITS.glob("ttsq*.service")} | {TARGET.name} == {
+        unit.name for unit in (WORKER, FLOWER, GATEWAY, TARGET)
+    }
+
+
 @pytest.mark.parametrize(
     "edit",
     [
@@ -129,18 +142,20 @@ def test_the_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
         # the typo that would quietly bring back the restart loop
         (WORKER.name, "\nRestartPreventExitStatus=2\n", "\nRestartPreventExitStatus=two\n"),
         (FLOWER.name, "\nRestartSec=5s\n", "\nRestartSec=soon\n"),
+        (GATEWAY.name, "\nTimeoutStopSec=30\n", "\nTimeoutStopSec=half a minute\n"),
         (TARGET.name, "\n[Install]\n", "\n[Instal]\n"),  # an unknown section
     ],
-    ids=["unknown key", "bad value", "bad exit status", "bad time", "unknown section"],
+    ids=["unknown key", "bad value", "bad exit status", "bad time", "bad gateway time", "unknown section"],
 )
 def test_verify_catches_a_broken_unit(tmp_path: Path, edit: tuple[str, str, str]) -> None:
     assert verify(installable_copy(tmp_path, edit)) != []
 
 
-def test_verify_catches_a_missing_program(tmp_path: Path) -> None:
+@pytest.mark.parametrize("unit", [FLOWER, GATEWAY], ids=["flower", "gateway"])
+def test_verify_catches_a_missing_program(tmp_path: Path, unit: Path) -> None:
     folder = installable_copy(tmp_path)
-    flower = folder / FLOWER.name
-    flower.write_text(flower.read_text(encoding="utf-8").replace(str(TTSQ), INSTALLED_TTSQ + "-missing"))
+    copy = folder / unit.name
+    copy.write_text(copy.read_text(encoding="utf-8").replace(str(TTSQ), INSTALLED_TTSQ + "-missing"))
     assert any("not executable" in line for line in verify(folder))
 
 
@@ -246,7 +261,7 @@ def test_flower_listens_on_loopback_with_basic_auth() -> None:
 def test_the_target_groups_the_units() -> None:
     target = parse_unit(TARGET.read_text(encoding="utf-8"))
     assert target["Install"]["WantedBy"] == ["multi-user.target"]
-    for unit in (WORKER, FLOWER):
+    for unit in (WORKER, FLOWER, GATEWAY):
         sections = parse_unit(unit.read_text(encoding="utf-8"))
         assert sections["Unit"]["PartOf"] == [TARGET.name], unit.name
         assert sections["Install"]["WantedBy"] == [TARGET.name], unit.name
@@ -267,3 +282,48 @@ def test_the_example_environment_file_holds_valid_settings() -> None:
         "FLOWER_BASIC_AUTH",
     }
     assert env["FLOWER_BASIC_AUTH"].count(":") == 1
+
+
+# --- the gateway ---------------------------------------------------------------------------------------
+
+
+def test_the_gateway_unit_runs_ttsq_serve_on_loopback_unless_the_environment_file_says_otherwise(
+    settings: Settings, tmp_path: Path
+) -> None:
+    import httpx
+
+    gateway = service(GATEWAY)
+    command = shlex.split(one(gateway, "ExecStart"))
+    # No --host: TTSQ_GATEWAY_HOST in the environment file decides, and without it the default is loopback.
+    assert command == [INSTALLED_TTSQ, "serve"]
+    assert one(gateway, "EnvironmentFile") == "/etc/ttsq/ttsq.env" and one(gateway, "User") == "ttsq"
+    assert Settings().gateway_host == "127.0.0.1"
+    # The command as the unit runs it, with the suite's Redis and S3 and no TTSQ_GATEWAY_HOST anywhere.
+    port = free_port()
+    env = {k: v for k, v in settings_env(settings).items() if k != "TTSQ_GATEWAY_HOST"}
+    env["TTSQ_GATEWAY_PORT"] = str(port)
+    with (tmp_path / "gateway.log").open("wb") as log:
+        process = subprocess.Popen([str(TTSQ), *command[1:]], env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "gateway.log").read_text()
+            time.sleep(0.1)
+        assert listening_on(port) == {"127.0.0.1"}
+    finally:
+        # SIGTERM, the unit's KillSignal: uvicorn shuts down gracefully, then ends by the signal itself,
+        # which systemd counts as a clean exit (no restart, no failed state), like status 0.
+        assert stop_process(process) in (0, -signal.SIGTERM)
+    # Within the unit's stop timeout, and no restart loop on settings that never heal.
+    assert one(gateway, "KillSignal") == "SIGTERM" and int(one(gateway, "TimeoutStopSec")) >= 10
+    assert one(gateway, "Restart") == "on-failure"
+    assert str(EXIT_CONFIG) in one(gateway, "RestartPreventExitStatus").split()
+    bad = subprocess.run(
+        [str(TTSQ), *command[1:]], env={**env, "TTSQ_GATEWAY_PORT": "99999"}, capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode == EXIT_CONFIG and "TTSQ_GATEWAY_PORT" in bad.stderr, bad.stderr
