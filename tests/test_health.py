@@ -1,27 +1,31 @@
 """The worker's probes on its metrics port (``/livez``, ``/readyz``), against real workers.
 
 Liveness follows the batcher: it goes false when the batcher thread dies or an engine call hangs past
-its limit, and true again once the supervisor has started a new process. Readiness follows Redis too:
-false while Redis is down (liveness stays true: a restart would only drop the jobs the worker holds),
-true again when Redis is back. The queue's ``ttsq_outstanding_jobs`` counts what workers hold, not
-only what waits in Redis.
+its limit, and true again once the supervisor has started a new process. Readiness follows Redis and the
+object store too: false while either is down or the bucket is gone (liveness stays true: a restart would
+only drop the jobs the worker holds), true again when they are back. The gateway's readiness follows the
+workers: false as soon as the last one stops, and within ``FLEET_LIVE_S`` of the last one dying. The
+queue's ``ttsq_outstanding_jobs`` counts what workers hold, not only what waits in Redis.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
-from support import Launcher, WorkerProcess, scrape, value, wait_until
+from support import GatewayProcess, Launcher, WorkerProcess, scrape, value, wait_until
 
 from ttsq.client import Client
 from ttsq.config import Settings
+from ttsq.constants import FLEET_LIVE_S, STORAGE_CHECK_INTERVAL_S
 from ttsq.ops.redis_server import RedisServer, free_port
 from ttsq.worker.runtime import WorkerRuntime
 
@@ -52,7 +56,10 @@ def test_a_worker_in_process_is_live_and_ready_then_not_live_once_its_batcher_th
         assert probe(port, "/healthz") == (200, {"live": True})
         assert probe(port, "/readyz") == (
             200,
-            {"ready": True, "checks": {"engine": True, "redis": True, "accepting": True}},
+            {
+                "ready": True,
+                "checks": {"engine": True, "redis": True, "storage": True, "fleet": True, "accepting": True},
+            },
         )
         # The probes sit beside the metrics; /metrics is unchanged.
         assert value(scrape(port), "ttsq_jobs_in_progress") == 0
@@ -137,7 +144,13 @@ def test_readiness_follows_redis_and_liveness_rides_out_the_outage(
         server.stop(keep_data=True)
         wait_until(lambda: probe(port, "/readyz")[0] == 503, SLACK_S, "readiness false without Redis")
         status, body = probe(port, "/readyz")
-        assert status == 503 and body["checks"] == {"engine": True, "redis": False, "accepting": True}
+        assert status == 503 and body["checks"] == {
+            "engine": True,
+            "redis": False,
+            "storage": True,
+            "fleet": True,
+            "accepting": True,
+        }
         assert probe(port, "/livez") == (200, {"live": True})
         time.sleep(2)  # a few probe periods of outage: still alive, still not ready
         assert probe(port, "/livez") == (200, {"live": True})
@@ -178,3 +191,71 @@ def test_outstanding_jobs_count_what_workers_hold_as_well_as_what_waits(
         wait_until(
             lambda: value(scrape(port), "ttsq_outstanding_jobs", queue=own.queue) == 0, SLACK_S, "nothing outstanding"
         )
+
+
+def test_readiness_follows_the_object_store_and_liveness_rides_out_its_outage(
+    settings: Settings, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    # This test's own S3 server and bucket, so that stopping or deleting them touches nobody else's.
+    s3_port, port, bucket = free_port(), free_port(), f"health-{free_port()}"
+    endpoint = f"http://127.0.0.1:{s3_port}"
+    s3 = boto3.client("s3", endpoint_url=endpoint)
+
+    def s3_up() -> ThreadedMotoServer:
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=s3_port)
+        server.start()
+        return server
+
+    def storage_ready() -> bool | None:
+        checks = probe(port, "/readyz")[1].get("checks")
+        return checks.get("storage") if isinstance(checks, dict) else None
+
+    server = s3_up()
+    s3.create_bucket(Bucket=bucket)
+    try:
+        own = settings.replace(storage_url=f"s3://{bucket}/audio", s3_endpoint_url=endpoint, metrics_port=port)
+        worker = start_worker(own, name="health-s3")
+        wait_until(lambda: probe(port, "/readyz")[0] == 200, SLACK_S, "the worker ready")
+        server.stop()
+        # Looked at again every few seconds, not at every probe.
+        wait_until(lambda: storage_ready() is False, STORAGE_CHECK_INTERVAL_S + SLACK_S, "readiness false without S3")
+        assert probe(port, "/readyz")[0] == 503
+        assert probe(port, "/livez") == (200, {"live": True})
+        server = s3_up()
+        wait_until(lambda: probe(port, "/readyz")[0] == 200, STORAGE_CHECK_INTERVAL_S + SLACK_S, "ready again")
+        # The server answers, but the bucket is gone: not ready either.
+        s3.delete_bucket(Bucket=bucket)
+        wait_until(lambda: storage_ready() is False, STORAGE_CHECK_INTERVAL_S + SLACK_S, "readiness false, no bucket")
+        s3.create_bucket(Bucket=bucket)
+        wait_until(lambda: probe(port, "/readyz")[0] == 200, STORAGE_CHECK_INTERVAL_S + SLACK_S, "ready again")
+        assert worker.process is not None and worker.process.poll() is None
+        assert "storage unreachable, not ready" in worker.log() and "storage reachable again" in worker.log()
+        worker.stop()
+    finally:
+        s3.delete_bucket(Bucket=bucket)
+        server.stop()
+
+
+def test_the_gateways_readiness_follows_the_workers_within_seconds(
+    settings: Settings, start_worker: Callable[..., WorkerProcess], start_gateway: Callable[..., GatewayProcess]
+) -> None:
+    gateway = start_gateway(settings)
+
+    def ready() -> tuple[int, dict[str, object]]:
+        answer = httpx.get(f"{gateway.url}/readyz", timeout=10)
+        return answer.status_code, answer.json()
+
+    worker = start_worker(settings, name="health-gw")
+    wait_until(lambda: ready()[0] == 200, SLACK_S, "the gateway ready")
+    # A worker that stops withdraws as it goes: the next probe already knows.
+    assert worker.stop() == 0
+    assert ready() == (503, {"ready": False, "checks": {"redis": True, "storage": True, "workers": False}})
+    worker = start_worker(settings, name="health-gw")
+    wait_until(lambda: ready()[0] == 200, SLACK_S, "the gateway ready again")
+    # One that dies says nothing: it stops counting FLEET_LIVE_S after its last heartbeat, not after
+    # the two minutes producers keep trusting its model (IDENTITY_MAX_AGE_S).
+    worker.stop(signal.SIGKILL)
+    wait_until(lambda: ready()[0] == 503, FLEET_LIVE_S + 10, "the gateway not ready without workers")

@@ -230,7 +230,14 @@ def test_every_lua_script_runs_again_after_the_script_cache_is_flushed(
         assert progress(keys=["celery-task-meta-doc"], args=[meta, 60], client=results_db) == 1
         assert json.loads(results_db.get("celery-task-meta-doc") or "{}")["status"] == "PROGRESS"
 
+    def claim_identity() -> None:
+        espeak = {"engine": "espeak", "model": "m", "revision": "1", "sample_rate": 22050, "modes": ["voice_design"]}
+        assert owner.identities.claim("q", "espeak@test", espeak) is None
+        rival = owner.identities.claim("q", "qwen@test", {**espeak, "engine": "qwen"})
+        assert rival is not None and rival.node == "espeak@test"
+
     runs: dict[str, Callable[[], Awaitable[None] | None]] = {
+        "claim_identity": claim_identity,
         "accept": accept,
         "received": received,
         "touch": touch,

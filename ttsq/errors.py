@@ -2,6 +2,7 @@
 
     TTSQError
     ├── ConfigError          a TTSQ_* setting is missing or malformed (startup)
+    │   └── FleetConflict    the worker's model differs from the one its queue's live workers serve
     ├── InvalidRequest       a request field is wrong (at the edge; nothing is queued)
     ├── EngineError          the engine could not synthesize an item
     │   ├── EngineUnavailable  the engine cannot be loaded here (missing extra, bad model path)
@@ -37,6 +38,10 @@ class ConfigError(TTSQError):
 
     def __str__(self) -> str:
         return f"{self.variable}: {self.reason}"
+
+
+class FleetConflict(ConfigError):
+    """The worker's model differs from the one the live workers on its queue serve (one queue, one model)."""
 
 
 class InvalidRequest(TTSQError):

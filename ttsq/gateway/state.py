@@ -309,20 +309,22 @@ def _operations(app: FastAPI, gateway: Gateway) -> None:
 
     @app.get("/readyz", tags=["operations"])
     async def readyz() -> Response:
-        """Redis and storage reachable, and a worker serving some mode: ready to take jobs."""
+        """Redis and storage reachable, and a worker running: ready to take jobs. ``workers`` follows the
+        workers themselves (one that stops withdraws at once, one that died within ``FLEET_LIVE_S``), not
+        the producers' longer trust in the models they announced."""
         checks: dict[str, bool] = {}
         try:
             checks["redis"] = bool(await gateway.cache.ping())
         except Exception:
             checks["redis"] = False
         try:
-            await anyio.to_thread.run_sync(lambda: gateway.client.storage.exists("ttsq-readyz-probe"))
+            await anyio.to_thread.run_sync(gateway.client.storage.check)  # the bucket itself, not one object
             checks["storage"] = True
         except Exception:
             checks["storage"] = False
         try:
-            served = await anyio.to_thread.run_sync(gateway.client.identities)
-            checks["workers"] = bool(served)
+            running = await anyio.to_thread.run_sync(gateway.redis.identities.workers, gateway.settings.queue)
+            checks["workers"] = bool(running)
         except Exception:
             checks["workers"] = False
         ready = all(checks.values())

@@ -4,6 +4,10 @@
 is the only one that touches the engine), storage, the records in Redis, the observers and the job
 ``Pipeline`` (``ttsq.worker.pipeline``, which runs each job), then starts them, keeps the worker's
 heartbeat, answers the health probes and closes everything in order. It runs no job itself.
+
+Before it consumes, a worker makes sure of what it stands on: its object store exists (a missing bucket
+ends the process with one line naming ``TTSQ_STORAGE_URL``, instead of failing every job), and its model
+is the one the live workers on its queue serve (one queue, one model: ``FleetConflict`` otherwise).
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ import redis
 
 from ttsq.app import queue_for
 from ttsq.batching.batcher import Batcher
-from ttsq.constants import HEARTBEAT_INTERVAL_S, WORKER_REDIS_PATIENCE_S
+from ttsq.constants import HEARTBEAT_INTERVAL_S, STORAGE_CHECK_INTERVAL_S, WORKER_REDIS_PATIENCE_S
 from ttsq.engines import create_engine
+from ttsq.errors import FleetConflict, StorageError
 from ttsq.job import Limits
 from ttsq.observer import Observers
 from ttsq.records.connection import within
@@ -29,7 +34,7 @@ from ttsq.records.stats import FleetObserver, worker_info
 from ttsq.redaction import redact_task_logs
 from ttsq.results import Results
 from ttsq.storage import open_storage
-from ttsq.worker.health import Health
+from ttsq.worker.health import Health, Recheck
 from ttsq.worker.metrics import Metrics
 from ttsq.worker.pipeline import Pipeline
 from ttsq.worker.sweeper import Sweeper
@@ -39,6 +44,7 @@ if TYPE_CHECKING:
     from celery import Celery
 
     from ttsq.config import Settings
+    from ttsq.records.identities import Rival
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +111,9 @@ class WorkerRuntime:
         self._stopping = threading.Event()
         #: Set once the engine is loaded and warm and the worker is about to consume.
         self._warm = threading.Event()
+        #: Set while another model holds this worker's queue (it took over while this worker was silent).
+        self._displaced = threading.Event()
+        self._storage_ready = Recheck("storage", self.storage.check, every_s=STORAGE_CHECK_INTERVAL_S)
         self._stats_beat = threading.Thread(target=self._beat, name="ttsq-beat", daemon=True)
 
     def _beat(self) -> None:
@@ -112,8 +121,20 @@ class WorkerRuntime:
         and re-announce its model (producers forget the modes of a worker that falls silent)."""
         while not self._stopping.is_set():
             self._quietly(self._send_heartbeat)
-            self._quietly(lambda: self.redis.identities.publish(self.settings.queue, self.engine.identity.to_dict()))
+            self._quietly(self._announce)
             self._stopping.wait(HEARTBEAT_INTERVAL_S)
+
+    def _announce(self) -> None:
+        """Re-announce the model, unless another model took the queue over while this worker was silent
+        (past ``FLEET_LIVE_S``): then stay silent and unready, and say so once."""
+        rival = self.redis.identities.claim(self.settings.queue, self.node, self.engine.identity.to_dict())
+        if rival is None:
+            if self._displaced.is_set():
+                logger.info("this worker's model serves its queue again")
+            self._displaced.clear()
+        elif not self._displaced.is_set():
+            self._displaced.set()
+            logger.error("%s; stop this worker", self._conflict(rival))
 
     def _send_heartbeat(self) -> None:
         self.stats.heartbeat(
@@ -148,7 +169,14 @@ class WorkerRuntime:
             redis_ok = within(self.redis.broker, BACKLOG_TIMEOUT_S, ("PING",)) == ["PONG"]
         except redis.RedisError:
             redis_ok = False
-        return Health(dead=dead, checks={"engine": dead is None, "redis": redis_ok, "accepting": not self.stopping})
+        checks = {
+            "engine": dead is None,
+            "redis": redis_ok,
+            "storage": self._storage_ready(),
+            "fleet": not self._displaced.is_set(),
+            "accepting": not self.stopping,
+        }
+        return Health(dead=dead, checks=checks)
 
     @property
     def stopping(self) -> bool:
@@ -172,13 +200,22 @@ class WorkerRuntime:
             return 0
 
     def start(self) -> None:
-        """Load and warm the engine (on the batcher thread), then announce the model to producers."""
+        """Check the object store, load and warm the engine (on the batcher thread), then claim the
+        queue for the model and announce it to producers. ``ConfigError`` when the store does not
+        exist, ``FleetConflict`` when another model serves the queue: nothing was consumed."""
         started = time.perf_counter()
         redact_task_logs()
+        try:
+            self.storage.check()  # before minutes of loading weights; a missing bucket is ConfigError
+        except StorageError as exc:  # unreachable for now: a worker rides out an outage, unready meanwhile
+            logger.warning("storage unreachable at start, not ready until it answers: %s", exc)
         self.batcher.start()
         self.watchdog.start()
         identity = self.engine.identity
-        self.redis.identities.publish(self.settings.queue, identity.to_dict())
+        rival = self.redis.identities.claim(self.settings.queue, self.node, identity.to_dict())
+        if rival is not None:
+            self._abandon()
+            raise FleetConflict("TTSQ_QUEUE", self._conflict(rival))
         self.metrics.describe(engine=self.settings.engine, model=identity.model)
         self.metrics.watch_queues(self.queues)
         self._started_at = time.time()
@@ -192,6 +229,25 @@ class WorkerRuntime:
             identity.revision,
             self.settings.max_batch,
         )
+
+    def _conflict(self, rival: Rival) -> str:
+        """One line naming both models and what to do about it."""
+        mine = self.engine.identity
+        shared = [mode for mode in mine.modes if mode in rival.identity.get("modes", ())]
+        queues = ", ".join(queue_for(self.settings.queue, mode) for mode in shared)
+        return (
+            f"queue {queues} is served by {_named(rival.identity)} on the live worker {rival.node}; "
+            f"this worker runs {_named(mine.to_dict())}. One queue serves one model: give this worker "
+            "another TTSQ_QUEUE, or stop every worker of the old model first (docs/deployment.md)"
+        )
+
+    def _abandon(self) -> None:
+        """Undo a start that announced nothing: stop the threads it started, close its connections."""
+        self._stopping.set()
+        self.watchdog.stop()
+        self.batcher.stop()
+        self.metrics.close()
+        self.redis.close()
 
     def sweep(self, app: Celery) -> None:
         """Start the sweeper (``ttsq.worker.sweeper``): lost jobs go out again through ``app``, the
@@ -209,5 +265,14 @@ class WorkerRuntime:
         if self._stats_beat.is_alive():
             self._stats_beat.join(timeout=HEARTBEAT_INTERVAL_S + 5)
         self._quietly(lambda: self.stats.forget(self.node))
+        self._quietly(lambda: self.redis.identities.leave(self.settings.queue, self.node))
         self.metrics.close()
         self.redis.close()
+
+
+def _named(identity: dict[str, Any]) -> str:
+    """An identity as a person reads it: engine, model, revision and sample rate."""
+    return (
+        f"engine {identity.get('engine')}, model {identity.get('model')} "
+        f"(revision {identity.get('revision')}, {identity.get('sample_rate')} Hz)"
+    )
