@@ -35,6 +35,8 @@ def status(ctx: click.Context, job_id: str, as_json: bool) -> None:
             f"{info['state']} {progress['chunks_done']}/{progress['chunks_total']} chunks, "
             f"{progress['audio_s']:.1f} s of audio{stitching}"
         )
+    elif "note" in info:
+        click.echo(f"{info['state']} ({info['note']})")
     else:
         click.echo(info["state"])
 

@@ -11,12 +11,15 @@ would fail:
 - ``[flaky]``: the item fails (an ``EngineError`` in its slot) while the file ``FAULTY_ENGINE_FLAKY``
   names exists, as on a transient device fault.
 
-If ``FAULTY_ENGINE_EVENTS`` names a file, each batch appends ``<pid> <size>`` to it as it starts.
+If ``FAULTY_ENGINE_EVENTS`` names a file, each batch appends ``<pid> <size>`` to it as it starts; if
+``FAULTY_ENGINE_DONE`` does, each item synthesized appends ``<pid> <sha256 of its text>`` once its batch
+returns (what was synthesized, and by whom: a text twice is work done twice).
 Nothing in ttsq is mocked: the batcher, worker, Celery and Redis are the real ones.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import threading
@@ -49,6 +52,10 @@ class FaultyEngine(EspeakEngine):
         if any("[slow]" in text for text in texts):
             time.sleep(SLOW_S)
         outputs = super().synthesize_batch(requests)
+        done = os.environ.get("FAULTY_ENGINE_DONE")
+        if done:
+            with open(done, "a") as log:
+                log.writelines(f"{os.getpid()} {hashlib.sha256(text.encode()).hexdigest()}\n" for text in texts)
         flaky = os.environ.get("FAULTY_ENGINE_FLAKY")
         if flaky and os.path.exists(flaky):
             outputs = [

@@ -117,6 +117,10 @@ def test_two_workers_share_a_burst_and_a_killed_one_loses_nothing(
     assert f"cpu1@test (pid {pids['cpu1@test']}) died: killed by SIGKILL" in log
     assert "restart #1" in log
     assert "redelivered" in log  # the dead worker's unacked jobs ran again elsewhere
+    # ... within seconds: the launcher marked it dead, and a worker gave back what it held.
+    assert f"worker process cpu1@test#{pids['cpu1@test']} died (its launcher saw it exit)" in log
+    # Every worker line names its worker: both write into the launcher's output.
+    assert " INFO cpu0@test ttsq." in log and " INFO cpu1@test ttsq." in log
     assert int(redis.Redis.from_url(settings.cache_url).hget(RESTARTS_KEY, "cpu1@test") or 0) == 1
     # the restarted worker is back under the same name, with a new pid
     new_pids = launcher.wait_ready(["cpu0@test", "cpu1@test"])

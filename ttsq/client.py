@@ -18,12 +18,19 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from celery import states
 
 from ttsq.app import make_app, queue_for, stored_result
-from ttsq.constants import CLAIM_HEADER, DOCUMENT_TASK_NAME, IDENTITY_TTL_S, SENT_AT_HEADER, TASK_NAME
+from ttsq.constants import (
+    CLAIM_HEADER,
+    DOCUMENT_TASK_NAME,
+    IDENTITY_TTL_S,
+    SENT_AT_HEADER,
+    TASK_NAME,
+    WORKER_REDIS_PATIENCE_S,
+)
 from ttsq.document import Document, Options
 from ttsq.engines.base import EngineIdentity
 from ttsq.errors import BrokerError, InvalidRequest, JobFailed, JobTimeout, TTSQError, UnknownJob
@@ -46,6 +53,7 @@ if TYPE_CHECKING:
     from ttsq.results import StoredResult
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -77,6 +85,12 @@ class Job:
 
 #: A waiter reads a job's stored result again this often, besides listening for its publish.
 WAIT_RECHECK_S = 2.0
+#: How long a wait keeps trying while Redis cannot be reached (seconds, counted from the first failed
+#: call in a row): as long as a worker rides out a Redis restart in its own calls, so the waiter
+#: outlasts any outage the job it waits for outlasts.
+WAIT_PATIENCE_S = WORKER_REDIS_PATIENCE_S
+#: While Redis cannot be reached, a wait tries again this often (seconds).
+WAIT_RETRY_S = 0.5
 
 
 class Client:
@@ -338,66 +352,98 @@ class Client:
 
     def wait(self, task_id: str, *, timeout: float | None = None) -> JobResult:
         """The result of a task, with a URL made now; raise its error if it failed, ``UnknownJob`` at once
-        for an id ttsq never accepted."""
-        self._check_known(task_id)
-        return self.refresh_url(self._finished(task_id, timeout).value())
+        for an id ttsq never accepted. A Redis that cannot be reached (restarting, failing over) is
+        waited out for up to ``WAIT_PATIENCE_S`` in a row, within ``timeout``; past that, ``BrokerError``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._riding_out(lambda: self._check_known(task_id), WAIT_PATIENCE_S, deadline)
+        return self.refresh_url(self._finished(task_id, timeout, deadline).value())
 
-    def _finished(self, task_id: str, timeout: float | None) -> StoredResult:
-        """The job's stored result once its state is final; ``JobTimeout`` after ``timeout`` seconds.
+    def _finished(self, task_id: str, timeout: float | None, deadline: float | None) -> StoredResult:
+        """The job's stored result once its state is final; ``JobTimeout`` after ``timeout`` seconds
+        (at ``deadline``).
 
         Celery's result consumer listens for the job's publish on one subscription shared by every
         wait of this client (a connection per wait would cost each job a connect and a handshake); the
         stored result is then read and rendered by ``read_meta``, like every other reader's. The wait
         is cut every ``WAIT_RECHECK_S`` to read the stored result again: Redis may take a result's SET
         and PUBLISH before the SUBSCRIBE, and that publish never reaches this waiter."""
-        from celery.exceptions import TimeoutError as CeleryTimeout
-
         async_result = self.async_result(task_id)
-        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def read_or_listen() -> StoredResult | None:
+            """The final stored result, or None after listening for it for up to ``WAIT_RECHECK_S``."""
+            stored = stored_result(self.app, task_id)
+            if stored.done:
+                return stored
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise JobTimeout(f"job {task_id} not done after {timeout}s")
+            self._listen(async_result, WAIT_RECHECK_S if left is None else min(left, WAIT_RECHECK_S))
+            return None
+
         try:
             while True:
-                stored = stored_result(self.app, task_id)
-                if stored.done:
+                stored = self._riding_out(read_or_listen, WAIT_PATIENCE_S, deadline)
+                if stored is not None:
                     return stored
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise JobTimeout(f"job {task_id} not done after {timeout}s")
-                wait_s = WAIT_RECHECK_S if left is None else min(left, WAIT_RECHECK_S)
-                try:
-                    # The embedded mode runs a worker in this process; waiting here is not inside a task.
-                    async_result.get(timeout=wait_s, disable_sync_subtasks=False, propagate=False)
-                except CeleryTimeout:
-                    pass
-                except Exception as exc:
-                    if _is_connection_error(exc):
-                        raise
-                    # Celery could not decode what it read (a forged record): the reader above says
-                    # what it is on the next pass; not a busy loop if it is still not final.
-                    time.sleep(min(wait_s, 0.5))
-        except TTSQError:
-            raise
-        except Exception as exc:
-            if _is_connection_error(exc):
-                raise BrokerError(f"cannot reach the result backend: {exc}") from exc
-            raise
         finally:
             # Stop listening for it now: left pending, Celery unsubscribes during interpreter shutdown,
             # reconnecting to a Redis that may be gone and printing a traceback.
             with contextlib.suppress(Exception):
                 async_result.backend.remove_pending_result(async_result)
 
-    def status(self, task_id: str) -> dict[str, Any]:
+    @staticmethod
+    def _listen(async_result: AsyncResult, wait_s: float) -> None:
+        """Listen for a job's publish for up to ``wait_s``; ``BrokerError`` if Redis cannot be reached."""
+        from celery.exceptions import TimeoutError as CeleryTimeout
+
+        try:
+            # The embedded mode runs a worker in this process; waiting here is not inside a task.
+            async_result.get(timeout=wait_s, disable_sync_subtasks=False, propagate=False)
+        except CeleryTimeout:
+            pass
+        except Exception as exc:
+            if _is_connection_error(exc):
+                raise BrokerError(f"cannot reach the result backend: {exc}") from exc
+            # Celery could not decode what it read (a forged record): the reader says what it is on the
+            # next pass; not a busy loop if it is still not final.
+            time.sleep(min(wait_s, 0.5))
+
+    @staticmethod
+    def _riding_out(call: Callable[[], T], patience_s: float, deadline: float | None) -> T:
+        """``call`` (Redis reads), tried again every ``WAIT_RETRY_S`` while Redis cannot be reached, for up
+        to ``patience_s`` in a row and never past ``deadline``; then its ``BrokerError``."""
+        unreachable_since: float | None = None
+        while True:
+            try:
+                return call()
+            except BrokerError as exc:
+                if not _is_connection_error(exc):
+                    raise
+                now = time.monotonic()
+                if unreachable_since is None:
+                    unreachable_since = now
+                    if patience_s > 0:
+                        logger.warning("Redis unreachable while waiting; trying again for up to %.0f s", patience_s)
+                if now - unreachable_since >= patience_s or (deadline is not None and now >= deadline):
+                    raise
+                time.sleep(WAIT_RETRY_S)
+
+    def status(self, task_id: str, *, patience_s: float = 0.0) -> dict[str, Any]:
         """State of a task: PENDING (queued), STARTED, PROGRESS (a document: ``progress`` holds chunks
         done and total and audio seconds so far), SUCCESS, FAILURE; ``UnknownJob`` for an id ttsq never
-        accepted, ``CorruptRecord`` for a result it cannot read."""
-        stored = stored_result(self.app, task_id)
+        accepted, ``CorruptRecord`` for a result it cannot read. ``patience_s``: how long to keep trying
+        while Redis cannot be reached (a waiter's progress display: ``WAIT_PATIENCE_S``); by default
+        ``BrokerError`` at once."""
+        stored = self._riding_out(lambda: stored_result(self.app, task_id), patience_s, None)
         if stored.state == states.PENDING:
-            self._check_known(task_id)
+            self._riding_out(lambda: self._check_known(task_id), patience_s, None)
         out: dict[str, Any] = {"id": task_id, "state": stored.state}
         if stored.state == states.FAILURE and stored.failure is not None:
             out["error"] = str(stored.failure)
         elif stored.progress is not None:
             out["progress"] = stored.progress
+        elif stored.note is not None:
+            out["note"] = stored.note
         elif stored.result is not None:
             out["result"] = self.refresh_url(stored.result)
         return out
@@ -446,7 +492,7 @@ class Client:
             backend.forget(task_id)
             outgoing = Outgoing(
                 task_id=task_id,
-                task=TASK_NAME,
+                task=job.task,  # a job, or a document's parked stitch (it reads its plan from Redis)
                 queue=job.queue,
                 kwargs=job.kwargs,
                 headers={SENT_AT_HEADER: time.time()},
@@ -495,7 +541,15 @@ def _is_connection_error(exc: BaseException | None) -> bool:
     import redis.exceptions
 
     while exc is not None:
-        if isinstance(exc, (redis.exceptions.ConnectionError, kombu.exceptions.OperationalError, ConnectionError)):
+        if isinstance(
+            exc,
+            (
+                redis.exceptions.ConnectionError,
+                redis.exceptions.TimeoutError,  # a Redis that stopped answering is as unreachable
+                kombu.exceptions.OperationalError,
+                ConnectionError,
+            ),
+        ):
             return True
         # Celery's result consumer gives up reconnecting with a bare RuntimeError.
         if isinstance(exc, RuntimeError) and "reconnect to the Celery result store" in str(exc):

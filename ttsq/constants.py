@@ -18,6 +18,8 @@ STITCH_TASK_NAME = "ttsq.stitch"
 DOCUMENT_SCHEMA_VERSION = 1
 #: Custom Celery state of a document while its chunks run; its meta is ``ttsq.document.Progress``.
 PROGRESS_STATE = "PROGRESS"
+#: The state of a job whose worker died holding it, given back to its queue (``ttsq.worker.recovery``).
+REQUEUED_STATE = "REQUEUED"
 
 #: The queue every worker consumes and every producer sends to.
 DEFAULT_QUEUE = "ttsq"
@@ -32,8 +34,11 @@ POSTPROCESS_VERSION = 1
 CACHE_PREFIX = "ttsq:cache:"  # + content key -> JSON index entry; TTL = settings.cache_ttl_s
 INFLIGHT_PREFIX = "ttsq:inflight:"  # + content key -> task id of the job producing it; SET NX EX
 FLEET_PREFIX = "ttsq:fleet:"  # + queue -> hash: mode -> JSON identity of the model serving it, re-announced
+FLEET_NODES_PREFIX = "ttsq:fleet-nodes:"  # + queue -> hash: node -> JSON identity it announced; removed as it stops
 DOCUMENT_PREFIX = "ttsq:document:"  # + document key -> JSON of the stitched file and its chunk spans
 PROGRESS_PREFIX = "ttsq:progress:"  # + document task id -> hash: chunk index -> audio seconds; TTL = result TTL
+PLAN_PREFIX = "ttsq:plan:"  # + document task id -> hash: plan (JSON), chunks (count); TTL = result TTL
+FANOUT_PREFIX = "ttsq:fanout:"  # + document task id -> "sending" (lease) or "sent"; TTL = result TTL
 MINUTE_PREFIX = "ttsq:minute:"  # + Unix minute -> hash of that minute's job counters; TTL below
 WORKER_PREFIX = "ttsq:worker:"  # + node name -> JSON heartbeat of a live worker; TTL below
 RESTARTS_KEY = "ttsq:restarts"  # hash: node name -> times a launcher restarted it
@@ -68,6 +73,13 @@ IDENTITY_TTL_S = 10.0
 #: Workers re-announce their model with every heartbeat (HEARTBEAT_INTERVAL_S); an announcement older than
 #: this is taken for a worker that is gone, so a retired mode stops being "served" within two minutes.
 IDENTITY_MAX_AGE_S = 120.0
+#: A worker's own announcement at most this old (seconds) is a worker running now: it re-announces every
+#: HEARTBEAT_INTERVAL_S, and a stopping worker withdraws it. A new worker's claim on its queue (one queue, one
+#: model) and the gateway's readiness go by it; producers keep IDENTITY_MAX_AGE_S, to ride out a restart.
+FLEET_LIVE_S = 20.0
+#: How often a worker's readiness probe looks at its object store again (seconds); probes in between get
+#: the last answer.
+STORAGE_CHECK_INTERVAL_S = 5.0
 
 # Redis socket limits for every connection ttsq opens (seconds): fail fast when Redis is gone
 # instead of hanging on a dead TCP connection.
@@ -88,6 +100,14 @@ ACCEPTED_TTL_S = 7 * 24 * 3600
 
 #: Message header with the job's place in its queue's acceptance order (``ttsq.records.accepted``).
 SEQ_HEADER = "ttsq_seq"
+
+#: Which worker process holds which unacknowledged message (the broker database; ``ttsq.records.holders``).
+HOLDERS_KEY = "ttsq:holders"  # set: incarnations (node#pid) that held messages
+HOLDER_PREFIX = "ttsq:holder:"  # + incarnation -> its heartbeat (JSON), or "dead" once its launcher saw it exit
+HELD_PREFIX = "ttsq:held:"  # + incarnation -> set: delivery tags it holds, beside kombu's ``unacked`` hash
+#: How often a worker process renews its heartbeat, and how long one lasts without renewal (seconds).
+HOLDER_BEAT_S = 2.0
+HOLDER_TTL_S = 10.0
 
 #: Dead letters (the broker database): messages a worker refused to run, raw (``ttsq.worker.envelope``).
 DEAD_LETTERS_KEY = "ttsq:dead"

@@ -67,6 +67,9 @@ class Observer:
     def job_recovered(self) -> None:
         """The sweeper sent a lost job again."""
 
+    def jobs_requeued(self, count: int) -> None:
+        """``count`` messages a dead worker process held went back to their queue (``ttsq.worker.recovery``)."""
+
     def job_started(self, task_id: str) -> None:
         """A task thread took the job up."""
 
@@ -107,6 +110,9 @@ class Observers(Observer):
 
     def job_recovered(self) -> None:
         self._each("job_recovered")
+
+    def jobs_requeued(self, count: int) -> None:
+        self._each("jobs_requeued", count)
 
     def job_started(self, task_id: str) -> None:
         self._each("job_started", task_id)

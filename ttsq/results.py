@@ -24,9 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
+from ttsq.constants import REQUEUED_STATE
 from ttsq.errors import CorruptRecord, JobError, JobFailed, TTSQError
 from ttsq.job import JobResult, no_timings
 from ttsq.keys import is_object_key
+from ttsq.redaction import printable
 
 if TYPE_CHECKING:
     from ttsq.config import Settings
@@ -148,6 +150,8 @@ class StoredResult:
     error: TTSQError | None = None
     #: A document's progress, for PROGRESS.
     progress: dict[str, Any] | None = None
+    #: Why a job waits again, for REQUEUED (its worker died): one printable line.
+    note: str | None = None
 
     @property
     def done(self) -> bool:
@@ -195,6 +199,9 @@ def read_meta(meta: object, task_id: str) -> StoredResult:
         if not isinstance(value, dict):
             raise CorruptRecord("result", f"progress of job {task_id[:80]} is not a JSON object")
         return StoredResult(task_id, state, progress=value)
+    if state == REQUEUED_STATE:
+        reason = value.get("reason") if isinstance(value, dict) else None
+        return StoredResult(task_id, state, note=printable(reason, 200) if isinstance(reason, str) else None)
     return StoredResult(task_id, state)  # PENDING, STARTED, RETRY: not final, nothing to read yet
 
 

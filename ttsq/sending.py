@@ -97,3 +97,10 @@ def _withdraw(accepted: AcceptedJobs, task_id: str, patience_s: float) -> None:
                 logger.warning("job %s was not sent, and its record could not be withdrawn: %s", task_id, exc)
                 return
             time.sleep(0.5)
+
+
+def send_chord_part(signature: Any, *, group_id: str, group_index: int, body: Any) -> None:
+    """Send one chunk of a document's chord on its own, into the chord's count: what a fan-out resumed
+    after its worker died sends for the chunks the first one never sent (``ttsq.worker.documents``). Not
+    an accepted job: a chunk is the document's, recorded and recovered through it."""
+    signature.apply_async(group_id=group_id, group_index=group_index, chord=body)

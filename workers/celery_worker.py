@@ -63,11 +63,10 @@ def tune_heap(engine: Engine) -> str:
     except (OSError, AttributeError):
         return "allocator untuned (no glibc mallopt)"
     mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-    # glibc maps a large block only when the heap's free top cannot serve it. Loading the engine may
-    # have freed a big mapped block, which raised the trim threshold to twice its size and let the
-    # top keep megabytes: every audio buffer would then come from that top, threshold or not (seen
-    # in CI, where the import history differed). The trim threshold back at its default and one trim
-    # now make the fixed threshold hold from the first job.
+    # glibc maps a large block only when no free heap memory can serve it. Loading the engine may have
+    # freed a big mapped block, which raised the trim threshold to twice its size and let the heap's
+    # top keep megabytes that audio buffers would be carved from: the trim threshold back at its
+    # default and one trim give that back now. (Free chunks inside the heap still serve what fits.)
     mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
     malloc_trim(0)
     return f"glibc's mmap threshold fixed at {MMAP_THRESHOLD_BYTES // 1024} KiB (audio buffers go back to the OS)"
@@ -75,10 +74,13 @@ def tune_heap(engine: Engine) -> str:
 
 def run_worker(settings: Settings, *, hostname: str | None = None) -> int:
     """Run a worker in this process until it is told to stop; return its exit code."""
-    logging.basicConfig(
-        level=settings.log_level, format="%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"
-    )
     node = hostname or f"{settings.engine}@{socket.gethostname()}"
+    # Each line names its worker: a launcher's workers all write to the launcher's output. (A '%' in a
+    # node name would be read as a format field.)
+    logging.basicConfig(
+        level=settings.log_level,
+        format=f"%(asctime)s %(levelname)s {node.replace('%', '%%')} %(name)s: %(message)s",
+    )
     # A launcher pins each child to one GPU; NVML numbers GPUs regardless, so it needs the same list.
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     gpus = None if visible is None else [d.strip() for d in visible.split(",") if d.strip()]

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ttsq.ops.redis_server import parent_death_signal
+from ttsq.records.holders import incarnation
 from ttsq.records.owner import RedisOwner
 
 if TYPE_CHECKING:
@@ -157,6 +158,7 @@ class Supervisor:
             return 0
         child.process = None
         child.exit_codes.append(returncode)
+        self._mark_dead(child, process.pid)
         lived = time.monotonic() - child.started_at
         how = _describe_exit(returncode)
         if stopping:
@@ -220,6 +222,14 @@ class Supervisor:
                 except ProcessLookupError:
                     pass
         return live
+
+    def _mark_dead(self, child: _Child, pid: int) -> None:
+        """Say the process is gone: the messages it held go back to the queue within a second or two
+        (``ttsq.worker.recovery``), not after its heartbeat runs out, nor the visibility timeout."""
+        try:
+            self.redis.holders.mark_dead(incarnation(child.node, pid))
+        except Exception as exc:  # its heartbeat runs out by itself; the jobs go back a few seconds later
+            logger.warning("could not mark %s dead in Redis: %s", child.node, type(exc).__name__)
 
     def _count_restart(self, child: _Child) -> str:
         try:

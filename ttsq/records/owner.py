@@ -22,8 +22,10 @@ from ttsq.records.attempts import Ledger
 from ttsq.records.cache import CacheIndex
 from ttsq.records.connection import connect
 from ttsq.records.deadletters import DeadLetters
+from ttsq.records.holders import Holders
 from ttsq.records.identities import Identities
 from ttsq.records.lease import Lease
+from ttsq.records.plans import Plans
 from ttsq.records.stats import FleetStats
 
 if TYPE_CHECKING:
@@ -115,6 +117,11 @@ class RedisOwner:
         return Ledger(self.cache, ttl_s=self.settings.inflight_ttl_s, patience_s=self.patience_s)
 
     @functools.cached_property
+    def plans(self) -> Plans:
+        """The plans of running documents, and their fan-out marks."""
+        return Plans(self.cache, ttl_s=self.settings.result_ttl_s, patience_s=self.patience_s)
+
+    @functools.cached_property
     def identities(self) -> Identities:
         """The models live workers announced, per mode."""
         return Identities(self.cache, patience_s=self.patience_s)
@@ -123,6 +130,11 @@ class RedisOwner:
     def stats(self) -> FleetStats:
         """Per-minute counters, heartbeats and launcher restarts of the fleet."""
         return FleetStats(self.cache)
+
+    @functools.cached_property
+    def holders(self) -> Holders:
+        """Which worker process holds which unacknowledged message, and their heartbeats."""
+        return Holders(self.broker)
 
     @functools.cached_property
     def dead_letters(self) -> DeadLetters:

@@ -20,6 +20,8 @@ _PRIORITY_SEP = "\x06\x16"
 _PRIORITY_STEPS = (3, 6, 9)
 #: kombu's hash of delivered, unacknowledged messages (delivery tag -> message), all queues.
 UNACKED_KEY = "unacked"
+#: kombu's index of the same messages by delivery time: its visibility timeout is measured from there.
+UNACKED_INDEX_KEY = "unacked_index"
 
 
 def _lists(queue: str) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Collection
 from queue import Empty
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 import redis
 from celery.worker.consumer import Consumer
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
+from kombu.utils.json import dumps
 
 from ttsq.constants import DOCUMENT_HEADER, SEQ_HEADER
 from ttsq.records.accepted import AcceptedJobs, Receipt
@@ -38,8 +41,17 @@ class Gate:
     """Checks, dead-letters and marks received every message one worker takes in."""
 
     def __init__(
-        self, *, tasks: Collection[str], observer: Observer, accepted: AcceptedJobs, dead_letters: DeadLetters
+        self,
+        *,
+        tasks: Collection[str],
+        observer: Observer,
+        accepted: AcceptedJobs,
+        dead_letters: DeadLetters,
+        held_key: str | None = None,
     ) -> None:
+        """``held_key``: this process's set of held delivery tags (``ttsq.records.holders``), kept by
+        ``HeldQoS``; None keeps kombu's bookkeeping alone."""
+        self.held_key = held_key
         self.tasks = frozenset(tasks)
         self.observer = observer
         self.accepted = accepted
@@ -134,6 +146,37 @@ def _headers_of(item: bytes | str, refused: Refused) -> Any:
     return payload.get("headers") if isinstance(payload, dict) else None
 
 
+class HeldQoS(kombu_redis.QoS):
+    """kombu's bookkeeping of unacknowledged messages, plus this process's own set of the tags it holds
+    (``ttsq.records.holders``), written in the same pipelines: a tag is in the set exactly while it is
+    in kombu's ``unacked`` hash on this process's behalf, so a dead process's set is what to give back."""
+
+    @property
+    def held_key(self) -> str | None:
+        gate = self.channel.connection.client.transport_options.get(GATE_OPTION)
+        return getattr(gate, "held_key", None)
+
+    def append(self, message: Any, delivery_tag: Any) -> None:
+        held = self.held_key
+        if held is None:
+            super().append(message, delivery_tag)  # type: ignore[no-untyped-call]
+            return
+        delivery = message.delivery_info
+        with self.pipe_or_acquire() as pipe:
+            # kombu 5.7's ``append``, with the tag added to this process's set in the same round trip.
+            pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}).hset(
+                self.unacked_key,
+                delivery_tag,
+                dumps([message._raw, delivery["exchange"], delivery["routing_key"]]),  # type: ignore[no-untyped-call]
+            ).sadd(held, delivery_tag).execute()
+        virtual.QoS.append(self, message, delivery_tag)  # type: ignore[no-untyped-call]
+
+    def _remove_from_indices(self, delivery_tag: Any, pipe: Any = None) -> Any:
+        pipe = super()._remove_from_indices(delivery_tag, pipe)  # type: ignore[no-untyped-call]
+        held = self.held_key
+        return pipe if held is None else pipe.srem(held, delivery_tag)
+
+
 class GatedChannel(kombu_redis.Channel):
     """kombu's Redis channel, with the list item it pops checked before kombu turns it into a message.
 
@@ -141,6 +184,8 @@ class GatedChannel(kombu_redis.Channel):
     a body that is not JSON (or of the wrong shape) inside the worker's event loop, after the message
     has left the queue.
     """
+
+    QoS = HeldQoS
 
     def _brpop_read(self, **options: Any) -> bool:
         try:

@@ -85,6 +85,9 @@ class Metrics(Observer):
         )
         self.duplicates = Counter("ttsq_duplicate_deliveries", "Second copies of a received job, dropped.", registry=r)
         self.recovered = Counter("ttsq_recovered_jobs", "Lost jobs the sweeper sent again.", registry=r)
+        self.requeued = Counter(
+            "ttsq_requeued_messages", "Messages a dead worker process held, given back by this worker.", registry=r
+        )
         self.in_progress = Gauge("ttsq_jobs_in_progress", "Jobs this worker holds, waiting or in a batch.", registry=r)
         self._info = Gauge(
             "ttsq_worker_info", "This worker: its node name, engine and model.", ["node", "engine", "model"], registry=r
@@ -129,6 +132,9 @@ class Metrics(Observer):
 
     def job_recovered(self) -> None:
         self.recovered.inc()
+
+    def jobs_requeued(self, count: int) -> None:
+        self.requeued.inc(count)
 
     def job_started(self, task_id: str) -> None:
         self.in_progress.inc()

@@ -10,6 +10,7 @@ errors): docs/task-contract.md.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -20,8 +21,10 @@ from celery.signals import task_postrun, task_success
 from ttsq.app import make_app
 from ttsq.constants import CLAIM_HEADER, DOCUMENT_TASK_NAME, SENT_AT_HEADER, STITCH_TASK_NAME, TASK_NAME
 from ttsq.errors import InvalidRequest
+from ttsq.records.holders import held_key, incarnation
 from ttsq.worker.documents import Documents
 from ttsq.worker.gate import GATE_OPTION, Gate, GatedConsumer, GatedTransport
+from ttsq.worker.recovery import Recovery
 
 if TYPE_CHECKING:
     from ttsq.config import Settings
@@ -51,8 +54,13 @@ def worker_app(settings: Settings, runtime: WorkerRuntime) -> Celery:
     The runtime's sweeper starts here, sending lost jobs again through this app."""
     app = make_app(settings, worker=True)
     register_tasks(app, runtime)
+    name = incarnation(runtime.node, os.getpid())
     gate = Gate(
-        tasks=TASKS, observer=runtime.observer, accepted=runtime.accepted, dead_letters=runtime.redis.dead_letters
+        tasks=TASKS,
+        observer=runtime.observer,
+        accepted=runtime.accepted,
+        dead_letters=runtime.redis.dead_letters,
+        held_key=held_key(name),
     )
     # The transport checks each popped list item, the consumer (``ttsq.worker.gate``) each message.
     app.conf.broker_transport = GatedTransport
@@ -61,6 +69,17 @@ def worker_app(settings: Settings, runtime: WorkerRuntime) -> Celery:
     app.conf.worker_consumer = f"{GatedConsumer.__module__}:{GatedConsumer.__qualname__}"
     app.ttsq_gate = gate
     runtime.sweep(app)
+    # What a dead worker process held goes back within seconds (``ttsq.worker.recovery``); this one
+    # beats as a holder before it takes its first message.
+    app.ttsq_recovery = Recovery(
+        app,
+        runtime.redis.holders,
+        runtime.observer,
+        name=name,
+        node=runtime.node,
+        stopping=lambda: runtime.stopping,
+    )
+    app.ttsq_recovery.start()
     return app
 
 
@@ -101,8 +120,8 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> Documents:
     # The stitch carries the document's id: a STARTED stored over its PROGRESS would take the document's
     # progress back; the stitch stores PROGRESS (phase stitching) itself.
     @app.task(name=STITCH_TASK_NAME, track_started=False, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
-    def stitch(self: Any, results: Any = None, *, plan: dict[str, Any]) -> Any:
-        return documents.stitch(self, results, plan)
+    def stitch(self: Any, results: Any = None, *, plan: Any, key: Any = None) -> Any:
+        return documents.stitch(self, results, plan, key)
 
     # A chunk of a document is an ordinary job; the document side counts it once it has succeeded.
     task_success.connect(documents.chunk_succeeded, sender=synthesize, weak=False)

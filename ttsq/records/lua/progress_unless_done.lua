@@ -1,5 +1,6 @@
--- Store a document's PROGRESS state (Celery's result meta) and publish it, unless the document already
--- holds a final state: a late chunk must not take a finished document back.
+-- Store a state that is not final (Celery's result meta: a document's PROGRESS, a job's REQUEUED) and
+-- publish it, unless the task already holds a final state: a late chunk, or a job given back after its
+-- worker died, must not take a finished task back.
 -- KEYS: the document's result key. ARGV: the encoded meta, its time to live (s; 0: none).
 -- Returns 1 if stored.
 local current = redis.call('get', KEYS[1])

@@ -1,0 +1,129 @@
+"""Recovery in seconds: what a dead worker process held goes back to its queue at once, not after the
+visibility timeout (an hour by default), and never what a live worker holds.
+
+Workers run ``tests/faulty_engine.py`` (espeak that dawdles or kills itself on cue); the kill is a real
+SIGKILL of a real worker process; Redis, Celery and the storage are the real ones.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from support import WorkerProcess, run_cli
+
+from ttsq.client import Client
+from ttsq.config import Settings
+from ttsq.constants import HOLDER_TTL_S, REQUEUED_STATE
+from ttsq.records.holders import Holders, incarnation
+from ttsq.records.owner import RedisOwner
+
+#: Whole-file: real workers killed and recovered, a minute on two cores; `pytest -m "not slow"` skips it.
+pytestmark = pytest.mark.slow
+
+StartWorker = Callable[..., WorkerProcess]
+
+
+@pytest.fixture
+def faulty(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, faulty_engine: str) -> Settings:
+    """Faulty-engine workers with the default visibility timeout: nothing here may wait for it."""
+    monkeypatch.setenv("FAULTY_ENGINE_EVENTS", str(tmp_path / "batches.log"))
+    monkeypatch.setenv("FAULTY_ENGINE_DONE", str(tmp_path / "done.log"))
+    return settings.replace(engine=faulty_engine, visibility_timeout_s=Settings().visibility_timeout_s)
+
+
+def lines(path: Path) -> list[list[str]]:
+    return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_document_whose_worker_is_killed_completes_within_a_minute_and_nothing_twice(
+    faulty: Settings, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    assert faulty.visibility_timeout_s == 3600
+    doomed = start_worker(faulty, "doomed")
+    survivor = start_worker(faulty, "survivor")
+    assert doomed.process is not None and survivor.process is not None
+    # Twenty-four paragraphs, one chunk each; every batch dawdles a second, so the doomed worker holds
+    # chunks (in its engine and prefetched) when it is killed.
+    text = "\n\n".join(
+        f"Paragraph {i} [slow]. The ferry left the harbour at dawn, and the gulls followed it out to sea."
+        for i in range(24)
+    )
+    with Client(faulty) as client:
+        job = client.submit_document(text, language="english")
+        deadline = time.monotonic() + 60
+        while not any(pid == str(doomed.process.pid) for pid, _ in lines(tmp_path / "batches.log")):
+            assert time.monotonic() < deadline, "the doomed worker never started a batch"
+            time.sleep(0.05)
+        doomed.process.send_signal(signal.SIGKILL)
+        doomed.process.wait(timeout=10)
+        killed_at = time.monotonic()
+        result = job.wait(timeout=120)
+        took = time.monotonic() - killed_at
+    assert took < 60, f"the document took {took:.0f} s after the kill"
+    assert result["document"]["chunks"] == 24
+    # The doomed worker's batch never returned; nothing was synthesized twice by anyone.
+    done = Counter(digest for _, digest in lines(tmp_path / "done.log"))
+    assert done and max(done.values()) == 1, done.most_common(3)
+    assert survivor.process.poll() is None
+    # What it held went back through recovery (the survivor says so), and the dead process is forgotten.
+    assert "went back to the queue" in survivor.log()
+    owner = RedisOwner(faulty, role="test")
+    try:
+        assert incarnation("doomed@test", doomed.process.pid) not in owner.holders.states()
+    finally:
+        owner.close()
+
+
+def test_ttsq_status_says_the_worker_died_and_the_job_waits_to_run_again(
+    faulty: Settings, start_worker: StartWorker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    armed = tmp_path / "armed"
+    armed.touch()
+    monkeypatch.setenv("FAULTY_ENGINE_ARMED", str(armed))
+    doomed = start_worker(faulty, "doomed")
+    # A worker of another queue: it runs none of this queue's jobs, but gives back what dead ones held.
+    start_worker(faulty.replace(queue=faulty.queue + "-other"), "bystander")
+    with Client(faulty) as client:
+        job = client.submit("[crash] The lighthouse keeper counted the ships.")
+        assert doomed.process is not None
+        doomed.process.wait(timeout=60)  # the engine killed its own process mid-batch
+        armed.unlink()  # the bug is fixed: the job runs fine from now on
+        deadline = time.monotonic() + HOLDER_TTL_S + 20
+        while (status := client.status(job.id))["state"] != REQUEUED_STATE:
+            assert status["state"] in ("PENDING", "STARTED"), status
+            assert time.monotonic() < deadline, f"still {status['state']}"
+            time.sleep(0.2)
+        out = run_cli("status", job.id, "--json", settings=faulty)
+        assert out.returncode == 0, out.stderr.decode()
+        shown = json.loads(out.stdout)
+        assert shown["state"] == REQUEUED_STATE
+        human = run_cli("status", job.id, settings=faulty)
+        assert "its worker doomed@test died; waiting to run again" in human.stdout.decode()
+        # Back in its queue, not held: the next worker of the queue runs it.
+        start_worker(faulty, "next")
+        result = job.wait(timeout=60)
+    assert result["duration_s"] > 0
+
+
+def test_a_live_workers_messages_are_never_given_back(faulty: Settings, start_worker: StartWorker) -> None:
+    owner = RedisOwner(faulty, role="test")
+    try:
+        holders: Holders = owner.holders
+        worker = start_worker(faulty, "alive")
+        assert worker.process is not None
+        with Client(faulty) as client:
+            jobs = [client.submit(f"[slow] Sentence number {i} for the live worker.") for i in range(6)]
+            results = [job.wait(timeout=60) for job in jobs]
+        assert all(r["duration_s"] > 0 for r in results)
+        name = incarnation("alive@test", worker.process.pid)
+        assert holders.states()[name] == "alive"
+        assert holders.held(name) == []  # every tag left the set with its ack
+        assert "went back to the queue" not in worker.log()
+    finally:
+        owner.close()

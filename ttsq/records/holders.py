@@ -1,0 +1,95 @@
+"""Holders: which worker process holds which unacknowledged message, so a dead one's go back at once.
+
+kombu's Redis transport keeps every delivered, unacknowledged message in one hash (``unacked``) and
+gives it back to its queue only when it is older than the visibility timeout (an hour by default):
+it cannot tell a message held by a dead process from one a live worker is still running. Each worker
+process (an *incarnation*: its node name and pid) therefore keeps, in the broker's database beside
+kombu's hash, the set of delivery tags it holds (``ttsq:held:<incarnation>``, written in the same
+pipelines as kombu's own bookkeeping, ``ttsq.worker.gate``) and a heartbeat (``ttsq:holder:<incarnation>``,
+a short TTL, renewed every few seconds). When the heartbeat is gone, or the launcher that saw the
+process die marks it dead, ``ttsq.worker.recovery`` gives exactly those tags back: never a message a
+live process holds. Why this is safe and what stays for the visibility timeout: docs/guarantees.md,
+"A worker that dies".
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from ttsq.constants import HELD_PREFIX, HOLDER_PREFIX, HOLDERS_KEY
+from ttsq.records.queues import UNACKED_INDEX_KEY
+
+if TYPE_CHECKING:
+    import redis
+
+#: What the launcher writes in place of a heartbeat when it has seen the process exit.
+DEAD = "dead"
+#: How long a dead mark stays: long enough for any worker to act on it.
+DEAD_MARK_TTL_S = 300
+
+
+def incarnation(node: str, pid: int) -> str:
+    """The name of one worker process: its node name and pid (a restarted worker is a new incarnation)."""
+    return f"{node}#{pid}"
+
+
+def held_key(name: str) -> str:
+    """The set of delivery tags incarnation ``name`` holds (in the broker's database)."""
+    return HELD_PREFIX + name
+
+
+class Holders:
+    """The worker processes holding messages, and their heartbeats, in the broker's database."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._redis = client
+
+    def beat(self, name: str, *, ttl_s: float, info: dict[str, Any] | None = None) -> None:
+        """Incarnation ``name`` is alive for ``ttl_s`` more seconds."""
+        record = json.dumps({**(info or {}), "at": time.time()}, sort_keys=True)
+        pipe = self._redis.pipeline()
+        pipe.sadd(HOLDERS_KEY, name)
+        pipe.set(HOLDER_PREFIX + name, record, px=int(ttl_s * 1000))
+        pipe.execute()
+
+    def mark_dead(self, name: str) -> None:
+        """The launcher saw incarnation ``name`` exit: whatever it held may go back now."""
+        pipe = self._redis.pipeline()
+        pipe.sadd(HOLDERS_KEY, name)
+        pipe.set(HOLDER_PREFIX + name, DEAD, ex=DEAD_MARK_TTL_S)
+        pipe.execute()
+
+    def states(self) -> dict[str, str]:
+        """Every known incarnation: ``alive``, ``dead`` (marked by its launcher) or ``silent`` (no heartbeat)."""
+        names = sorted(str(name) for name in self._redis.smembers(HOLDERS_KEY))
+        if not names:
+            return {}
+        values = self._redis.mget([HOLDER_PREFIX + name for name in names])
+        return {
+            name: "silent" if value is None else DEAD if value == DEAD else "alive"
+            for name, value in zip(names, values, strict=True)
+        }
+
+    def held(self, name: str) -> list[str]:
+        """The delivery tags incarnation ``name`` still holds."""
+        return sorted(str(tag) for tag in self._redis.smembers(held_key(name)))
+
+    def keep_alive(self, name: str) -> int:
+        """Renew the delivery time of every message incarnation ``name`` holds, so that kombu's visibility
+        timeout never gives back what a live process is still working on (a long stitch, a long batch):
+        what a dead process held goes back through recovery instead. Return how many were renewed."""
+        tags = self.held(name)
+        if not tags:
+            return 0
+        now = time.time()  # kombu's clock for the index: the worker host's, as when it delivered them
+        # XX: only tags still in kombu's index; one acked meanwhile is not brought back.
+        return int(self._redis.zadd(UNACKED_INDEX_KEY, dict.fromkeys(tags, now), xx=True, ch=True) or 0)
+
+    def retire(self, name: str) -> None:
+        """Forget incarnation ``name``: everything it held has gone back, or it held nothing."""
+        pipe = self._redis.pipeline()
+        pipe.srem(HOLDERS_KEY, name)
+        pipe.delete(held_key(name), HOLDER_PREFIX + name)
+        pipe.execute()

@@ -1,0 +1,157 @@
+"""Recovery in seconds: what a dead worker process held goes back to its queue at once.
+
+Every worker process beats as a *holder* (``ttsq.records.holders``) and keeps the set of delivery tags
+it holds beside kombu's ``unacked`` hash (``ttsq.worker.gate.HeldQoS``). Every second, each worker
+looks for holders that are dead: marked so by the launcher that saw the process exit, or silent (no
+heartbeat for ``HOLDER_TTL_S``) in two looks ``CONFIRM_S`` apart, so that a Redis restart, after which
+live workers beat again within ``HOLDER_BEAT_S``, never passes for a death. It gives each of their tags
+back with kombu's own ``restore_by_tag`` (one transaction: a tag that another worker gave back, or
+that was acknowledged meanwhile, is not pushed twice), marks the job ``REQUEUED`` unless it has a final
+result (``ttsq status`` says its worker died), and forgets the holder.
+
+A live process renews the delivery time of what it holds with every beat (``Holders.keep_alive``): a
+long stitch or batch is never given to a second worker by kombu's visibility timeout while the first
+still works on it. The visibility timeout stays as the last resort, for a message no holder recorded
+(the moment between kombu popping it and recording it, or a worker of an older ttsq).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ttsq.constants import HOLDER_BEAT_S, HOLDER_TTL_S, REQUEUED_STATE
+from ttsq.records.holders import DEAD, Holders
+from ttsq.records.scripts import register
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from ttsq.observer import Observer
+
+logger = logging.getLogger(__name__)
+
+#: How often a worker looks for dead holders (seconds).
+LOOK_INTERVAL_S = 1.0
+#: How long a holder must stay silent, seen so in two looks, before its messages go back (seconds).
+CONFIRM_S = 2 * HOLDER_BEAT_S
+
+
+class Recovery:
+    """This process's heartbeat as a holder, and the return of what dead holders held."""
+
+    def __init__(
+        self,
+        app: Celery,
+        holders: Holders,
+        observer: Observer,
+        *,
+        name: str,
+        node: str,
+        stopping: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """``name``: this process's incarnation; ``app``: the worker's own, whose channel gives tags back."""
+        self.name = name
+        self.node = node
+        self.holders = holders
+        self.observer = observer
+        self._app = app
+        self._stopping = stopping  # the runtime's: this ends with the worker it serves
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ttsq-recovery", daemon=True)
+        #: Holder -> time.monotonic() it was first seen silent.
+        self._silent_since: dict[str, float] = {}
+        self._store_unless_done: Any = None
+
+    def start(self) -> None:
+        """Beat and look, on a thread of its own, from now on. Until its first beat nobody lists this
+        process as a holder (only a beat does): what it holds meanwhile is never taken for a dead one's."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop beating: what this process still holds goes back once its heartbeat runs out."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=LOOK_INTERVAL_S + 10)
+
+    def _run(self) -> None:
+        last_beat = -HOLDER_BEAT_S  # the first beat at once
+        while not self._stopping():
+            try:
+                if time.monotonic() - last_beat >= HOLDER_BEAT_S:
+                    self.holders.beat(self.name, ttl_s=HOLDER_TTL_S, info={"node": self.node})
+                    self.holders.keep_alive(self.name)
+                    last_beat = time.monotonic()
+                self.recover()
+            except Exception as exc:  # Redis restarting, most likely: the next look tries again
+                logger.warning("looking for dead workers failed: %s: %s", type(exc).__name__, exc)
+            if self._stop.wait(LOOK_INTERVAL_S):
+                return
+
+    def recover(self) -> int:
+        """Give back what every dead holder held; return how many messages went back."""
+        now = time.monotonic()
+        states = self.holders.states()
+        for name in set(self._silent_since) - set(states):
+            self._silent_since.pop(name, None)
+        returned = 0
+        for name, state in states.items():
+            if name == self.name:
+                continue
+            if state == "alive":
+                self._silent_since.pop(name, None)
+                continue
+            if state != DEAD and now - self._silent_since.setdefault(name, now) < CONFIRM_S:
+                continue  # silent: only a death once it stays so (a Redis restart is not one)
+            returned += self._give_back(name, why="its launcher saw it exit" if state == DEAD else "it fell silent")
+            self._silent_since.pop(name, None)
+        return returned
+
+    def _give_back(self, name: str, *, why: str) -> int:
+        tags = self.holders.held(name)
+        if tags:
+            with self._app.connection_for_write() as connection:
+                qos = connection.default_channel.qos
+                client = connection.default_channel.client
+                for tag in tags:
+                    self._mark_requeued(client.hget(qos.unacked_key, tag), name)
+                    qos.restore_by_tag(tag, leftmost=False)  # to the head of its queue: next to run
+            self.observer.jobs_requeued(len(tags))
+            logger.warning(
+                "worker process %s died (%s): %d message(s) it held went back to the queue", name, why, len(tags)
+            )
+        self.holders.retire(name)
+        return len(tags)
+
+    def _mark_requeued(self, raw: Any, holder: str) -> None:
+        """``ttsq status`` of a job given back says its worker died, unless the job has a final result."""
+        try:
+            payload = json.loads(raw) if raw else None
+            task_id = payload[0]["headers"]["id"] if isinstance(payload, list) else None
+        except (ValueError, TypeError, KeyError, IndexError):
+            return  # the message goes back all the same; its state only says less
+        if not isinstance(task_id, str):
+            return
+        backend = self._app.backend
+        if self._store_unless_done is None:
+            self._store_unless_done = register(backend.client, "progress_unless_done")
+        meta: dict[str, Any] = {
+            "status": REQUEUED_STATE,
+            "result": {"reason": f"its worker {holder.split('#', 1)[0]} died; waiting to run again"},
+            "traceback": None,
+            "children": [],
+            "date_done": None,
+            "task_id": task_id,
+        }
+        try:
+            self._store_unless_done(
+                keys=[backend.get_key_for_task(task_id)],
+                args=[backend.encode(meta), int(backend.expires or 0)],
+                client=backend.client,
+            )
+        except Exception as exc:  # the state is for watching; the message goes back regardless
+            logger.debug("could not mark job %s requeued: %s", task_id, type(exc).__name__)
