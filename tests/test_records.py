@@ -122,7 +122,7 @@ def test_the_stitch_refuses_a_forged_index_entry(local: Settings, start_worker: 
     bad_plan = {**plan, "key": "../../x"}
     with pytest.raises(InvalidRequest) as refused:
         app.send_task("ttsq.stitch", args=[[]], kwargs={"plan": bad_plan}, queue=local.queue).get(timeout=60)
-    assert refused.value.field == "plan"
+    assert refused.value.field == "plan.key"  # the field inside the plan, named
     app.close()
 
 

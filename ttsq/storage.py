@@ -20,14 +20,15 @@ from __future__ import annotations
 import logging
 import os
 import random
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
 
-from ttsq.errors import StorageError
+from ttsq.errors import ConfigError, StorageError
 
 if TYPE_CHECKING:
     from ttsq.config import Settings
@@ -44,6 +45,11 @@ class Storage(Protocol):
 
     def put(self, key: str, data: bytes, content_type: str) -> bool:
         """Store ``data`` under ``key`` unless it is already there; return True if written."""
+        ...
+
+    def put_file(self, key: str, handle: IO[bytes], content_type: str) -> bool:
+        """``put`` from a seekable binary file, read from its start: a large file goes up in parts
+        and never whole in memory."""
         ...
 
     def exists(self, key: str) -> bool:
@@ -71,6 +77,12 @@ class Storage(Protocol):
         """Remove the object under ``key``; False if there was none."""
         ...
 
+    def check(self) -> None:
+        """Return if the store is there and answers (one try, for probes): ``ConfigError`` naming
+        ``TTSQ_STORAGE_URL`` when it does not exist or refuses us, ``StorageError`` when it cannot be
+        reached."""
+        ...
+
 
 class LocalStorage:
     """A folder on this machine; URLs are ``file://`` URLs. For one machine and the embedded mode."""
@@ -86,15 +98,29 @@ class LocalStorage:
         return path
 
     def put(self, key: str, data: bytes, content_type: str) -> bool:
+        return self._write(key, lambda handle: handle.write(data))
+
+    def put_file(self, key: str, handle: IO[bytes], content_type: str) -> bool:
+        def copy(target: IO[bytes]) -> None:
+            handle.seek(0)
+            shutil.copyfileobj(handle, target, STREAM_CHUNK_BYTES * 16)
+
+        return self._write(key, copy)
+
+    def _write(self, key: str, write: Callable[[IO[bytes]], object]) -> bool:
         path = self._path(key)
         if path.exists():
             return False
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".partial-")
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-            os.replace(tmp, path)
+            try:
+                with os.fdopen(fd, "wb") as target:
+                    write(target)
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
         except OSError as exc:
             raise StorageError(f"cannot write {key} under {self.root}: {exc.strerror}") from exc
         return True
@@ -138,6 +164,14 @@ class LocalStorage:
         except OSError as exc:
             raise StorageError(f"cannot delete {key} under {self.root}: {exc.strerror}") from exc
         return True
+
+    def check(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)  # as the first ``put`` would
+        except OSError as exc:
+            raise ConfigError("TTSQ_STORAGE_URL", f"cannot use the folder {self.root}: {exc.strerror}") from None
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            raise ConfigError("TTSQ_STORAGE_URL", f"the folder {self.root} is not writable")
 
 
 class S3Storage:
@@ -189,6 +223,23 @@ class S3Storage:
         self._call("put_object", Key=self.prefix + key, Body=data, ContentType=content_type)
         return True
 
+    def put_file(self, key: str, handle: IO[bytes], content_type: str) -> bool:
+        if self.exists(key):
+            return False
+        from boto3.s3.transfer import TransferConfig
+
+        # boto3's managed transfer: a multipart upload once the file passes its threshold (8 MiB), two
+        # parts in memory at a time. A multipart object appears whole at completion, as a PUT does.
+        self._call(
+            "upload_fileobj",
+            before=lambda: handle.seek(0),
+            Fileobj=handle,
+            Key=self.prefix + key,
+            ExtraArgs={"ContentType": content_type},
+            Config=TransferConfig(max_concurrency=2),
+        )
+        return True
+
     def exists(self, key: str) -> bool:
         try:
             self._call("head_object", Key=self.prefix + key)
@@ -207,7 +258,7 @@ class S3Storage:
 
     def keys(self, prefix: str) -> list[str]:
         keys: list[str] = []
-        token: dict[str, str] = {}
+        token: dict[str, Any] = {}
         while True:
             page = self._call("list_objects_v2", Prefix=self.prefix + prefix, **token)
             keys += [item["Key"][len(self.prefix) :] for item in page.get("Contents", [])]
@@ -221,19 +272,41 @@ class S3Storage:
         self._call("delete_object", Key=self.prefix + key)
         return True
 
+    def check(self) -> None:
+        from botocore.exceptions import ClientError
+
+        where = f"s3://{self.bucket} at {self._client.meta.endpoint_url}"
+        try:
+            self._client.head_bucket(Bucket=self.bucket)
+        except ClientError as exc:
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            code = exc.response.get("Error", {}).get("Code")
+            if status == 404 or code in ("404", "NoSuchBucket", "NotFound"):
+                raise ConfigError("TTSQ_STORAGE_URL", f"the bucket {where} does not exist") from None
+            if 400 <= status < 500 and status not in (408, 429):
+                raise ConfigError(
+                    "TTSQ_STORAGE_URL", f"the bucket {where} refused us: {code} (HTTP {status})"
+                ) from None
+            raise StorageError(f"the bucket {where} did not answer: {code} (HTTP {status})") from exc
+        except Exception as exc:  # botocore raises many unrelated types for one outage
+            raise StorageError(f"cannot reach the bucket {where}: {type(exc).__name__}: {exc}") from exc
+
     def url(self, key: str, expires_s: int) -> str:
         url: str = self._signer.generate_presigned_url(
             "get_object", Params={"Bucket": self.bucket, "Key": self.prefix + key}, ExpiresIn=expires_s
         )
         return url
 
-    def _call(self, method: str, **params: Any) -> Any:
-        """One S3 call, tried up to ``attempts`` times; ``StorageError`` once they run out."""
+    def _call(self, method: str, *, before: Callable[[], object] | None = None, **params: Any) -> Any:
+        """One S3 call, tried up to ``attempts`` times (``before`` runs before each try); ``StorageError``
+        once they run out."""
         from botocore.exceptions import ClientError
 
         started = time.monotonic()
         for attempt in range(1, self.attempts + 1):
             try:
+                if before is not None:
+                    before()
                 return getattr(self._client, method)(Bucket=self.bucket, **params)
             except ClientError as exc:
                 status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)

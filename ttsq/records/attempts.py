@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ttsq.constants import ATTEMPTS_PREFIX, PARKED_KEY
+from ttsq.constants import ATTEMPTS_PREFIX, PARKED_KEY, STITCH_TASK_NAME, TASK_NAME
+from ttsq.errors import CorruptRecord
 from ttsq.records.connection import address, patiently
 
 if TYPE_CHECKING:
@@ -36,6 +37,8 @@ class ParkedJob:
     attempts: int
     error: str
     parked_at: float
+    #: The task to send again: a job (``ttsq.synthesize``) or a document's stitch (``ttsq.stitch``).
+    task: str = TASK_NAME
 
     def summary(self) -> dict[str, Any]:
         """What an operator sees: never the input text."""
@@ -95,6 +98,7 @@ class Ledger:
                 "attempts": job.attempts,
                 "error": job.error,
                 "parked_at": job.parked_at,
+                "task": job.task,
             }
         )
         patiently(lambda: self._redis.hset(PARKED_KEY, job.id, record), self.url, self.patience_s)
@@ -122,6 +126,9 @@ class Ledger:
 
 def _parked(task_id: str, record: str) -> ParkedJob:
     data = json.loads(record)
+    task = data.get("task", TASK_NAME)  # records from before stitches could be parked name no task
+    if task not in (TASK_NAME, STITCH_TASK_NAME):
+        raise CorruptRecord("parked.task", f"of job {task_id[:80]} is not a task ttsq parks")
     return ParkedJob(
         id=task_id,
         queue=data["queue"],
@@ -129,4 +136,5 @@ def _parked(task_id: str, record: str) -> ParkedJob:
         attempts=int(data["attempts"]),
         error=data["error"],
         parked_at=float(data.get("parked_at", time.time())),
+        task=task,
     )

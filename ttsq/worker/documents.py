@@ -16,16 +16,15 @@ from __future__ import annotations
 import logging
 import re
 import time
-import uuid
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, cast
+from typing import IO, TYPE_CHECKING, Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from ttsq.app import queue_for
-from ttsq.audio import decode, join, resample
+from ttsq.audio import EncodedFile, Joiner, StreamEncoder, decode, join, resample
 from ttsq.constants import (
     DOCUMENT_HEADER,
     DOCUMENT_PREFIX,
@@ -46,12 +45,16 @@ from ttsq.document import (
     read_document,
 )
 from ttsq.engines.base import reading_seconds
-from ttsq.errors import InvalidRequest, JobFailed
+from ttsq.errors import CorruptRecord, InvalidRequest, JobFailed, JobParked
 from ttsq.job import FORMATS, StoredAudio
 from ttsq.keys import canonical_json, content_key
+from ttsq.records.attempts import ParkedJob
+from ttsq.records.plans import SENDING, chord_group_id, chunk_task_ids
+from ttsq.records.queues import held
 from ttsq.records.scripts import register
-from ttsq.results import checked_key
-from ttsq.worker.pipeline import store_audio
+from ttsq.results import checked_key, read_result
+from ttsq.sending import send_chord_part
+from ttsq.worker.pipeline import store_file
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -65,6 +68,7 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 STITCHED_PROGRESS_TTL_S = 600
 #: The field of a document's progress hash that says its stitch has begun (beside one per chunk index).
 _STITCHING = "stitching"
+_BOUNDARIES = ("sentence", "paragraph", "split", "end")
 
 
 class Documents:
@@ -82,10 +86,17 @@ class Documents:
     # --- 1. the document task -------------------------------------------------------------------
 
     def fan_out(self, task: Any, kwargs: dict[str, Any]) -> Any:
-        """Run the ``ttsq.document`` task: answer from the cache, or replace it with the chord."""
-        from celery import chord
+        """Run the ``ttsq.document`` task: answer from the cache, or replace it with the chord.
+
+        The plan goes to Redis once (``ttsq.records.plans``); each chunk message carries its own chunk
+        and the stitch body only the plan's reference. A redelivered document task whose chord is sent,
+        or being sent, sends nothing and ends ``IGNORED``, as ``Task.replace`` does: the chord's stitch
+        carries the document's id and stores its result."""
+        from celery import chord, group
+        from celery.exceptions import Ignore
 
         runtime = self.runtime
+        started = time.perf_counter()
         identity = runtime.engine.identity
         document = Document.parse(
             kwargs,
@@ -101,6 +112,16 @@ class Documents:
             runtime.cache.release(key, task_id)
             logger.info("document %s: cached %s", task_id, key[:12])
             return runtime.results.document(stored, cached=True)
+        plans = runtime.redis.plans
+        state = plans.fan_out_state(task_id)
+        resuming = state == SENDING and bool((task.request.delivery_info or {}).get("redelivered"))
+        if resuming:
+            # Given back while its fan-out was under way: the worker sending it died half way (a live
+            # one keeps its message). The fan-out resumes below, sending only what is nowhere yet.
+            plans.forget_fan_out(task_id)
+        elif state is not None:  # before the work below: a redelivery costs nothing
+            logger.info("document %s: redelivered; its chunks are sent already", task_id)
+            raise Ignore()
         seed = document.seed(identity)
         requests = document.requests(seed=seed, limits=runtime.limits)
         # A chunk with nothing to speak has no job and no key: the stitch keeps its pause alone.
@@ -109,22 +130,6 @@ class Documents:
         unique = list({k: r for k, r in zip(keys, requests, strict=True) if r is not None}.values())
         total = len(unique)
         queue = queue_for(self.settings.queue, document.fields["mode"])
-        try:  # from what is counted already: a redelivered document task must not reset its progress to 0
-            self._count(task_id, total)
-        except Exception as exc:  # progress is for watching: the document goes on without it
-            logger.warning("document %s: could not store progress: %s", task_id, type(exc).__name__)
-        ids = [str(uuid.uuid4()) for _ in unique]
-        header = [
-            self.app.signature(
-                TASK_NAME,
-                kwargs=request.to_dict(),
-                queue=queue,
-                task_id=ids[index],
-                headers={SENT_AT_HEADER: time.time(), DOCUMENT_HEADER: {"id": task_id, "index": index, "total": total}},
-                kwargsrepr=f"document chunk {index + 1}/{total} {request.describe()}",
-            )
-            for index, request in enumerate(unique)
-        ]
         plan = {
             "key": key,
             "format": document.fields["format"],
@@ -132,6 +137,7 @@ class Documents:
             # Every chunk carries a seed; a derived one is not the user's, so espeak ignoring it is no news.
             "seed_given": document.fields.get("seed") is not None,
             "characters": len(document.text),
+            "queue": queue,
             "options": asdict(document.options),
             "chunks": [
                 {
@@ -147,22 +153,103 @@ class Documents:
                 for chunk_key, chunk in zip(keys, document.chunks, strict=True)
             ],
         }
+        plans.save(task_id, plan, chunks=total)
+        # The lease: a fan-out bounded well inside the visibility timeout (docs/documents.md).
+        if not plans.begin_fan_out(task_id, lease_s=self.settings.visibility_timeout_s):
+            logger.info("document %s: redelivered while its chunks are sent; sending nothing", task_id)
+            raise Ignore()
+        try:  # from what is counted already: a redelivered document task must not reset its progress to 0
+            self._count(task_id, total)
+        except Exception as exc:  # progress is for watching: the document goes on without it
+            logger.warning("document %s: could not store progress: %s", task_id, type(exc).__name__)
+        # Deterministic: a fan-out sent again (its first try died half way) sends the same chunk ids.
+        ids = chunk_task_ids(task_id, total)
+        sent_at = time.time()
+        header = [
+            self.app.signature(
+                TASK_NAME,
+                kwargs=request.to_dict(),
+                queue=queue,
+                task_id=ids[index],
+                headers={SENT_AT_HEADER: sent_at, DOCUMENT_HEADER: {"id": task_id, "index": index, "total": total}},
+                kwargsrepr=f"document chunk {index + 1}/{total} {request.describe()}",
+            )
+            for index, request in enumerate(unique)
+        ]
         body = self.app.signature(
             STITCH_TASK_NAME,
-            kwargs={"plan": plan},
+            # A reference, not the plan: every chunk message carries the chord's body.
+            kwargs={"plan": task_id, "key": key},
             queue=queue,
             # Its argument is the chunk results, signed URLs and all: keep them out
             # of its task-sent event (Flower, `celery events`).
             argsrepr=f"<{total} chunk results>",
             kwargsrepr=f"stitch {total} chunks into {key[:12]}",
         )
-        logger.info("document %s: %d chunks (%d characters) for %s", task_id, total, len(document.text), key[:12])
+        group_id = chord_group_id(task_id)
+        if resuming:
+            try:
+                # Celery sets the chord's size just before it sends the last chunk: a fan-out that died
+                # before that never set it. Set here, before any chunk is sent again, it is seen by the
+                # last chunk to finish, whichever that is.
+                if not self._chord_begun(group_id):
+                    self.app.backend.set_chord_size(group_id, total)
+                stitch = body.clone()
+                stitch.freeze(task_id)  # as ``Task.replace`` freezes it: the stitch carries the document's id
+                sent = self._send_missing(header, stitch, group_id, queue)
+            except BaseException:
+                plans.forget_fan_out(task_id)
+                raise
+            plans.fanned_out(task_id)
+            logger.info("document %s: redelivered half sent; %d of %d chunks sent again", task_id, sent, total)
+            raise Ignore()
+        fanned = chord(header, body)
+        # A fixed group id: a fan-out resumed after its worker died joins this chord's count.
+        fanned.tasks = group(header, app=self.app).set(task_id=group_id)
         try:
-            return task.replace(chord(header, body))
+            replaced = task.replace(fanned)
+        except Ignore:  # sent: Celery ends the document task here
+            plans.fanned_out(task_id)
+            logger.info(
+                "document %s: %d chunks (%d characters) for %s, sent in %.2fs",
+                task_id,
+                total,
+                len(document.text),
+                key[:12],
+                time.perf_counter() - started,
+            )
+            raise
+        except BaseException:
+            plans.forget_fan_out(task_id)  # not sent: the next delivery (a Celery retry, the sweeper) tries again
+            raise
         finally:
             # Nobody here waits for these results; Celery would listen for them forever otherwise.
             stop_listening(self.app.backend, ids)
             stop_listening(self.app.backend, [task_id], unless_waited=True)
+        plans.fanned_out(task_id)
+        return replaced
+
+    def _chord_begun(self, group_id: str) -> bool:
+        """Whether a fan-out got as far as its chord's size (Celery sets it with the last chunk it sends)."""
+        backend = self.app.backend
+        return bool(backend.client.exists(backend.get_key_for_group(group_id, ".s")))
+
+    def _send_missing(self, header: list[Any], body: Any, group_id: str, queue: str) -> int:
+        """Send the chunks of a half-sent chord that are nowhere: not finished, not queued, not held by a
+        worker (a dead worker's are on their way back, ``ttsq.worker.recovery``). Each joins the chord's
+        count as the first fan-out would have sent it; none runs twice. Return how many were sent."""
+        ids = [str(signature.id) for signature in header]
+        backend = self.app.backend
+        stored = backend.client.mget([backend.get_key_for_task(task_id) for task_id in ids])
+        finished = {task_id for task_id, raw in zip(ids, stored, strict=True) if _succeeded(raw, task_id)}
+        somewhere = held(self.runtime.redis.broker, set(ids) - finished, [queue], unacked_too=True)
+        sent = 0
+        for index, signature in enumerate(header):
+            if ids[index] in finished or ids[index] in somewhere:
+                continue
+            send_chord_part(signature, group_id=group_id, group_index=index, body=body)
+            sent += 1
+        return sent
 
     # --- 2. progress, from each chunk job ------------------------------------------------------
 
@@ -267,16 +354,23 @@ class Documents:
 
     # --- 3. the stitch task --------------------------------------------------------------------
 
-    def stitch(self, task: Any, results: Any, plan: dict[str, Any]) -> DocumentResult:
-        """Join the chunks of ``plan`` into the document's file; store and index it; return its result."""
+    def stitch(self, task: Any, results: Any, plan_ref: Any, key_ref: Any = None) -> DocumentResult:
+        """Join the chunks of the document's plan into its file; store and index it; return its result.
+
+        Streams: chunks are read, joined, resampled and encoded one at a time into a temporary file that
+        goes up in parts, so what it holds is a few chunks whatever the document's length. A stitch
+        that killed or hung its worker ``max_attempts`` times is parked, as an engine job is."""
         runtime = self.runtime
-        _check_plan(plan)  # from a message: a raw send_task may carry any plan
-        key = plan["key"]
         task_id = task.request.id
+        plan = self._plan(plan_ref, key_ref)
+        key = plan["key"]
         stored = self.stored(key)
         if stored is not None:  # a redelivered stitch, or a twin document that finished first
             runtime.cache.release(key, task_id)
             return runtime.results.document(stored, cached=True)
+        attempts = runtime.ledger.attempts(task_id)
+        if attempts >= self.settings.max_attempts:
+            self._park(task, plan, attempts)
         cached_keys = (
             {r["key"] for r in results if isinstance(r, Mapping) and r.get("cached")}
             if isinstance(results, list)
@@ -294,18 +388,11 @@ class Documents:
             self._count(task_id, total, durations=durations, stitching=True)
         except Exception as exc:  # progress is for watching: the stitch goes on without it
             logger.warning("document %s: could not store progress: %s", task_id, type(exc).__name__)
-        options = Options(**plan["options"])
         started = time.perf_counter()
-        pieces: list[npt.NDArray[np.float32] | None] = []
-        rate = 0
-        entries: list[StoredAudio] = []
-        decoded: dict[str, tuple[npt.NDArray[np.float32], int]] = {}
+        entries: list[StoredAudio | None] = []
         for chunk in plan["chunks"]:
-            if not chunk["key"]:  # nothing to speak: no audio, only its pause
-                pieces.append(None)
-                continue
-            entry = runtime.cache.get(chunk["key"])
-            if entry is None:
+            entry = runtime.cache.get(chunk["key"]) if chunk["key"] else None  # no key: nothing to speak
+            if chunk["key"] and entry is None:
                 # The chord fired without this chunk stored (a duplicate counted for it): not yet. Its
                 # own job is still queued or running, so wait as long as one job may take.
                 raise task.retry(
@@ -316,44 +403,34 @@ class Documents:
                     argsrepr=f"<{len(plan['chunks'])} chunk results>",
                     kwargsrepr=f"stitch into {key[:12]}",
                 )
-            stored_key = checked_key(entry.get("object_key"))  # an index entry read back: data, not a path
-            if stored_key not in decoded:  # a repeated chunk is read once
-                decoded[stored_key] = decode(runtime.storage.get(stored_key))
-            samples, chunk_rate = decoded[stored_key]
-            rate = rate or chunk_rate
-            pieces.append(resample(samples, chunk_rate, rate))
             entries.append(entry)
-        silence = np.zeros(0, dtype=np.float32)
-        audio, spans = join_chunks([p if p is not None else silence for p in pieces], rate, plan["chunks"], options)
-        for span, chunk in zip(spans, plan["chunks"], strict=True):
-            span["cached"] = chunk["key"] in cached_keys
-        ignored = sorted(
-            {name for entry in entries for name in entry["ignored"] if name != "seed" or plan.get("seed_given", True)}
-        )
-        info = DocumentInfo(
-            chunks=len(spans),
-            cached_chunks=sum(span["cached"] for span in spans),
-            characters=plan["characters"],
-            seed=plan["seed"],
-        )
-
-        def index(entry: StoredAudio) -> dict[str, Any]:
-            record = {"key": key, "audio": entry, "chunks": spans, "document": info}
-            ttl_s = self.settings.cache_ttl_s or None
-            self._redis.set(DOCUMENT_PREFIX + key, canonical_json(record).decode(), ex=ttl_s)
-            return record
-
-        saved = store_audio(
-            runtime.storage,
-            audio,
-            rate,
-            key=key,
-            audio_format=plan["format"],
-            identity=runtime.engine.identity,
-            truncated=any(entry["truncated"] for entry in entries),
-            ignored=ignored,
-            index=index,
-        )
+        present = [entry for entry in entries if entry is not None]
+        rate = _entry_rate(present[0]) if present else 0
+        options = Options(**plan["options"])
+        joiner = Joiner(rate)
+        # Charged while it runs, refunded when it returns or raises: what stays charged counts the
+        # stitches that died with their worker (or hung past the visibility timeout).
+        runtime.ledger.charge(task_id)
+        try:
+            saved = store_file(
+                runtime.storage,
+                lambda handle: self._write(handle, plan, entries, joiner, options, rate),
+                key=key,
+                audio_format=plan["format"],
+                identity=runtime.engine.identity,
+                truncated=any(entry["truncated"] for entry in present),
+                ignored=sorted(
+                    {
+                        name
+                        for entry in present
+                        for name in entry["ignored"]
+                        if name != "seed" or plan.get("seed_given", True)
+                    }
+                ),
+                index=lambda entry: self._index(key, entry, plan, joiner, rate, cached_keys),
+            )
+        finally:
+            runtime.ledger.refund(task_id)
         runtime.cache.release(key, task_id)
         # Not deleted: a chunk whose count comes after the stitch must still find the stitching mark
         # (``_chunk_done``); the hash goes once nothing late can come.
@@ -361,12 +438,103 @@ class Documents:
         logger.info(
             "document %s: stitched %d chunks into %s (%.2fs audio) in %.2fs",
             task_id,
-            len(spans),
+            len(plan["chunks"]),
             key[:12],
             saved.audio["duration_s"],
             time.perf_counter() - started,
         )
         return runtime.results.document(saved.record, cached=False)
+
+    def _plan(self, plan_ref: Any, key_ref: Any) -> dict[str, Any]:
+        """The stitch's plan: read by reference (a document's task id) and checked against the document
+        key its message names; a plan inside the message (sent before plans were stored) is checked alike."""
+        if isinstance(plan_ref, Mapping):
+            plan: Any = plan_ref
+        elif isinstance(plan_ref, str) and 0 < len(plan_ref) <= 200:
+            plan = self.runtime.redis.plans.load(plan_ref)
+            if plan is None:
+                raise JobFailed(f"document {plan_ref[:64]}: its plan is gone (expired after TTSQ_RESULT_TTL_S)")
+        else:
+            raise InvalidRequest("plan", "expected the reference of a stored plan (the document's task id)")
+        _check_plan(plan)
+        if key_ref is not None and key_ref != plan["key"]:
+            raise InvalidRequest("key", "is not the document key of the plan it names")
+        return cast("dict[str, Any]", plan)
+
+    def _write(
+        self,
+        handle: IO[bytes],
+        plan: Mapping[str, Any],
+        entries: Sequence[StoredAudio | None],
+        joiner: Joiner,
+        options: Options,
+        rate: int,
+    ) -> EncodedFile:
+        """Encode the joined chunks into ``handle``, one chunk at a time."""
+        chunks = plan["chunks"]
+        crossfades, pauses = _joins(chunks, options)
+        encoder = StreamEncoder(handle, rate, plan["format"])
+        # No time bound: the worker renews its held messages' delivery time while it lives
+        # (``ttsq.worker.recovery``), so however long the stitch, no redelivery starts a second one.
+        for index, entry in enumerate(entries):
+            if entry is None:
+                samples = np.zeros(0, dtype=np.float32)
+            else:
+                stored_key = checked_key(entry.get("object_key"))  # an index entry read back: data, not a path
+                samples, chunk_rate = decode(self.runtime.storage.get(stored_key))
+                samples = resample(samples, chunk_rate, rate)
+            pause = pauses[index] if index < len(chunks) - 1 else 0
+            for block in joiner.add(samples, crossfade_ms=crossfades[index], pause_ms=pause):
+                encoder.write(block)
+        for block in joiner.finish():
+            encoder.write(block)
+        return encoder.close()
+
+    def _index(
+        self,
+        key: str,
+        entry: StoredAudio,
+        plan: Mapping[str, Any],
+        joiner: Joiner,
+        rate: int,
+        cached_keys: set[str],
+    ) -> dict[str, Any]:
+        """Write the document's index record (after its file is stored) and return it."""
+        spans = chunk_spans(plan["chunks"], joiner.spans, rate)
+        for span in spans:
+            span["cached"] = span["key"] in cached_keys
+        info = DocumentInfo(
+            chunks=len(spans),
+            cached_chunks=sum(span["cached"] for span in spans),
+            characters=plan["characters"],
+            seed=plan["seed"],
+        )
+        record = {"key": key, "audio": entry, "chunks": spans, "document": info}
+        ttl_s = self.settings.cache_ttl_s or None
+        self._redis.set(DOCUMENT_PREFIX + key, canonical_json(record).decode(), ex=ttl_s)
+        return record
+
+    def _park(self, task: Any, plan: Mapping[str, Any], attempts: int) -> None:
+        task_id = task.request.id
+        error = (
+            f"the stitch of document {task_id} died with its worker {attempts} times (it crashed or hung "
+            "it each time); parked: `ttsq failed` lists it"
+        )
+        queue = str(plan.get("queue") or self.settings.queue)
+        self.runtime.ledger.park(
+            ParkedJob(
+                id=task_id,
+                queue=queue,
+                kwargs={"plan": task_id, "key": plan["key"]},
+                attempts=attempts,
+                error=error,
+                parked_at=time.time(),
+                task=STITCH_TASK_NAME,  # `ttsq retry` sends the stitch again, not a job
+            )
+        )
+        self.runtime.observer.job_parked(task_id)
+        logger.error("document %s: stitch parked after %d unfinished attempts", task_id, attempts)
+        raise JobParked(error)
 
     def stored(self, key: str) -> dict[str, Any] | None:
         """The index record of a stitched document, if there is one."""
@@ -404,33 +572,73 @@ def stop_listening(backend: Any, task_ids: Sequence[str], *, unless_waited: bool
             logger.debug("could not unsubscribe from a result: %s", type(exc).__name__)
 
 
+def _succeeded(raw: bytes | str | None, task_id: str) -> bool:
+    """Whether a result record read back says the job succeeded (one that cannot be read: not)."""
+    try:
+        return read_result(raw, task_id).state == "SUCCESS"
+    except CorruptRecord:
+        return False
+
+
 def _check_plan(plan: Any) -> None:
-    """A stitch plan as ``fan_out`` writes it: keys are content keys, the format one ttsq makes."""
-    if not (
-        isinstance(plan, Mapping)
-        and isinstance(plan.get("key"), str)
-        and _HEX64.fullmatch(plan["key"])
-        and plan.get("format") in FORMATS
-        and isinstance(plan.get("options"), Mapping)
-        and isinstance(plan.get("chunks"), list)
-        and plan["chunks"]
-    ):
-        raise InvalidRequest("plan", "is not a stitch plan ttsq made")
+    """A stitch plan as ``fan_out`` writes it, read back from Redis or a message: untrusted, every field
+    the stitch uses checked, ``InvalidRequest`` naming the first that is wrong."""
+
+    def need(ok: bool, field: str, reason: str) -> None:
+        if not ok:
+            raise InvalidRequest(field, reason)
+
+    need(isinstance(plan, Mapping), "plan", "is not a stitch plan ttsq made (expected a JSON object)")
+    need(isinstance(plan.get("key"), str) and bool(_HEX64.fullmatch(plan["key"])), "plan.key", "is not a content key")
+    need(plan.get("format") in FORMATS, "plan.format", f"expected one of {sorted(FORMATS)}")
+    for name in ("seed", "characters"):
+        value = plan.get(name)
+        need(isinstance(value, int) and not isinstance(value, bool) and value >= 0, f"plan.{name}", "expected a count")
+    need(isinstance(plan.get("seed_given", False), bool), "plan.seed_given", "expected true or false")
+    need(isinstance(plan.get("queue", ""), str), "plan.queue", "expected a queue name")
+    need(isinstance(plan.get("options"), Mapping), "plan.options", "expected a JSON object")
     Options.from_dict(plan["options"])
-    for chunk in plan["chunks"]:
-        if not (
-            isinstance(chunk, Mapping)
-            and isinstance(chunk.get("key"), str)
-            and (chunk["key"] == "" or _HEX64.fullmatch(chunk["key"]))
-        ):
-            raise InvalidRequest("plan.chunks", "holds a chunk key that is not a content key")
+    chunks = plan.get("chunks")
+    need(isinstance(chunks, list) and len(chunks) > 0, "plan.chunks", "expected a non-empty list")
+    for number, chunk in enumerate(chunks):
+        field = f"plan.chunks[{number}]"
+        need(isinstance(chunk, Mapping), field, "expected a JSON object")
+        need(
+            isinstance(chunk.get("key"), str) and (chunk["key"] == "" or bool(_HEX64.fullmatch(chunk["key"]))),
+            f"{field}.key",
+            "is not a content key",
+        )
+        start, end = chunk.get("start"), chunk.get("end")
+        need(
+            all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end)) and 0 <= start <= end,
+            f"{field}.start",
+            "expected character offsets 0 <= start <= end",
+        )
+        need(chunk.get("boundary") in _BOUNDARIES, f"{field}.boundary", f"expected one of {list(_BOUNDARIES)}")
+        sentences = chunk.get("sentences")
+        need(
+            isinstance(sentences, list)
+            and all(
+                isinstance(s, list)
+                and len(s) == 3
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in s)
+                for s in sentences
+            ),
+            f"{field}.sentences",
+            "expected [start, end, weight] triples",
+        )
 
 
-def join_chunks(
-    pieces: Sequence[npt.NDArray[np.float32]], rate: int, chunks: Sequence[Mapping[str, Any]], options: Options
-) -> tuple[npt.NDArray[np.float32], list[ChunkSpan]]:
-    """Concatenate chunk audio: crossfade after a ``split`` chunk, silence after a sentence or paragraph.
-    The stitch's own join, public so that the fidelity tests can build faulted stitches with it."""
+def _entry_rate(entry: Mapping[str, Any]) -> int:
+    """The sample rate of a chunk's index entry, read back: a positive count."""
+    rate = entry.get("sample_rate")
+    if isinstance(rate, bool) or not isinstance(rate, int) or not 0 < rate <= 384_000:
+        raise CorruptRecord("a chunk's index entry: sample_rate", "is not a sample rate")
+    return rate
+
+
+def _joins(chunks: Sequence[Mapping[str, Any]], options: Options) -> tuple[list[int], list[int]]:
+    """Per chunk, the crossfade with the one before (after a ``split``) and the pause after it."""
     boundaries = [str(chunk["boundary"]) for chunk in chunks]
     crossfades = [
         options.crossfade_ms if index and boundaries[index - 1] == "split" else 0 for index in range(len(chunks))
@@ -439,8 +647,12 @@ def join_chunks(
         {"sentence": options.sentence_pause_ms, "paragraph": options.paragraph_pause_ms}.get(boundary, 0)
         for boundary in boundaries
     ]
-    audio, edges = join(pieces, rate, crossfades_ms=crossfades, pauses_ms=pauses)
-    spans = [
+    return crossfades, pauses
+
+
+def chunk_spans(chunks: Sequence[Mapping[str, Any]], edges: Sequence[tuple[int, int]], rate: int) -> list[ChunkSpan]:
+    """Each chunk's span in the stitched audio, from its (start, end) sample there."""
+    return [
         ChunkSpan(
             index=index,
             key=str(chunk["key"]),
@@ -454,7 +666,17 @@ def join_chunks(
         )
         for index, (chunk, (start, end)) in enumerate(zip(chunks, edges, strict=True))
     ]
-    return audio, spans
+
+
+def join_chunks(
+    pieces: Sequence[npt.NDArray[np.float32]], rate: int, chunks: Sequence[Mapping[str, Any]], options: Options
+) -> tuple[npt.NDArray[np.float32], list[ChunkSpan]]:
+    """Concatenate chunk audio: crossfade after a ``split`` chunk, silence after a sentence or paragraph.
+    The stitch's own join (which runs it a chunk at a time), whole, for the fidelity tests' faulted
+    stitches."""
+    crossfades, pauses = _joins(chunks, options)
+    audio, edges = join(pieces, rate, crossfades_ms=crossfades, pauses_ms=pauses)
+    return audio, chunk_spans(chunks, edges, rate)
 
 
 def _sentence_spans(sentences: Sequence[Sequence[float]], start_s: float, end_s: float) -> list[SentenceSpan]:

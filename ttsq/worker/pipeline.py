@@ -13,20 +13,21 @@ order of the stages is the delivery guarantee:
 5. release the single-flight claim and return; Celery acks after the return.
 
 A worker killed anywhere in 3-5 has its message redelivered, and the rerun is harmless. The document
-stitch (``ttsq.worker.documents``) stores its file through the same ``store_audio``.
+stitch (``ttsq.worker.documents``) stores its file the same way, piece by piece (``store_file``).
 """
 
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Generic, TypeVar
 
 from ttsq.app import queue_for
-from ttsq.audio import encode, probe
+from ttsq.audio import EncodedFile, encode, probe, probe_file
 from ttsq.errors import DeadlineExceeded, InvalidRequest, JobParked, JobTimeout
 from ttsq.job import JobResult, StoredAudio, SynthesisRequest, Timings, no_timings
 from ttsq.keys import content_key, object_key
@@ -93,19 +94,8 @@ def store_audio(
         # A sampling model does not repeat itself byte for byte: index what is stored, not this run.
         audio = probe(storage.get(target), audio_format)
     uploaded = time.perf_counter()
-    entry = StoredAudio(
-        object_key=target,
-        format=audio_format,
-        content_type=audio.content_type,
-        sample_rate=audio.sample_rate,
-        duration_s=audio.duration_s,
-        bytes=len(audio.data),
-        engine=identity.engine,
-        model=identity.model,
-        model_revision=identity.revision,
-        truncated=truncated,
-        ignored=list(ignored),
-    )
+    facts = EncodedFile(audio.content_type, audio.sample_rate, audio.duration_s, len(audio.data))
+    entry = _entry(target, audio_format, facts, identity=identity, truncated=truncated, ignored=ignored)
     record = index(entry)
     indexed = time.perf_counter()
     return Stored(
@@ -115,6 +105,74 @@ def store_audio(
         encode_s=encoded - started,
         upload_s=uploaded - encoded,
         index_s=indexed - uploaded,
+    )
+
+
+#: How much of an encoded file ``store_file`` keeps in memory before it spills to a temporary file.
+SPOOL_BYTES = 8 * 1024 * 1024
+
+
+def store_file(
+    storage: Storage,
+    write: Callable[[IO[bytes]], EncodedFile],
+    *,
+    key: str,
+    audio_format: str,
+    identity: EngineIdentity,
+    truncated: bool,
+    ignored: Sequence[str],
+    index: Callable[[StoredAudio], T],
+) -> Stored[T]:
+    """``store_audio`` for audio too long to hold: ``write`` encodes it piece by piece into a temporary
+    file (spooled: in memory while small), which goes up with ``put_file`` (in parts, when large).
+    The same order: the object first (idempotent), the index entry last."""
+    started = time.perf_counter()
+    target = object_key(key, audio_format)
+    with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES, prefix="ttsq-stitch-") as handle:
+        facts = write(handle)
+        encoded = time.perf_counter()
+        written = storage.put_file(target, handle, facts.content_type)
+    if not written:
+        # An earlier run stored its object first: index what is stored (read through a spooled file too).
+        with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES, prefix="ttsq-stitch-") as stored:
+            for piece in storage.stream(target):
+                stored.write(piece)
+            facts = probe_file(stored, audio_format)
+    uploaded = time.perf_counter()
+    entry = _entry(target, audio_format, facts, identity=identity, truncated=truncated, ignored=ignored)
+    record = index(entry)
+    indexed = time.perf_counter()
+    return Stored(
+        audio=entry,
+        record=record,
+        written=written,
+        encode_s=encoded - started,
+        upload_s=uploaded - encoded,
+        index_s=indexed - uploaded,
+    )
+
+
+def _entry(
+    target: str,
+    audio_format: str,
+    facts: EncodedFile,
+    *,
+    identity: EngineIdentity,
+    truncated: bool,
+    ignored: Sequence[str],
+) -> StoredAudio:
+    return StoredAudio(
+        object_key=target,
+        format=audio_format,
+        content_type=facts.content_type,
+        sample_rate=facts.sample_rate,
+        duration_s=facts.duration_s,
+        bytes=facts.bytes,
+        engine=identity.engine,
+        model=identity.model,
+        model_revision=identity.revision,
+        truncated=truncated,
+        ignored=list(ignored),
     )
 
 

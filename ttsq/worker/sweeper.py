@@ -4,6 +4,12 @@ One worker of a deployment at a time runs it. Every second it reads the accepted
 (``ttsq.records.accepted``) and sends again, under the same task id, through ``ttsq.sending``, a job no
 worker received although its queue moved past it, and a received job that made no progress for a
 visibility timeout. When a job counts as lost, and why a rerun is safe: docs/guarantees.md, "Lost jobs".
+
+A document is received once and then waits for its chunks, which may queue behind a backlog for
+longer than that: a stale document whose fan-out is under way, or whose messages (its own, its
+unfinished chunks', its stitch's) are still queued or held by a worker, is waiting, not lost. Only one
+with none of them anywhere is sent again, its fan-out mark cleared so that the delivery fans out anew
+(chunk ids are deterministic and finished chunks come from the cache): docs/documents.md.
 """
 
 from __future__ import annotations
@@ -15,9 +21,10 @@ from typing import TYPE_CHECKING
 from celery import states
 
 from ttsq.app import queue_for, stored_result
-from ttsq.constants import SWEEPER_LOCK_PREFIX
+from ttsq.constants import DOCUMENT_TASK_NAME, PROGRESS_PREFIX, SWEEPER_LOCK_PREFIX
 from ttsq.errors import CorruptRecord
 from ttsq.job import MODES
+from ttsq.records.plans import SENDING, SENT, chunk_task_ids
 from ttsq.records.queues import held, queue_depth
 from ttsq.sending import Outgoing, send_job
 
@@ -34,6 +41,9 @@ logger = logging.getLogger(__name__)
 #: How often the sweep runs, and how long a sweeper's lock outlives its last renewal (seconds).
 SWEEP_INTERVAL_S = 1.0
 LOCK_TTL_S = 5.0
+#: How many of a stale document's unfinished chunks the sweeper looks for in the broker: any one of
+#: them queued or held means the document is waiting.
+DOCUMENT_CHUNKS_LOOKED_FOR = 64
 
 
 class Sweeper:
@@ -43,6 +53,8 @@ class Sweeper:
         """``app`` is the worker's own: lost jobs are sent again through it."""
         self.settings = settings
         self.accepted = redis.accepted
+        self.plans = redis.plans
+        self._cache = redis.cache
         self.observer = observer
         self.node = node
         self.grace_s = float(settings.lost_job_grace_s)
@@ -131,9 +143,30 @@ class Sweeper:
             job = self.accepted.get(task_id)
             if job is None:
                 self.accepted.finish(task_id)
+            elif job.task == DOCUMENT_TASK_NAME and self._document_waiting(task_id):
+                self.accepted.touch(task_id)  # waiting behind others: look again after another stale period
             else:
                 sent += self._send_again(job, why="a worker received it, and it made no progress since", stale=True)
         return sent
+
+    def _document_waiting(self, doc_id: str) -> bool:
+        """Whether a stale document is still on its way: its fan-out under way, or a message of its own,
+        of an unfinished chunk or of its stitch (which carries its id) queued or held by a worker."""
+        state = self.plans.fan_out_state(doc_id)
+        if state == SENDING:
+            return True  # its lease bounds it
+        ids = {doc_id}
+        if state == SENT:
+            total = self.plans.chunk_count(doc_id) or 0
+            done = {str(name) for name in self._cache.hkeys(PROGRESS_PREFIX + doc_id)}
+            unfinished = [
+                task_id for index, task_id in enumerate(chunk_task_ids(doc_id, total)) if str(index) not in done
+            ]
+            ids.update(unfinished[:DOCUMENT_CHUNKS_LOOKED_FOR])
+        if held(self._broker, ids, self.queues):
+            logger.info("document %s: waiting for its chunks behind other work, not lost", doc_id)
+            return True
+        return False
 
     def _send_again(self, job: AcceptedJob, *, why: str, stale: bool = False) -> int:
         try:
@@ -148,6 +181,9 @@ class Sweeper:
         if state != states.PENDING and not stale:  # STARTED or PROGRESS: a worker has it; its mark went missing
             self._suspects.pop(job.task_id, None)
             return 0
+        if job.task == DOCUMENT_TASK_NAME:
+            # None of its messages is anywhere: the next delivery must fan it out again.
+            self.plans.forget_fan_out(job.task_id)
         again = Outgoing(
             task_id=job.task_id,
             task=job.task,

@@ -1,0 +1,134 @@
+"""Documents at scale (issue 26): small chunk messages, a fan-out sent once however often the document
+task is delivered, a stitch plan read back as untrusted input, and a document waiting behind a backlog
+that the sweeper leaves alone. Real Redis, moto S3, real ``ttsq worker`` processes, espeak."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+from support import WorkerProcess, wait_until
+
+from ttsq.app import make_app
+from ttsq.client import Client
+from ttsq.config import Settings
+from ttsq.constants import DOCUMENT_TASK_NAME
+from ttsq.errors import InvalidRequest
+from ttsq.records.plans import chunk_task_ids
+from ttsq.worker.documents import _check_plan
+
+StartWorker = Callable[..., WorkerProcess]
+
+
+def good_plan() -> dict[str, Any]:
+    return {
+        "key": "a" * 64,
+        "format": "wav",
+        "seed": 7,
+        "seed_given": False,
+        "characters": 12,
+        "queue": "ttsq",
+        "options": {"target_chars": 200},
+        "chunks": [{"key": "b" * 64, "start": 0, "end": 12, "boundary": "end", "sentences": [[0, 12, 0.5]]}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda p: p.update(key="../../etc"), "plan.key"),
+        (lambda p: p.update(format="exe"), "plan.format"),
+        (lambda p: p.update(seed=-1), "plan.seed"),
+        (lambda p: p.update(characters="12"), "plan.characters"),
+        (lambda p: p.update(options={"crossfade_ms": 10**6}), "options.crossfade_ms"),
+        (lambda p: p.update(chunks=[]), "plan.chunks"),
+        (lambda p: p["chunks"][0].update(key="audio/x.wav"), "plan.chunks[0].key"),
+        (lambda p: p["chunks"][0].update(start=13), "plan.chunks[0].start"),
+        (lambda p: p["chunks"][0].update(boundary="chapter"), "plan.chunks[0].boundary"),
+        (lambda p: p["chunks"][0].update(sentences=[["0", 1, 2]]), "plan.chunks[0].sentences"),
+    ],
+)
+def test_a_stitch_plan_read_back_is_checked_field_by_field(
+    change: Callable[[dict[str, Any]], None], field: str
+) -> None:
+    _check_plan(good_plan())
+    plan = good_plan()
+    change(plan)
+    with pytest.raises(InvalidRequest) as info:
+        _check_plan(plan)
+    assert info.value.field == field
+
+
+def test_chunk_task_ids_are_the_same_for_every_fan_out_of_a_document() -> None:
+    first = chunk_task_ids("doc-1", 5)
+    assert first == chunk_task_ids("doc-1", 5) and len(set(first)) == 5
+    assert not set(first) & set(chunk_task_ids("doc-2", 5))
+
+
+def test_a_document_delivered_twice_fans_out_once(settings: Settings, start_worker: StartWorker) -> None:
+    # Two deliveries of one document task (a redelivery, or a sweeper's resend): the second sends nothing
+    # and the chord's stitch still gives the document's id its result.
+    worker = start_worker(settings)
+    app = make_app(settings)
+    text = " ".join(f"Twice delivered sentence number {n}." for n in range(6))
+    kwargs = {"text": text, "options": {"target_chars": 1, "max_chars": 40}}
+    first = app.send_task(DOCUMENT_TASK_NAME, kwargs=kwargs, queue=settings.queue, task_id="doc-twice")
+    app.send_task(DOCUMENT_TASK_NAME, kwargs=kwargs, queue=settings.queue, task_id="doc-twice")
+    result = first.get(timeout=120)
+    assert len(result["chunks"]) == 6
+    wait_until(lambda: "redelivered" in worker.log() or "cached" in worker.log(), 30, "the second delivery")
+    log = worker.log()
+    assert log.count("document doc-twice: 6 chunks") == 1, log[-3000:]
+    assert len([line for line in log.splitlines() if "synthesized" in line and "in batch" in line]) == 6
+    app.close()
+
+
+@pytest.mark.slow
+def test_a_document_behind_a_backlog_is_waiting_not_lost(
+    settings: Settings, start_worker: StartWorker, faulty_engine: str
+) -> None:
+    # A visibility timeout and grace small enough that the backlog ahead of the document's chunks
+    # (thirty one-second jobs, one at a time) outlasts them: the sweeper must see the chunks queued and
+    # leave the document alone, and each chunk message must be small (no plan in it).
+    small = settings.replace(
+        engine=faulty_engine,
+        max_batch=1,
+        job_timeout_s=6,
+        storage_attempts=1,
+        storage_timeout_s=1,
+        visibility_timeout_s=13,
+        lost_job_grace_s=2,
+    )
+    stale_s = small.visibility_timeout_s + small.lost_job_grace_s
+    announcer = start_worker(small, name="w0")  # announces the model, so submits are keyed ...
+    announcer.stop()  # ... then leaves: nothing consumes until the queue is laid out
+    client = Client(small)
+    text = " ".join(f"Backlog document sentence {n}." for n in range(3))
+    document = client.submit_document(text, options={"target_chars": 1, "max_chars": 40})
+    backlog = [client.submit(f"[slow] Backlog job number {n}.") for n in range(30)]
+    worker = start_worker(small, name="w1")  # takes the document first (FIFO), fans it out behind the backlog
+    doc_id = document.id or ""
+    broker = redis.Redis.from_url(small.broker_url)
+    ids = [f'"id": "{task_id}"'.encode() for task_id in chunk_task_ids(doc_id, 3)]
+    wait_until(
+        lambda: any(needle in item for item in broker.lrange(small.queue, 0, -1) for needle in ids),
+        30,
+        "the document's chunks queued behind the backlog",
+    )
+    chunk_messages = [item for item in broker.lrange(small.queue, 0, -1) if any(n in item for n in ids)]
+    assert chunk_messages and all(len(item) < 8_000 for item in chunk_messages), [len(m) for m in chunk_messages]
+    assert all(b"sentences" not in item for item in chunk_messages)  # the plan is not in them
+    started = time.monotonic()
+    result = document.wait(timeout=180)
+    assert time.monotonic() - started > stale_s  # it did wait longer than a stale period
+    assert len(result["chunks"]) == 3  # type: ignore[typeddict-item]
+    for job in backlog:
+        job.wait(timeout=60)
+    log = worker.log()
+    assert f"document {doc_id}: waiting for its chunks" in log, log[-3000:]
+    assert "sent again" not in log and log.count(f"document {doc_id}: 3 chunks") == 1, log[-3000:]
+    broker.close()
+    client.close()
