@@ -8,6 +8,7 @@ SIGKILL of a real worker process; Redis, Celery and the storage are the real one
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from collections import Counter
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from document_corpus import corpus
 from support import WorkerProcess, run_cli
 
 from ttsq.client import Client
@@ -127,3 +129,27 @@ def test_a_live_workers_messages_are_never_given_back(faulty: Settings, start_wo
         assert "went back to the queue" not in worker.log()
     finally:
         owner.close()
+
+
+def test_a_stitch_longer_than_the_visibility_timeout_runs_once(
+    settings: Settings, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    """The worker keeps what it holds alive: kombu gives no message to a second worker while the first
+    still works on it, however long (here an Opus stitch of an hour of audio, past the smallest
+    visibility timeout these settings allow)."""
+    tight = settings.replace(job_timeout_s=16, storage_attempts=1, storage_timeout_s=2)
+    tight = tight.replace(visibility_timeout_s=tight.min_visibility_timeout_s)
+    first, second = start_worker(tight, "first"), start_worker(tight, "second")
+    text = corpus(20_000)
+    with Client(tight) as client:
+        result = client.submit_document(text, format="ogg").wait(timeout=600)
+    logs = first.log() + second.log()
+    stitched = re.search(r"stitched \d+ chunks into \w+ \([\d.]+s audio\) in ([\d.]+)s", logs)
+    assert stitched is not None, logs[-3000:]
+    took = float(stitched.group(1))
+    if took <= tight.visibility_timeout_s:
+        pytest.skip(f"the stitch took {took:.0f} s, inside the visibility timeout ({tight.visibility_timeout_s} s)")
+    # One delivery of the stitch message in all: kombu never gave it to the other worker (or back).
+    assert len(re.findall(r"Task ttsq\.stitch\[[^\]]+\] received", logs)) == 1
+    assert logs.count("stitched ") == 1
+    assert result["format"] == "ogg" and result["duration_s"] > tight.visibility_timeout_s

@@ -22,6 +22,8 @@ from ttsq.constants import HELD_PREFIX, HOLDER_PREFIX, HOLDERS_KEY
 from ttsq.records.queues import UNACKED_INDEX_KEY
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     import redis
 
 #: What the launcher writes in place of a heartbeat when it has seen the process exit.
@@ -76,11 +78,10 @@ class Holders:
         """The delivery tags incarnation ``name`` still holds."""
         return sorted(str(tag) for tag in self._redis.smembers(held_key(name)))
 
-    def keep_alive(self, name: str) -> int:
-        """Renew the delivery time of every message incarnation ``name`` holds, so that kombu's visibility
-        timeout never gives back what a live process is still working on (a long stitch, a long batch):
+    def keep_alive(self, tags: Collection[str]) -> int:
+        """Renew the delivery time of ``tags``, the messages a live process is still working on, so that
+        kombu's visibility timeout never gives them to a second worker (a long stitch, a long batch):
         what a dead process held goes back through recovery instead. Return how many were renewed."""
-        tags = self.held(name)
         if not tags:
             return 0
         now = time.time()  # kombu's clock for the index: the worker host's, as when it delivered them

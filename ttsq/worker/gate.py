@@ -52,6 +52,10 @@ class Gate:
         """``held_key``: this process's set of held delivery tags (``ttsq.records.holders``), kept by
         ``HeldQoS``; None keeps kombu's bookkeeping alone."""
         self.held_key = held_key
+        #: The delivery tags this process holds on its live broker connection, for the heartbeat to keep
+        #: alive (``ttsq.worker.recovery``). Emptied when the connection is lost: the acks of those
+        #: messages can no longer reach Redis, so they are left to the visibility timeout, as before.
+        self.live_tags: set[str] = set()
         self.tasks = frozenset(tasks)
         self.observer = observer
         self.accepted = accepted
@@ -151,10 +155,12 @@ class HeldQoS(kombu_redis.QoS):
     (``ttsq.records.holders``), written in the same pipelines: a tag is in the set exactly while it is
     in kombu's ``unacked`` hash on this process's behalf, so a dead process's set is what to give back."""
 
+    def _gate(self) -> Any:
+        return self.channel.connection.client.transport_options.get(GATE_OPTION)
+
     @property
     def held_key(self) -> str | None:
-        gate = self.channel.connection.client.transport_options.get(GATE_OPTION)
-        return getattr(gate, "held_key", None)
+        return getattr(self._gate(), "held_key", None)
 
     def append(self, message: Any, delivery_tag: Any) -> None:
         held = self.held_key
@@ -170,11 +176,15 @@ class HeldQoS(kombu_redis.QoS):
                 dumps([message._raw, delivery["exchange"], delivery["routing_key"]]),  # type: ignore[no-untyped-call]
             ).sadd(held, delivery_tag).execute()
         virtual.QoS.append(self, message, delivery_tag)  # type: ignore[no-untyped-call]
+        self._gate().live_tags.add(str(delivery_tag))
 
     def _remove_from_indices(self, delivery_tag: Any, pipe: Any = None) -> Any:
         pipe = super()._remove_from_indices(delivery_tag, pipe)  # type: ignore[no-untyped-call]
         held = self.held_key
-        return pipe if held is None else pipe.srem(held, delivery_tag)
+        if held is None:
+            return pipe
+        self._gate().live_tags.discard(str(delivery_tag))
+        return pipe.srem(held, delivery_tag)
 
 
 class GatedChannel(kombu_redis.Channel):
@@ -265,6 +275,9 @@ class GatedConsumer(Consumer):  # type: ignore[misc]
         return gated
 
     def on_connection_error_after_connected(self, exc: Any) -> None:
+        gate: Gate | None = getattr(self.app, "ttsq_gate", None)
+        if gate is not None:
+            gate.live_tags.clear()  # their acks cannot reach Redis now: no longer kept alive
         channel = getattr(self.connection, "_default_channel", None)
         if channel is not None:
             channel.do_restore = False

@@ -9,10 +9,11 @@ back with kombu's own ``restore_by_tag`` (one transaction: a tag that another wo
 that was acknowledged meanwhile, is not pushed twice), marks the job ``REQUEUED`` unless it has a final
 result (``ttsq status`` says its worker died), and forgets the holder.
 
-A live process renews the delivery time of what it holds with every beat (``Holders.keep_alive``): a
-long stitch or batch is never given to a second worker by kombu's visibility timeout while the first
-still works on it. The visibility timeout stays as the last resort, for a message no holder recorded
-(the moment between kombu popping it and recording it, or a worker of an older ttsq).
+A live process renews the delivery time of what it holds on its live broker connection with every beat
+(``Holders.keep_alive``): a long stitch or batch is never given to a second worker by kombu's visibility
+timeout while the first still works on it. Messages it held on a connection it lost (their acks cannot
+reach Redis) are left to the visibility timeout, as before; so is a message no holder recorded (the
+moment between kombu popping it and recording it, or a worker of an older ttsq).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from ttsq.constants import HOLDER_BEAT_S, HOLDER_TTL_S, REQUEUED_STATE
@@ -53,6 +54,7 @@ class Recovery:
         name: str,
         node: str,
         stopping: Callable[[], bool] = lambda: False,
+        live_tags: Callable[[], Collection[str]] = frozenset,
     ) -> None:
         """``name``: this process's incarnation; ``app``: the worker's own, whose channel gives tags back."""
         self.name = name
@@ -61,6 +63,8 @@ class Recovery:
         self.observer = observer
         self._app = app
         self._stopping = stopping  # the runtime's: this ends with the worker it serves
+        #: The tags this process holds on its live broker connection (``Gate.live_tags``).
+        self._live_tags = live_tags
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ttsq-recovery", daemon=True)
         #: Holder -> time.monotonic() it was first seen silent.
@@ -84,7 +88,7 @@ class Recovery:
             try:
                 if time.monotonic() - last_beat >= HOLDER_BEAT_S:
                     self.holders.beat(self.name, ttl_s=HOLDER_TTL_S, info={"node": self.node})
-                    self.holders.keep_alive(self.name)
+                    self.holders.keep_alive(self._live_tags())
                     last_beat = time.monotonic()
                 self.recover()
             except Exception as exc:  # Redis restarting, most likely: the next look tries again

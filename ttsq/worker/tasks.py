@@ -78,6 +78,7 @@ def worker_app(settings: Settings, runtime: WorkerRuntime) -> Celery:
         name=name,
         node=runtime.node,
         stopping=lambda: runtime.stopping,
+        live_tags=gate.live_tags.copy,
     )
     app.ttsq_recovery.start()
     return app
