@@ -185,7 +185,21 @@ def test_any_headers_and_body_are_taken_in_or_refused_never_a_crash(headers: dic
     try:
         check_task(headers, body, content_type="application/json", content_encoding="utf-8", tasks=TASKS)
     except Refused as refused:
-        assert refused.reason in ("headers", "body", "unknown task")
+        assert refused.reason in ("protocol", "headers", "body", "unknown task")
+
+
+def test_a_protocol_1_message_is_refused_as_one() -> None:
+    # Celery 3, or task_protocol=1: the task and its id in the body, nothing in the headers.
+    body = json.dumps({"task": "ttsq.synthesize", "id": "p1", "args": [], "kwargs": {"text": "hello"}}).encode()
+    with pytest.raises(Refused) as info:
+        check_task({}, body, content_type="application/json", content_encoding="utf-8", tasks=TASKS)
+    assert info.value.reason == "protocol" and "protocol 2" in info.value.detail
+    # Protocol 2 headers without an id are a headers fault, whatever the body holds.
+    with pytest.raises(Refused) as info:
+        check_task(
+            {"task": "ttsq.synthesize"}, body, content_type="application/json", content_encoding="utf-8", tasks=TASKS
+        )
+    assert info.value.reason == "headers"
 
 
 # -- against real workers -------------------------------------------------------------------------------

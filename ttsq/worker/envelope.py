@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     pass
 
 #: The reasons a message is refused (the ``reason`` label of ``ttsq_dead_letters_total``).
-REASONS = ("envelope", "encoding", "headers", "body", "unknown task", "celery")
+REASONS = ("envelope", "encoding", "protocol", "headers", "body", "unknown task", "celery")
 #: Largest raw message a worker takes: a 200,000-character document is under 1 MB of JSON.
 MAX_MESSAGE_BYTES = 16 * 2**20
 _MAX_ID_CHARS = 255
@@ -133,16 +133,28 @@ def check_task(
         raise Refused("encoding", f"content type {str(content_type)[:40]!r}; ttsq accepts application/json only")
     if content_encoding not in ("utf-8", "utf8"):
         raise Refused("encoding", f"content encoding {str(content_encoding)[:20]!r}; expected utf-8")
+    if "task" not in headers and "id" not in headers and _protocol_1(body):
+        raise Refused("protocol", "a protocol 1 message (task and id in the body); ttsq workers take protocol 2")
     task_id = headers.get("id")
     if not isinstance(task_id, str) or not 0 < len(task_id) <= _MAX_ID_CHARS or not task_id.isprintable():
         raise Refused("headers", f"id must be a printable string of 1..{_MAX_ID_CHARS} characters")
     task = headers.get("task")
     if not isinstance(task, str):
-        raise Refused("headers", "task is not a string (protocol 1 messages are not accepted)")
+        raise Refused("headers", "task is not a string")
     if task not in tasks:
         raise Refused("unknown task", f"task {task[:60]!r} is not a ttsq task")
     _check_headers(headers)
     return TaskMessage(task_id=task_id, task=task, args_kwargs=_check_body(body))
+
+
+def _protocol_1(body: bytes | str | None) -> bool:
+    """Whether a body is Celery's task protocol 1: one object naming the task and its id (protocol 2
+    keeps both in the headers and the body is ``[args, kwargs, embed]``)."""
+    try:
+        payload = json.loads(body) if body else None
+    except (ValueError, TypeError):
+        return False
+    return isinstance(payload, dict) and "task" in payload and "id" in payload
 
 
 @dataclass(frozen=True)
