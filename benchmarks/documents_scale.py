@@ -44,7 +44,9 @@ def corpus(chars: int) -> str:
     """The document of the tests (``tests/document_corpus.py``)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     text: str = importlib.import_module("document_corpus").corpus(chars)
-    return text
+    # The corpus ends on a whole sentence past ``chars``: cut back to a word under it, so that the
+    # largest size can be the document limit itself.
+    return text if len(text) <= chars else text[:chars].rsplit(" ", 1)[0]
 
 
 def status_kb(pid: int, field: str) -> int:
