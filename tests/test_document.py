@@ -488,7 +488,9 @@ def test_progress_never_goes_backwards_when_chunks_finish_together(
         for m in messages  # type: ignore[index]
         if m.get("task_id") == job.id and m.get("status") == "PROGRESS"
     ]
-    assert len(done) >= 64 and done[-1] == 64, done
+    # Every chunk publishes its count, except those of the last batch whose count comes after the
+    # stitch has finished: a finished document is never taken back (at most one batch of 16).
+    assert len(done) >= 64 - 16 and done[-1] == 64, done
     assert done == sorted(done), done
 
 
