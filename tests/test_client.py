@@ -219,6 +219,7 @@ def test_client_raises_a_typed_error_and_queues_nothing(
     assert queue_length(settings) == 0
 
 
+@pytest.mark.slow  # a Redis or store outage ridden out: tens of seconds
 def test_result_backend_down_while_waiting_is_a_broker_error(tmp_path: Path) -> None:
     from support import run_cli
 

@@ -128,6 +128,7 @@ def test_liveness_goes_false_when_the_engine_hangs_and_true_again_after_the_rest
         server.stop()
 
 
+@pytest.mark.slow  # a Redis or store outage ridden out: tens of seconds
 def test_readiness_follows_redis_and_liveness_rides_out_the_outage(
     settings: Settings, start_worker: Callable[..., WorkerProcess], tmp_path: Path
 ) -> None:
@@ -193,6 +194,7 @@ def test_outstanding_jobs_count_what_workers_hold_as_well_as_what_waits(
         )
 
 
+@pytest.mark.slow  # a Redis or store outage ridden out: tens of seconds
 def test_readiness_follows_the_object_store_and_liveness_rides_out_its_outage(
     settings: Settings, start_worker: Callable[..., WorkerProcess]
 ) -> None:
@@ -239,6 +241,7 @@ def test_readiness_follows_the_object_store_and_liveness_rides_out_its_outage(
         server.stop()
 
 
+@pytest.mark.slow  # workers stopped and killed, the gateway watched: tens of seconds
 def test_the_gateways_readiness_follows_the_workers_within_seconds(
     settings: Settings, start_worker: Callable[..., WorkerProcess], start_gateway: Callable[..., GatewayProcess]
 ) -> None:
