@@ -154,7 +154,7 @@ class Documents:
             ],
         }
         plans.save(task_id, plan, chunks=total)
-        # The lease: a fan-out bounded well inside the visibility timeout (docs/documents.md).
+        # The lease outlives any fan-out; one whose worker died is redelivered within seconds and resumes.
         if not plans.begin_fan_out(task_id, lease_s=self.settings.visibility_timeout_s):
             logger.info("document %s: redelivered while its chunks are sent; sending nothing", task_id)
             raise Ignore()
@@ -409,7 +409,7 @@ class Documents:
         options = Options(**plan["options"])
         joiner = Joiner(rate)
         # Charged while it runs, refunded when it returns or raises: what stays charged counts the
-        # stitches that died with their worker (or hung past the visibility timeout).
+        # stitches that died with their worker.
         runtime.ledger.charge(task_id)
         try:
             saved = store_file(
