@@ -283,6 +283,10 @@ class S3Storage:
             code = exc.response.get("Error", {}).get("Code")
             if status == 404 or code in ("404", "NoSuchBucket", "NotFound"):
                 raise ConfigError("TTSQ_STORAGE_URL", f"the bucket {where} does not exist") from None
+            if status == 403:
+                # The bucket exists; HEAD on it needs s3:ListBucket, which a key allowed only to get and
+                # put objects under its prefix lacks. Its first put says whether it may write.
+                return
             if 400 <= status < 500 and status not in (408, 429):
                 raise ConfigError(
                     "TTSQ_STORAGE_URL", f"the bucket {where} refused us: {code} (HTTP {status})"
