@@ -69,9 +69,13 @@ def test_a_document_whose_worker_is_killed_completes_within_a_minute_and_nothing
         took = time.monotonic() - killed_at
     assert took < 60, f"the document took {took:.0f} s after the kill"
     assert result["document"]["chunks"] == 24
-    # The doomed worker's batch never returned; nothing was synthesized twice by anyone.
-    done = Counter(digest for _, digest in lines(tmp_path / "done.log"))
+    # Nothing the survivor made was made twice. A batch the doomed worker finished in its engine may
+    # have died with it before it was stored: that one alone is made again.
+    survivor_pid = str(survivor.process.pid)
+    done = Counter(digest for pid, digest in lines(tmp_path / "done.log") if pid == survivor_pid)
     assert done and max(done.values()) == 1, done.most_common(3)
+    doomed_pid = str(doomed.process.pid)
+    assert all(pid in (survivor_pid, doomed_pid) for pid, _ in lines(tmp_path / "done.log"))
     assert survivor.process.poll() is None
     # What it held went back through recovery (the survivor says so), and the dead process is forgotten.
     assert "went back to the queue" in survivor.log()
