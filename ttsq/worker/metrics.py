@@ -70,6 +70,12 @@ class Metrics(Observer):
             buckets=_RTF_BUCKETS,
             registry=r,
         )
+        self.time_to_first_audio = Histogram(
+            "ttsq_time_to_first_audio_seconds",
+            "From the producer's send to a streaming job's first audio in its stream, per job.",
+            buckets=_SECONDS_BUCKETS,
+            registry=r,
+        )
         self.audio_seconds = Counter("ttsq_audio_seconds", "Seconds of audio synthesized.", registry=r)
         self.device_seconds = Counter("ttsq_device_seconds", "Engine seconds spent in batches.", registry=r)
         self.jobs = Counter("ttsq_jobs", "Jobs this worker finished, by outcome.", ["outcome"], registry=r)
@@ -87,6 +93,9 @@ class Metrics(Observer):
         self.recovered = Counter("ttsq_recovered_jobs", "Lost jobs the sweeper sent again.", registry=r)
         self.requeued = Counter(
             "ttsq_requeued_messages", "Messages a dead worker process held, given back by this worker.", registry=r
+        )
+        self.parked = Counter(
+            "ttsq_parked_jobs", "Jobs parked after too many engine calls that never returned.", registry=r
         )
         self.in_progress = Gauge("ttsq_jobs_in_progress", "Jobs this worker holds, waiting or in a batch.", registry=r)
         self._info = Gauge(
@@ -142,6 +151,9 @@ class Metrics(Observer):
     def cache_checked(self, *, hit: bool) -> None:
         self.cache_lookups.labels(result="hit" if hit else "miss").inc()
 
+    def job_parked(self, task_id: str) -> None:
+        self.parked.inc()
+
     def batch_finished(self, report: BatchReport) -> None:
         self.batch_size.observe(report.size)
         self.synthesis_seconds.observe(report.seconds)
@@ -154,6 +166,9 @@ class Metrics(Observer):
 
     def batch_split(self) -> None:
         self.oom_splits.inc()
+
+    def first_audio(self, seconds: float) -> None:
+        self.time_to_first_audio.observe(seconds)
 
     def job_finished(self, report: JobReport) -> None:
         self.in_progress.dec()
@@ -217,7 +232,9 @@ class _QueueCollector(Collector):
             depths = {queue: queue_depth(self._redis, queue) for queue in self.queues}
         except redis.exceptions.RedisError as exc:  # a scrape must not fail because Redis blinked
             logger.debug("queue depth unavailable: %s", type(exc).__name__)
+            yield _broker_up(0)
             return
+        yield _broker_up(1)
         depth = GaugeMetricFamily("ttsq_queue_depth", "Messages waiting in the queue.", labels=["queue"])
         outstanding = GaugeMetricFamily(
             "ttsq_outstanding_jobs",
@@ -235,6 +252,11 @@ class _QueueCollector(Collector):
             "Messages delivered to a worker and not yet acknowledged (all queues).",
             value=sum(held.values()),
         )
+
+
+def _broker_up(value: int) -> GaugeMetricFamily:
+    """Whether this scrape could read the broker's Redis: what an alert on an unreachable Redis watches."""
+    return GaugeMetricFamily("ttsq_broker_up", "1 when this scrape could read the broker's Redis, else 0.", value=value)
 
 
 class _RestartCollector(Collector):
