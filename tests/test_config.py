@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from ttsq.config import Settings
+from ttsq.config import Settings, is_sentinel_url, parse_sentinel_url
 from ttsq.errors import ConfigError
 
 
@@ -105,3 +105,55 @@ def test_retry_settings_must_be_positive(name: str) -> None:
     with pytest.raises(ConfigError) as info:
         Settings.from_env({name: "0"})
     assert info.value.variable == name
+
+
+# --- Redis behind Sentinel -------------------------------------------------------------------------
+
+SENTINELS = "sentinel://:data-pw@10.0.0.1:26379;sentinel://10.0.0.2:26380;sentinel://10.0.0.3/2"
+
+
+def test_a_sentinel_url_is_taken_apart_and_written_the_way_celery_reads_it() -> None:
+    settings = Settings.from_env({"TTSQ_CACHE_URL": SENTINELS, "TTSQ_REDIS_MASTER_NAME": "ttsq"})
+    parsed = parse_sentinel_url(settings.cache_url)
+    assert parsed.sentinels == (("10.0.0.1", 26379), ("10.0.0.2", 26380), ("10.0.0.3", 26379))
+    assert (parsed.db, parsed.username, parsed.password) == (2, None, "data-pw")
+    # kombu and Celery read the database and the password from the first address only.
+    assert parsed.for_celery() == (
+        "sentinel://:data-pw@10.0.0.1:26379/2;sentinel://:data-pw@10.0.0.2:26380/2;sentinel://:data-pw@10.0.0.3:26379/2"
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "variable", "words"),
+    [
+        # Where to ask, but not for what: the master's name is missing.
+        ({"TTSQ_BROKER_URL": "sentinel://h1:26379;sentinel://h2:26379/0"}, "TTSQ_REDIS_MASTER_NAME", "BROKER_URL"),
+        ({"TTSQ_RESULT_BACKEND": "sentinel://h1:26379/1"}, "TTSQ_REDIS_MASTER_NAME", "RESULT_BACKEND"),
+        (
+            {"TTSQ_CACHE_URL": "sentinel://h1:x;sentinel://h2/2", "TTSQ_REDIS_MASTER_NAME": "m"},
+            "TTSQ_CACHE_URL",
+            "port",
+        ),
+        ({"TTSQ_CACHE_URL": "sentinel://h1/1;sentinel://h2/2", "TTSQ_REDIS_MASTER_NAME": "m"}, "TTSQ_CACHE_URL", "two"),
+        (
+            {"TTSQ_CACHE_URL": "sentinel://h1;redis://h2/2", "TTSQ_REDIS_MASTER_NAME": "m"},
+            "TTSQ_CACHE_URL",
+            "address 2",
+        ),
+        ({"TTSQ_CACHE_URL": "sentinel://h1/two", "TTSQ_REDIS_MASTER_NAME": "m"}, "TTSQ_CACHE_URL", "number"),
+        ({"TTSQ_REDIS_WAIT_REPLICAS": "-1"}, "TTSQ_REDIS_WAIT_REPLICAS", "0..16"),
+        ({"TTSQ_REDIS_WAIT_TIMEOUT_MS": "0"}, "TTSQ_REDIS_WAIT_TIMEOUT_MS", "1..60000"),
+    ],
+)
+def test_sentinel_settings_that_cannot_work_are_refused_at_start(
+    env: dict[str, str], variable: str, words: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env(env)
+    assert info.value.variable == variable
+    assert words in str(info.value), str(info.value)
+
+
+def test_plain_redis_urls_need_no_master_name() -> None:
+    settings = Settings.from_env({"TTSQ_BROKER_URL": "redis://:pw@host:6379/0"})
+    assert settings.redis_master_name == "" and not is_sentinel_url(settings.broker_url)

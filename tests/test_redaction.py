@@ -5,6 +5,10 @@ from ttsq.redaction import describe_kwargs, redact_result, redact_url
 
 def test_redact_url() -> None:
     assert redact_url("redis://user:pw@host:6379/0") == "redis://user:***@host:6379/0"
+    # Every address of a Sentinel URL (ttsq writes the data nodes' password on each, for kombu).
+    assert redact_url("sentinel://:pw@h1:26379/0;sentinel://:pw@h2:26379/0") == (
+        "sentinel://:***@h1:26379/0;sentinel://:***@h2:26379/0"
+    )
     assert redact_url("redis://:pw@host:6379/0") == "redis://:***@host:6379/0"
     assert redact_url("redis://host:6379/0") == "redis://host:6379/0"
 

@@ -140,6 +140,14 @@ def test_a_gateway_holds_one_async_pool_per_database(
             timeout=120,
         )
         assert response.status_code == 200, response.text
+        # /generate waits on the result backend (speech reads the job's audio stream, on the cache's database)
+        generated = httpx.post(
+            f"{gateway.url}/generate",
+            headers={"Authorization": f"Bearer {token}"},
+            json={"text": f"Generated request {i}."},
+            timeout=120,
+        )
+        assert generated.status_code == 200, generated.text
         return response.content
 
     # Requests at once: several connections of each pool are in use together.
@@ -151,7 +159,8 @@ def test_a_gateway_holds_one_async_pool_per_database(
     ours = pools_by_database(connections_of(redis_server, pid), f"ttsq:gateway:{pid}:")
     cache, results = int(settings.cache_url.rsplit("/", 1)[1]), int(settings.result_backend.rsplit("/", 1)[1])
     asynchronous = {key: len(names) for key, names in ours.items() if key[1] == "async"}
-    # API keys and quotas on the cache's database, the waiter's reads and subscription on the results'.
+    # API keys, quotas and audio streams on the cache's database, the waiter's reads and subscription on the
+    # results'.
     assert asynchronous == {(cache, "async"): 1, (results, "async"): 1}, ours
     assert all(len(names) == 1 for names in ours.values()), ours  # the producer's sync side too
 
@@ -173,8 +182,30 @@ def test_every_lua_script_runs_again_after_the_script_cache_is_flushed(
     gateway = Gateway(settings)
     admin = redis.Redis.from_url(f"{server.url}/2", decode_responses=True)
     results_db = redis.Redis.from_url(settings.result_backend, decode_responses=True)
+    runs = script_runs(owner, gateway, admin, results_db)
+
+    async def flushed_between_runs() -> None:
+        try:
+            for flush in (False, True):  # the first time loads each; after the flush: NOSCRIPT, loaded again, run
+                await run_every_script(runs, admin, flush=flush)
+        finally:
+            await gateway.close()
+
+    asyncio.run(flushed_between_runs())
+    owner.close()
+    admin.close()
+    results_db.close()
+
+
+Run = Callable[[], Awaitable[None] | None]
+
+
+def script_runs(owner: RedisOwner, gateway: Gateway, admin: redis.Redis, results_db: redis.Redis) -> dict[str, Run]:
+    """One use of each of ttsq's Lua scripts through the records and the gateway that run it, each
+    checking its effect: the script's name -> the call. ``admin`` is a plain client of the cache
+    database, ``results_db`` of the result backend's (this test's own, not ttsq's)."""
     accepted, lease = owner.accepted, owner.lease("ttsq:test:lease", "holder", ttl_s=30)
-    token, key = ApiKeys(owner.cache).add("flushed")
+    token, key = ApiKeys(owner.cache).add(f"flushed-{time.monotonic_ns()}")
     bearer = Request({"type": "http", "headers": [(b"authorization", f"Bearer {token}".encode())]})
     task_id = f"job-{time.monotonic_ns()}"
 
@@ -207,7 +238,7 @@ def test_every_lua_script_runs_again_after_the_script_cache_is_flushed(
         lease.give_up()
         assert lease.take()
 
-    # The gateway's scripts, through the gateway's own methods (async: all on one event loop, below).
+    # The gateway's scripts, through the gateway's own methods (async: all on one event loop).
     async def authorize() -> None:
         assert await gateway.authorize(bearer) == key.id
 
@@ -236,7 +267,7 @@ def test_every_lua_script_runs_again_after_the_script_cache_is_flushed(
         rival = owner.identities.claim("q", "qwen@test", {**espeak, "engine": "qwen"})
         assert rival is not None and rival.node == "espeak@test"
 
-    runs: dict[str, Callable[[], Awaitable[None] | None]] = {
+    runs: dict[str, Run] = {
         "claim_identity": claim_identity,
         "accept": accept,
         "received": received,
@@ -250,25 +281,20 @@ def test_every_lua_script_runs_again_after_the_script_cache_is_flushed(
         "progress_unless_done": progress_unless_done,
     }
     assert set(runs) == set(scripts.names()), "a script without a case here"
+    return runs
 
-    async def flushed_between_runs() -> None:
-        try:
-            for name, run in runs.items():
-                for flush in (False, True):
-                    if flush:
-                        admin.script_flush()
-                        assert admin.script_exists(sha(name)) == [False], name
-                    done = run()  # the first time loads it; after the flush: NOSCRIPT, loaded again, run
-                    if inspect.isawaitable(done):
-                        await done
-                    assert admin.script_exists(sha(name)) == [True], name
-        finally:
-            await gateway.close()
 
-    asyncio.run(flushed_between_runs())
-    owner.close()
-    admin.close()
-    results_db.close()
+async def run_every_script(runs: dict[str, Run], admin: redis.Redis, *, flush: bool) -> None:
+    """Run each script once; with ``flush``, empty the script cache of ``admin``'s Redis before each
+    (and check it is empty), so the call meets ``NOSCRIPT``. Each must be in the cache afterwards."""
+    for name, run in runs.items():
+        if flush:
+            admin.script_flush()
+            assert admin.script_exists(sha(name)) == [False], name
+        done = run()
+        if inspect.isawaitable(done):
+            await done
+        assert admin.script_exists(sha(name)) == [True], name
 
 
 def sha(name: str) -> str:
@@ -309,8 +335,9 @@ def test_cancel_marks_are_read_by_the_receipt(settings: Settings) -> None:
     owner.close()
 
 
-#: The only modules that may open a Redis connection or hold a Lua script's text.
-OWNERS = {"ttsq/records/connection.py", "ttsq/records/owner.py", "ttsq/records/scripts.py"}
+#: The only modules that may open a Redis connection or hold a Lua script's text; and the failover
+#: harness, which administers the Redis processes it started (ROLE, INFO, SENTINEL), never ttsq's data.
+OWNERS = {"ttsq/records/connection.py", "ttsq/records/owner.py", "ttsq/records/scripts.py", "ttsq/ops/sentinel.py"}
 #: Calls that open a connection (or a pool), or run a script outside ``ttsq.records.scripts``.
 OPENERS = {"Redis", "StrictRedis", "ConnectionPool", "BlockingConnectionPool", "Sentinel"}
 SCRIPTERS = {"register_script", "eval", "evalsha", "script_load"}

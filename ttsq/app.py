@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 from celery import Celery
-from celery.backends.redis import RedisBackend
+from celery.backends.redis import RedisBackend, SentinelBackend
+from kombu.transport import redis as kombu_redis
 
+from ttsq.config import is_sentinel_url, parse_sentinel_url
 from ttsq.constants import (
     DOCUMENT_TASK_NAME,
     REDIS_CONNECT_TIMEOUT_S,
@@ -28,6 +30,7 @@ from ttsq.constants import (
     TASK_NAME,
 )
 from ttsq.errors import BrokerError, CorruptRecord
+from ttsq.records.connection import SentinelConnection, sentinel_kwargs, unreachable
 from ttsq.results import StoredResult, read_result
 
 if TYPE_CHECKING:
@@ -57,10 +60,19 @@ def celery_config(settings: Settings, *, worker: bool) -> dict[str, Any]:
         if worker
         else {"max_retries": 2, "interval_start": 0, "interval_step": 0.5, "interval_max": 1}
     )
+    # Behind Sentinel, kombu and Celery ask the Sentinels (``master_name``, and ``sentinel_kwargs`` for
+    # the Sentinels' own credentials and timeouts) for the primary on every new connection.
+    broker_sentinel, results_sentinel = (
+        _sentinel_options(settings) if is_sentinel_url(url) else {}
+        for url in (settings.broker_url, settings.result_backend)
+    )
+    backend = "SentinelResultBackend" if results_sentinel else "ResultBackend"
+    transport = {"broker_transport": f"{__name__}:SentinelTransport"} if broker_sentinel else {}
     return {
-        "broker_url": settings.broker_url,
+        "broker_url": _for_celery(settings.broker_url),
+        **transport,
         # Celery's Redis backend, through ``ResultBackend`` (``class+url``: Celery's own form for a backend class).
-        "result_backend": f"{__name__}:ResultBackend+{settings.result_backend}",
+        "result_backend": f"{__name__}:{backend}+{_for_celery(settings.result_backend)}",
         # JSON only: a pickled message would be code execution for anyone who can write to Redis.
         "task_serializer": "json",
         "result_serializer": "json",
@@ -85,8 +97,13 @@ def celery_config(settings: Settings, *, worker: bool) -> dict[str, Any]:
             "socket_timeout": REDIS_SOCKET_TIMEOUT_S,
             "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
             "health_check_interval": REDIS_HEALTH_CHECK_INTERVAL_S,
+            **broker_sentinel,
         },
-        "result_backend_transport_options": {"visibility_timeout": visibility, "retry_policy": result_retry},
+        "result_backend_transport_options": {
+            "visibility_timeout": visibility,
+            "retry_policy": result_retry,
+            **results_sentinel,
+        },
         # A worker storing a result while Redis restarts tries again (about 30 s, as for its own calls)
         # instead of failing a job it finished: without this, Celery stores that job as a FAILURE
         # (ConnectionError) once Redis is back, though its audio is stored.
@@ -105,6 +122,16 @@ def celery_config(settings: Settings, *, worker: bool) -> dict[str, Any]:
         "task_routes": (functools.partial(_route_by_mode, settings.queue),),
         "worker_hijack_root_logger": False,
     }
+
+
+def _sentinel_options(settings: Settings) -> dict[str, Any]:
+    return {"master_name": settings.redis_master_name, "sentinel_kwargs": sentinel_kwargs(settings)}
+
+
+def _for_celery(url: str) -> str:
+    """A ``sentinel://`` URL written the way kombu and Celery read it (the database and the data nodes'
+    credentials on every address: they read them from the first); any other URL as it is."""
+    return parse_sentinel_url(url).for_celery() if is_sentinel_url(url) else url
 
 
 def _route_by_mode(
@@ -128,6 +155,36 @@ class ResultBackend(RedisBackend):  # type: ignore[misc]
 
     def mark_as_retry(self, task_id: str, exc: BaseException, traceback: Any = None, *args: Any, **kwargs: Any) -> Any:
         return super().mark_as_retry(task_id, exc, None, *args, **kwargs)
+
+
+class SentinelResultBackend(ResultBackend, SentinelBackend):  # type: ignore[misc]
+    """``ResultBackend`` behind Sentinel: Celery's Sentinel backend, which finds the primary through the
+    Sentinels and follows it through a failover, on ttsq's ``SentinelConnection`` (a result stored on
+    a dropped connection must not go to the old primary's address: restarted, it takes writes until
+    the Sentinels demote it, and they are lost then)."""
+
+    def _params_from_url(self, url: str, defaults: dict[str, Any]) -> dict[str, Any]:
+        params: dict[str, Any] = super()._params_from_url(url, defaults)
+        params["connection_class"] = SentinelConnection
+        return params
+
+    def exception_safe_to_retry(self, exc: BaseException) -> bool:
+        # Just after a failover the new primary may refuse writes until its replicas are back
+        # (NOREPLICAS, with min-replicas-to-write): a worker storing a result waits, as for a lost connection.
+        return bool(super().exception_safe_to_retry(exc)) or unreachable(exc)
+
+
+class SentinelChannel(kombu_redis.SentinelChannel):
+    """kombu's Sentinel channel on ttsq's ``SentinelConnection``: a message published on a dropped
+    connection goes to the primary the Sentinels name now, not to the old one's address."""
+
+    connection_class = SentinelConnection
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    """kombu's Sentinel transport with ``SentinelChannel``: what producers send through behind Sentinel."""
+
+    Channel = SentinelChannel
 
 
 def stored_result(app: Celery, task_id: str) -> StoredResult:

@@ -6,6 +6,11 @@ Nothing in ttsq reads the environment at import time. Entrypoints call ``Setting
 
 S3 credentials are deliberately *not* settings: boto3's own chain (environment, shared config,
 instance role) supplies them, so they never travel in task arguments or results.
+
+Why one file over 400 lines: every field is documented where it is declared (docs/configuration.md is
+generated from these comments) and checked in the one ``__post_init__``; the ``sentinel://`` URL form is
+taken apart here too, so the startup check and the clients (``ttsq.records.connection``, ``ttsq.app``)
+read it the same way.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from ttsq.constants import DEFAULT_QUEUE
 from ttsq.errors import ConfigError
@@ -36,13 +41,31 @@ class Settings:
     """Everything a producer or worker needs to know, validated."""
 
     #: Celery broker: ``redis://``, ``rediss://`` for TLS (always with ``ssl_cert_reqs=required``), or
-    #: ``unix://``; a password goes in the URL (``redis://:PASSWORD@host:6379/0``).
+    #: ``unix://``; a password goes in the URL (``redis://:PASSWORD@host:6379/0``). Behind Sentinel:
+    #: ``sentinel://host:26379;sentinel://host2:26379/0`` (every Sentinel, the database once, the data
+    #: nodes' password in the first: ``sentinel://:PASSWORD@host:26379;...``) with TTSQ_REDIS_MASTER_NAME.
     broker_url: str = "redis://127.0.0.1:6379/0"
     #: Celery result backend (the same URL forms as the broker).
     result_backend: str = "redis://127.0.0.1:6379/1"
     #: Redis for the cache index, single-flight claims, engine identities, the attempt ledger and the
     #: fleet counters (the same URL forms as the broker).
     cache_url: str = "redis://127.0.0.1:6379/2"
+    #: The name Sentinel monitors the primary under (``sentinel monitor NAME ...``); required when a Redis
+    #: URL is ``sentinel://``, unused otherwise.
+    redis_master_name: str = ""
+    #: Username for the Sentinels themselves (Redis ACL), when they need one; the data nodes' credentials
+    #: stay in the URL.
+    sentinel_username: str = ""
+    #: Password for the Sentinels themselves (their ``requirepass``); the data nodes' password stays in
+    #: the URL. Empty: the Sentinels ask for none.
+    sentinel_password: str = ""
+    #: Replicas that must hold a producer's record of a job before its submit is accepted (Redis
+    #: ``WAIT``); a submit whose record did not reach that many within TTSQ_REDIS_WAIT_TIMEOUT_MS fails
+    #: with an error and nothing is queued. 0: accept once the primary has it (a failover can then lose
+    #: the last accepted jobs). 1 or more with Sentinel: docs/high-availability.md.
+    redis_wait_replicas: int = 0
+    #: The longest a submit waits for TTSQ_REDIS_WAIT_REPLICAS replicas, in milliseconds.
+    redis_wait_timeout_ms: int = 500
     #: ``s3://bucket/prefix`` or a local folder (a path or ``file://`` URL).
     storage_url: str = "./ttsq-audio"
     #: S3 endpoint, for MinIO, R2 and other S3-compatible stores; empty means AWS.
@@ -233,6 +256,15 @@ class Settings:
             _check(0 <= getattr(self, name) <= 10_000, name, "must be 0..10000")
         for name in ("broker_url", "result_backend", "cache_url"):
             _check_redis_url(name, getattr(self, name))
+            # A Sentinel URL names where to ask, not what: without the master's name it cannot connect.
+            _check(
+                not is_sentinel_url(getattr(self, name)) or bool(self.redis_master_name),
+                "redis_master_name",
+                f"must be set: TTSQ_{name.upper()} is a sentinel:// URL, and Sentinel needs the name of the "
+                "primary it monitors (sentinel monitor NAME ...)",
+            )
+        _check(0 <= self.redis_wait_replicas <= 16, "redis_wait_replicas", "must be 0..16")
+        _check(1 <= self.redis_wait_timeout_ms <= 60_000, "redis_wait_timeout_ms", "must be 1..60000")
         for name in ("s3_endpoint_url", "s3_public_endpoint_url"):
             url = getattr(self, name)
             _check(
@@ -368,9 +400,73 @@ def _port_ok(url: str) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class SentinelURL:
+    """A ``sentinel://`` URL taken apart: where the Sentinels listen, and which database on the primary."""
+
+    #: Every Sentinel, as (host, port), in the order given.
+    sentinels: tuple[tuple[str, int], ...]
+    db: int
+    #: The data nodes' credentials (the primary's and its replicas'), from the first address.
+    username: str | None
+    password: str | None
+
+    def for_celery(self) -> str:
+        """The URL as kombu and Celery read it: they take the database and the credentials from the first
+        address only, so every address carries both."""
+        auth = ""
+        if self.password is not None:
+            auth = f"{quote(self.username or '', safe='')}:{quote(self.password, safe='')}@"
+        return ";".join(f"sentinel://{auth}{host}:{port}/{self.db}" for host, port in self.sentinels)
+
+
+def is_sentinel_url(url: str) -> bool:
+    """Whether ``url`` names Redis through Sentinel."""
+    return url.startswith("sentinel://")
+
+
+def parse_sentinel_url(url: str) -> SentinelURL:
+    """``sentinel://[[user]:password@]host[:port][;sentinel://host[:port]]...[/db]``; ``ValueError`` names
+    what is wrong. The database may be written on any address (Celery's examples put it on the last) but
+    must be one number."""
+    sentinels: list[tuple[str, int]] = []
+    dbs: set[int] = set()
+    username: str | None = None
+    password: str | None = None
+    for n, chunk in enumerate(url.split(";")):
+        if not is_sentinel_url(chunk):
+            raise ValueError(f"address {n + 1} ({chunk.split('@')[-1][:60]!r}) must be sentinel://host:port")
+        parts = urlsplit(chunk)
+        try:
+            port = parts.port or 26379
+        except ValueError:
+            raise ValueError(f"address {n + 1} has a port that is not a number") from None
+        if not parts.hostname:
+            raise ValueError(f"address {n + 1} has no host")
+        path = parts.path.strip("/")
+        if path:
+            if not path.isdigit():
+                raise ValueError(f"database must be a number, got {path!r}")
+            dbs.add(int(path))
+        if parts.password is not None and password is None:
+            username, password = unquote(parts.username or "") or None, unquote(parts.password)
+        sentinels.append((parts.hostname, port))
+    if len(dbs) > 1:
+        raise ValueError(f"names two databases ({sorted(dbs)}); write it once, on the last address")
+    return SentinelURL(sentinels=tuple(sentinels), db=dbs.pop() if dbs else 0, username=username, password=password)
+
+
 def _check_redis_url(name: str, url: str) -> None:
+    if is_sentinel_url(url):
+        try:
+            parse_sentinel_url(url)
+        except ValueError as exc:
+            raise ConfigError(ENV_PREFIX + name.upper(), f"sentinel URL: {exc}") from None
+        return
     _check(
-        url.startswith(("redis://", "rediss://", "unix://")), name, "must be a redis://, rediss:// (TLS) or unix:// URL"
+        url.startswith(("redis://", "rediss://", "unix://")),
+        name,
+        "must be a redis://, rediss:// (TLS), unix:// or sentinel://host:port;sentinel://host:port/DB URL",
     )
     _check(_port_ok(url), name, "has a port that is not a number")
     path = urlsplit(url).path.strip("/")

@@ -64,7 +64,10 @@ def _escaped(char: str) -> str:
 
 
 def redact_url(url: str) -> str:
-    """The URL with any password replaced, for messages and logs."""
+    """The URL with any password replaced, for messages and logs; each address of a Sentinel URL
+    (``sentinel://...;sentinel://...``) on its own."""
+    if url.startswith("sentinel://") and ";" in url:
+        return ";".join(redact_url(address) for address in url.split(";"))
     parts = urlsplit(url)
     if parts.password is None:
         return url

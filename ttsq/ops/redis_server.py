@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ttsq.errors import BrokerError
 
@@ -67,6 +67,7 @@ class RedisServer:
         appendonly: bool = False,
         appendfsync: str = "everysec",
         executable: str | None = None,
+        arguments: Sequence[str] = (),
     ) -> None:
         #: The ``redis-server`` binary; by default the one ``redis_server_executable`` finds.
         self.executable = executable
@@ -77,6 +78,8 @@ class RedisServer:
         #: With ``appendonly``: ``always`` loses no acknowledged write in a crash; ``everysec`` (Redis's
         #: default) may lose the last second of them.
         self.appendfsync = appendfsync
+        #: More ``redis-server`` options, after ttsq's (``--replicaof``, ``--requirepass``, ...).
+        self.arguments = list(arguments)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -104,6 +107,7 @@ class RedisServer:
             self.appendfsync,
             "--loglevel",
             "warning",
+            *self.arguments,
         ]
         log = open(os.path.join(self.directory, "redis.log"), "ab")  # noqa: SIM115 - lives with the process
         # The server dies with the process that started it, even if that one is killed outright.
@@ -116,7 +120,8 @@ class RedisServer:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
                     sock.sendall(b"PING\r\n")
-                    if sock.recv(16).startswith(b"+PONG"):
+                    # A server with a password answers NOAUTH: up all the same.
+                    if sock.recv(16).startswith((b"+PONG", b"-NOAUTH")):
                         return self
             except OSError:
                 time.sleep(0.05)

@@ -2,8 +2,10 @@
 
 Each entrypoint (a worker, the gateway, a command, the launcher) builds one ``RedisOwner`` from its
 settings and passes it down; nothing else in ttsq opens a Redis connection, so this is where Sentinel
-will plug in. Every connection names itself (``CLIENT SETNAME ttsq:<role>:<pid>:<databases>:<pool>``),
-so ``CLIENT LIST`` tells ttsq's pools from Celery's and kombu's. The result backend is Celery's own.
+plugs in: a ``sentinel://`` URL gives a client (sync or async) that asks the Sentinels for the primary
+on every new connection and follows it through a failover (``ttsq.records.connection``). Every
+connection names itself (``CLIENT SETNAME ttsq:<role>:<pid>:<databases>:<pool>``), so ``CLIENT LIST``
+tells ttsq's pools from Celery's and kombu's. The result backend is Celery's own.
 """
 
 from __future__ import annotations
@@ -12,25 +14,30 @@ import functools
 import os
 import secrets
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import redis
 from redis import asyncio as aioredis
+from redis.asyncio import sentinel as aiosentinel
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
-from ttsq.constants import REDIS_CONNECT_TIMEOUT_S
+from ttsq.config import is_sentinel_url
+from ttsq.constants import REDIS_CONNECT_TIMEOUT_S, REPLICATED_KEY
+from ttsq.errors import BrokerError
 from ttsq.records.accepted import AcceptedJobs
 from ttsq.records.attempts import Ledger
 from ttsq.records.cache import CacheIndex
-from ttsq.records.connection import connect
+from ttsq.records.connection import NO_REPLICAS, connect, patiently, sentinel_kwargs, sentinel_parts
 from ttsq.records.deadletters import DeadLetters
 from ttsq.records.holders import Holders
 from ttsq.records.identities import Identities
 from ttsq.records.lease import Lease
 from ttsq.records.plans import Plans
 from ttsq.records.stats import FleetStats
+from ttsq.records.streams import AudioStreams
 
 if TYPE_CHECKING:
-    import redis
-
     from ttsq.config import Settings
 
 #: Connections each async pool (the gateway's) keeps, and how long a request waits for a free one: a
@@ -38,6 +45,30 @@ if TYPE_CHECKING:
 #: accept backlog would refuse some).
 ASYNC_POOL_SIZE = 32
 ASYNC_POOL_WAIT_S = 30
+
+
+class _BlockingSentinelPool(aiosentinel.SentinelConnectionPool, aioredis.BlockingConnectionPool):
+    """redis.asyncio's Sentinel pool (each new connection goes to the primary the Sentinels name now),
+    bounded and waiting for a free connection like the gateway's plain pool, not failing past its size."""
+
+
+class _SentinelConnection(aiosentinel.SentinelManagedConnection):
+    """The async twin of ``ttsq.records.connection.SentinelConnection``: a dropped connection reconnects
+    through the Sentinels, not to the address it had (the dead primary, after a failover)."""
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if not self.is_connected:
+            await self.connect()  # type: ignore[no-untyped-call]  # through the Sentinels
+        await super().send_packed_command(command, check_health)
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)
+        except redis.exceptions.ResponseError as exc:
+            if not str(exc).startswith(NO_REPLICAS):
+                raise
+            await self.disconnect()
+            raise redis.exceptions.ConnectionError(f"the primary cannot write yet: {exc}") from exc
 
 
 class RedisOwner:
@@ -72,7 +103,7 @@ class RedisOwner:
             with self._lock:
                 client = self._clients.get(url)
                 if client is None:
-                    client = self._clients[url] = connect(url, name=self._name(url))
+                    client = self._clients[url] = connect(url, name=self._name(url), settings=self.settings)
         return client
 
     def async_client(self, url: str) -> aioredis.Redis:
@@ -80,16 +111,32 @@ class RedisOwner:
         for a free connection."""
         with self._lock:
             if url not in self._async_clients:
-                pool = aioredis.BlockingConnectionPool.from_url(
-                    url,
-                    max_connections=ASYNC_POOL_SIZE,
-                    timeout=ASYNC_POOL_WAIT_S,
-                    socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
-                    decode_responses=True,
-                    encoding_errors="replace",
-                    client_name=self._name(url, "async"),
-                )
-                self._async_clients[url] = aioredis.Redis(connection_pool=pool)
+                options: dict[str, Any] = {
+                    "max_connections": ASYNC_POOL_SIZE,
+                    "timeout": ASYNC_POOL_WAIT_S,
+                    "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
+                    "decode_responses": True,
+                    "encoding_errors": "replace",
+                    "client_name": self._name(url, "async"),
+                }
+                if is_sentinel_url(url):
+                    master_name, sentinels, credentials = sentinel_parts(url, self.settings)
+                    sentinel = aiosentinel.Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs(self.settings))  # type: ignore[no-untyped-call]
+                    # After a failover every idle connection still points at the old primary; a call
+                    # that meets one tries once more on a new connection (to the primary the Sentinels
+                    # name now) instead of failing the request: one retry, on a lost connection only.
+                    retry = Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,))
+                    self._async_clients[url] = sentinel.master_for(
+                        master_name,
+                        connection_pool_class=_BlockingSentinelPool,
+                        connection_class=_SentinelConnection,
+                        retry=retry,
+                        **credentials,
+                        **options,
+                    )
+                else:
+                    pool = aioredis.BlockingConnectionPool.from_url(url, **options)
+                    self._async_clients[url] = aioredis.Redis(connection_pool=pool)
             return self._async_clients[url]
 
     def _name(self, url: str, kind: str = "") -> str:
@@ -98,6 +145,32 @@ class RedisOwner:
         databases = "+".join(label for field, label in fields.items() if getattr(self.settings, field) == url)
         parts = [self.role, str(os.getpid()), databases or "redis", kind, secrets.token_hex(3)]
         return "ttsq:" + ":".join(part for part in parts if part)
+
+    # -- replication ----------------------------------------------------------------------------
+
+    def replicated(self) -> None:
+        """Return once ``TTSQ_REDIS_WAIT_REPLICAS`` replicas of the cache database's primary hold every
+        write made on it so far (a producer's record of the job it is accepting, its claim); at once
+        when the setting is 0. ``BrokerError`` if fewer confirmed within ``TTSQ_REDIS_WAIT_TIMEOUT_MS``:
+        the caller refuses the job rather than accept one a failover could lose."""
+        replicas = self.settings.redis_wait_replicas
+        if replicas == 0:
+            return
+        timeout_ms = self.settings.redis_wait_timeout_ms
+
+        def wait() -> int:
+            # One connection for both: WAIT counts from the last write of the connection it runs on.
+            pipe = self.cache.pipeline(transaction=False)
+            pipe.incr(REPLICATED_KEY)
+            pipe.execute_command("WAIT", replicas, timeout_ms)  # type: ignore[no-untyped-call]
+            return int(pipe.execute()[1])
+
+        confirmed = patiently(wait, self.settings.cache_url, self.patience_s)
+        if confirmed < replicas:
+            raise BrokerError(
+                f"only {confirmed} of the {replicas} replicas required (TTSQ_REDIS_WAIT_REPLICAS) confirmed the "
+                f"job's record within {timeout_ms} ms; not accepted"
+            )
 
     # -- the records ----------------------------------------------------------------------------
 
@@ -110,6 +183,11 @@ class RedisOwner:
     def accepted(self) -> AcceptedJobs:
         """Every job a producer accepted, until it has a final result; cancel marks."""
         return AcceptedJobs(self.cache, patience_s=self.patience_s)
+
+    @functools.cached_property
+    def streams(self) -> AudioStreams:
+        """The audio streams of streaming jobs (``ttsq.records.streams``)."""
+        return AudioStreams(self.cache, patience_s=self.patience_s)
 
     @functools.cached_property
     def attempts(self) -> Ledger:

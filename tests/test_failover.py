@@ -1,0 +1,312 @@
+"""Redis behind Sentinel: every ttsq client follows a failover without a restart, and no accepted job is lost.
+
+Each test starts its own topology on loopback (``ttsq.ops.sentinel``: a primary, two replicas, three
+Sentinels, data nodes and Sentinels each with a password of their own) and kills the primary outright
+(SIGKILL) while ttsq uses it. The Sentinels' timeouts are short (down after 1 s, failover timeout 3 s) so a
+failover takes seconds. Nothing here touches a Redis it did not start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from redis import asyncio as aioredis
+from support import GatewayProcess, WorkerProcess, api_key, run_cli, s3_keys, submit_cli, wait_until
+from test_redis_owner import run_every_script, script_runs
+
+from ttsq.app import celery_config, make_app, stored_result
+from ttsq.client import Client, Job
+from ttsq.config import Settings
+from ttsq.constants import ACCEPTED_PREFIX
+from ttsq.errors import BrokerError
+from ttsq.gateway.state import Gateway
+from ttsq.ops.sentinel import MASTER_NAME, SentinelTopology
+from ttsq.records.connection import connect
+from ttsq.records.owner import RedisOwner
+
+StartWorker = Callable[..., WorkerProcess]
+StartGateway = Callable[..., GatewayProcess]
+DATA_PASSWORD = "data-node-secret"
+SENTINEL_PASSWORD = "sentinel-secret"
+
+
+def test_celery_gets_sentinel_options_and_plain_urls_stay_as_they_were() -> None:
+    plain = Settings()
+    config = celery_config(plain, worker=True)
+    assert config["broker_url"] == plain.broker_url and "broker_transport" not in config
+    assert config["result_backend"] == f"ttsq.app:ResultBackend+{plain.result_backend}"
+    assert "master_name" not in config["broker_transport_options"]
+    assert "master_name" not in config["result_backend_transport_options"]
+
+    ha = plain.replace(
+        broker_url="sentinel://:data@h1:26379;sentinel://h2:26380/0",
+        result_backend="sentinel://:data@h1:26379;sentinel://h2:26380/1",
+        redis_master_name="mymaster",
+        sentinel_password="sentinel",
+    )
+    config = celery_config(ha, worker=True)
+    assert config["broker_url"] == "sentinel://:data@h1:26379/0;sentinel://:data@h2:26380/0"
+    assert config["result_backend"] == (
+        "ttsq.app:SentinelResultBackend+sentinel://:data@h1:26379/1;sentinel://:data@h2:26380/1"
+    )
+    for options in (config["broker_transport_options"], config["result_backend_transport_options"]):
+        assert options["master_name"] == "mymaster"
+        # The Sentinels' own password, apart from the data nodes' (in the URL), and short timeouts.
+        assert options["sentinel_kwargs"]["password"] == "sentinel"
+        assert options["sentinel_kwargs"]["socket_timeout"] <= 1
+    app = make_app(ha)
+    assert type(app.backend).__name__ == "SentinelResultBackend"
+    assert app.backend.connparams["db"] == 1 and app.backend.connparams["password"] == "data"
+    app.close()
+
+
+@pytest.fixture
+def topology() -> Iterator[SentinelTopology]:
+    topology = SentinelTopology(replicas=2, password=DATA_PASSWORD, sentinel_password=SENTINEL_PASSWORD).start()
+    yield topology
+    topology.stop()
+
+
+@pytest.fixture
+def ha_settings(settings: Settings, topology: SentinelTopology) -> Settings:
+    """The test's settings (its own queue and S3 prefix) on the Sentinel topology; a submit waits for one
+    replica to hold its record."""
+    return settings.replace(
+        broker_url=topology.url(0),
+        result_backend=topology.url(1),
+        cache_url=topology.url(2),
+        redis_master_name=MASTER_NAME,
+        sentinel_password=SENTINEL_PASSWORD,
+        redis_wait_replicas=1,
+        lost_job_grace_s=3,
+    )
+
+
+def replicate(topology: SentinelTopology) -> None:
+    """Wait until both replicas hold every write so far: what the test wrote before the kill is then
+    on whichever replica the Sentinels promote (replication is asynchronous; this test is about
+    following the primary, not about the writes a failover may lose)."""
+    with topology.node(topology.primary_port()) as primary:
+        assert primary.execute_command("WAIT", 2, 5000) == 2
+
+
+def test_every_client_follows_a_failover_with_a_sentinel_down(
+    ha_settings: Settings, topology: SentinelTopology
+) -> None:
+    owner = RedisOwner(ha_settings, role="test", patience_s=30)
+    app = make_app(ha_settings)
+    # Every pool exists and has talked to the first primary before it dies.
+    owner.cache.set("ttsq:test:before", "cache")
+    owner.broker.rpush("ttsq:test:list", "broker")
+    owner.accepted.accept("before", task="ttsq.synthesize", queue="q", kwargs={"text": "x"}, headers={})
+    app.backend.set(app.backend.get_key_for_task("before"), '{"status": "PENDING", "result": null}')
+    # The gateway's async pool, on one event loop for the whole test as in a gateway process.
+    loop = asyncio.new_event_loop()
+    gateway_side = owner.async_client(ha_settings.cache_url)
+    assert loop.run_until_complete(gateway_side.get("ttsq:test:before")) == "cache"
+    replicate(topology)
+
+    # One Sentinel (the first the URLs name) is gone for good: the others still make a quorum.
+    topology.stop_sentinel(0)
+    old = topology.fail_primary()
+    killed = time.monotonic()
+
+    # Called at once, with the primary dead and no new one yet: the record's own patience rides it out.
+    owner.accepted.accept("during", task="ttsq.synthesize", queue="q", kwargs={"text": "y"}, headers={})
+    assert time.monotonic() - killed > 0.5, "the call cannot have reached a primary that was just killed"
+    new = topology.wait_for_failover(old.port)
+    assert new != old.port
+
+    # The sync pools: the records, the broker's database.
+    assert owner.cache.get("ttsq:test:before") == "cache"
+    assert owner.broker.lrange("ttsq:test:list", 0, -1) == ["broker"]
+    assert {task_id for task_id, _ in owner.accepted.unseen("q")} >= {"before", "during"}
+    # The async pool, the same one: its connection to the dead primary is dropped, a new one goes to
+    # the new primary (one failed call first, the gateway's 503 for that request: hence the retry).
+    wait_until(lambda: _async_get(loop, gateway_side, "ttsq:test:before") == "cache", 10, "the async pool to follow")
+    loop.run_until_complete(owner.aclose())
+    loop.close()
+    # Celery's result backend and broker, through the app built before the kill.
+    assert stored_result(app, "before").state == "PENDING"
+    app.send_task("ttsq.noop", task_id="after", queue="ttsq:test:celery")
+    with topology.node(new, db=0) as primary:
+        assert primary.llen("ttsq:test:celery") == 1  # published to the new primary
+        assert primary.get("ttsq:test:missing") is None
+
+    # The old primary comes back (a partition healed, a host rebooted): the Sentinels make it a replica,
+    # and ttsq's writes keep going to the new primary.
+    topology.restart(old)
+    wait_until(lambda: _role(topology, old.port) == "slave", 30, "the old primary to rejoin as a replica")
+    owner.cache.set("ttsq:test:after", "new")
+    with topology.node(new, db=2) as primary:
+        assert primary.get("ttsq:test:after") == "new"
+    owner.close()
+    app.close()
+
+
+def _async_get(loop: asyncio.AbstractEventLoop, client: aioredis.Redis, key: str) -> str | None:
+    try:
+        return loop.run_until_complete(client.get(key))  # type: ignore[no-any-return]
+    except redis.RedisError:
+        return None
+
+
+def _role(topology: SentinelTopology, port: int) -> str:
+    try:
+        with topology.node(port) as node:
+            return str(node.role()[0])
+    except redis.RedisError:
+        return "down"
+
+
+def test_every_lua_script_runs_on_a_new_primary_with_an_empty_script_cache(
+    ha_settings: Settings, topology: SentinelTopology
+) -> None:
+    """Each record's script was loaded (and its SHA kept) on the first primary; on the promoted replica
+    its cache is empty (flushed here to be sure): every script meets NOSCRIPT, loads, and runs."""
+    owner = RedisOwner(ha_settings, role="test", patience_s=30)
+    gateway = Gateway(ha_settings)
+    # Plain clients of the test's own, through Sentinel: whichever node is the primary.
+    admin = connect(ha_settings.cache_url, settings=ha_settings)
+    results_db = connect(ha_settings.result_backend, settings=ha_settings)
+    runs = script_runs(owner, gateway, admin, results_db)
+
+    async def across_a_failover() -> None:
+        try:
+            await run_every_script(runs, admin, flush=False)  # loaded on the first primary
+            replicate(topology)
+            old = topology.fail_primary()
+            new = topology.wait_for_failover(old.port)
+            await asyncio.sleep(0)
+            wait_until(lambda: _answers(admin), 30, "the test's own client to reach the new primary")
+            assert admin.connection_pool.get_master_address()[1] == new  # type: ignore[attr-defined]
+            await run_every_script(runs, admin, flush=True)  # on the new primary, each after a SCRIPT FLUSH
+        finally:
+            await gateway.close()
+
+    asyncio.run(across_a_failover())
+    owner.close()
+    admin.close()
+    results_db.close()
+
+
+def _answers(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+@pytest.mark.slow
+def test_a_worker_and_a_gateway_keep_serving_across_a_failover(
+    ha_settings: Settings,
+    topology: SentinelTopology,
+    start_worker: StartWorker,
+    start_gateway: StartGateway,
+    tmp_path: Path,
+) -> None:
+    """A burst of distinct jobs from a producer and requests through a gateway; the primary dies in the
+    middle. Every submit is accepted or refused (BrokerError); every accepted job completes, each stored
+    once; the same worker and gateway processes serve before and after the switch."""
+    worker = start_worker(ha_settings)
+    gateway = start_gateway(ha_settings)
+    token = api_key(ha_settings)
+    producer = Client(ha_settings)
+    accepted: list[tuple[str, Job]] = []
+    refused: list[str] = []
+    accepted_after_kill: list[float] = []
+    killed: list[float] = []
+    stop = threading.Event()
+
+    def speak(i: int) -> int:
+        try:
+            return httpx.post(
+                f"{gateway.url}/v1/audio/speech",
+                headers={"Authorization": f"Bearer {token}"},
+                json={"model": "tts-1", "voice": "alloy", "input": f"Gateway request {i}.", "response_format": "wav"},
+                timeout=120,
+            ).status_code
+        except httpx.HTTPError:
+            return 0
+
+    def burst() -> None:
+        i = 0
+        while not stop.is_set():
+            text = f"Failover sentence number {i}."
+            try:
+                accepted.append((text, producer.submit(text)))
+                if killed:
+                    accepted_after_kill.append(time.monotonic())
+            except BrokerError:
+                refused.append(text)
+            i += 1
+            time.sleep(0.02)
+
+    assert speak(-1) == 200
+    thread = threading.Thread(target=burst)
+    thread.start()
+    try:
+        wait_until(lambda: len(accepted) >= 40, 60, "jobs accepted before the kill")
+        old = topology.fail_primary()
+        killed.append(time.monotonic())
+        topology.wait_for_failover(old.port)
+        # Submits are accepted again, by the same producer, on the new primary.
+        wait_until(lambda: len(accepted_after_kill) >= 40, 90, "jobs accepted after the failover")
+    finally:
+        stop.set()
+        thread.join()
+    for text, job in accepted:
+        assert job.wait(timeout=120)["duration_s"] > 0, text
+    producer.close()
+    # The gateway, never restarted, serves through the new primary.
+    assert speak(1) == 200
+    assert httpx.get(f"{gateway.url}/readyz", timeout=30).status_code == 200
+    # The command line, on the same settings: a submit, the fleet's view, and no password in sight.
+    assert submit_cli(ha_settings, "A command line sentence.", output=tmp_path / "cli.wav")["duration_s"]
+    for command in (("stats", "--json"), ("config", "--json")):
+        shown = run_cli(*command, settings=ha_settings)
+        assert shown.returncode == 0, shown.stderr.decode()[-2000:]
+        assert DATA_PASSWORD.encode() not in shown.stdout and SENTINEL_PASSWORD.encode() not in shown.stdout
+    # Each distinct accepted job is stored once (plus the gateway's two and the command's): no second
+    # object for a job that ran again.
+    assert len([key for key in s3_keys(ha_settings) if key.endswith(".wav")]) == len(accepted) + 3
+    assert worker.process is not None and worker.process.poll() is None
+    assert gateway.process.poll() is None
+
+
+def test_a_submit_to_a_partitioned_primary_that_comes_back_is_refused_or_kept(
+    ha_settings: Settings, topology: SentinelTopology
+) -> None:
+    """The primary freezes (SIGSTOP: alive, the producer's connections to it open), another is promoted,
+    then it goes on. Redis itself may take a write on such a connection in the moment before it notices
+    its replicas are gone (and throw it away when it is demoted): a submit, which waits for a replica
+    to hold its record, is refused then, or kept. Never accepted and lost."""
+    producer = Client(ha_settings)
+    producer.submit("Before the partition.")
+    replicate(topology)
+    old = topology.pause_primary()
+    new = topology.wait_for_failover(old.port)
+    topology.resume(old)
+    accepted: list[str] = []
+    for i in range(10):  # at once: on the connections still open to the old primary
+        with contextlib.suppress(BrokerError):  # refused: the caller knows
+            accepted.append(producer.submit(f"After the partition, number {i}.").id or "")
+    wait_until(lambda: _role(topology, old.port) == "slave", 30, "the old primary to be demoted")
+    wait_until(lambda: _synced(topology, old.port), 30, "the old primary to sync from the new one")
+    assert accepted, "no submit was accepted after the partition healed"
+    with topology.node(new, db=2) as primary:
+        assert primary.exists(*(ACCEPTED_PREFIX + task_id for task_id in accepted)) == len(accepted)
+    producer.close()
+
+
+def _synced(topology: SentinelTopology, port: int) -> bool:
+    with topology.node(port) as node:
+        return node.info("replication").get("master_link_status") == "up"
