@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import WorkerProcess, run_cli, s3_keys
+from support import WorkerProcess, run_cli, s3_keys, wait_until
 
 from ttsq.config import Settings
 from ttsq.engines.espeak import EspeakEngine
@@ -149,7 +149,9 @@ def test_bench_against_a_running_worker(settings: Settings, start_worker: StartW
     assert 1 <= data["batch"]["mean_size"] <= data["batch"]["max_size_seen"] <= settings.max_batch
     assert len(s3_keys(settings)) == 12  # twelve distinct audio files stored
     redis_owner = RedisOwner(settings, role="test")
-    assert redis_owner.stats.window(5)["synthesized"] == 12  # what `ttsq stats` counts
+    # What `ttsq stats` counts; a worker writes its counts once a second.
+    wait_until(lambda: redis_owner.stats.window(5)["synthesized"] >= 12, 10, "twelve jobs counted")
+    assert redis_owner.stats.window(5)["synthesized"] == 12
     redis_owner.close()
 
 

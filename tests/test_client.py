@@ -18,13 +18,14 @@ import pytest
 import redis
 import soundfile as sf
 from bad_inputs import BAD_REQUESTS
-from support import WorkerProcess, queue_length, s3_keys
+from support import WorkerProcess, queue_length, s3_keys, wait_until
 
 from ttsq.app import make_app
 from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.errors import BrokerError, EngineError, InvalidRequest, JobTimeout
 from ttsq.records.owner import RedisOwner
+from ttsq.records.stats import FLUSH_INTERVAL_S
 
 StartWorker = Callable[..., WorkerProcess]
 KOREAN = "안녕하세요. 티티에스큐 음성 합성 테스트입니다."
@@ -76,7 +77,9 @@ def test_ten_concurrent_identical_submits_make_one_synthesis(settings: Settings,
     client = Client(settings)
     client.submit("warm up the model announcement").wait(timeout=30)
     stats = RedisOwner(settings, role="test").stats
-    before = stats.window(5)["synthesized"]  # what `ttsq stats` counts
+    # What `ttsq stats` counts; a worker writes its counts once a second (FLUSH_INTERVAL_S).
+    wait_until(lambda: stats.window(5)["synthesized"] >= 1, 10, "the warm-up counted")
+    before = stats.window(5)["synthesized"]
 
     def submit_and_wait(_: int) -> dict[str, object]:
         return dict(Client(settings).submit("Ten producers, one job.").wait(timeout=30))
@@ -84,6 +87,8 @@ def test_ten_concurrent_identical_submits_make_one_synthesis(settings: Settings,
     with ThreadPoolExecutor(10) as pool:
         results = list(pool.map(submit_and_wait, range(10)))
     assert len({r["key"] for r in results}) == 1
+    wait_until(lambda: stats.window(5)["synthesized"] - before >= 1, 10, "the job counted")
+    time.sleep(FLUSH_INTERVAL_S * 2)  # a second synthesis would be counted by now
     assert stats.window(5)["synthesized"] - before == 1
     assert len([k for k in s3_keys(settings) if k.endswith(f"{results[0]['key']}.wav")]) == 1
     assert len(s3_keys(settings)) == 2  # the warm-up's object and this one

@@ -60,7 +60,10 @@ def test_stats_are_consistent_during_and_after_a_burst(settings: Settings, start
             timeout=60
         )["cached"]
 
-    after = stats_json(settings)
+    # A worker writes its counts once a second: wait for the last of them.
+    deadline = time.monotonic() + 15
+    while (after := stats_json(settings))["window"]["jobs_done"] < BURST + 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
     window = after["window"]
     assert all(q["depth"] == 0 for q in after["queues"]) and after["unacked"] == 0
     assert window["synthesized"] == BURST

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from support import WorkerProcess, queue_length, s3_keys
+from support import WorkerProcess, queue_length, s3_keys, wait_until
 
 from ttsq.app import make_app
 from ttsq.client import Client
@@ -24,7 +24,9 @@ def test_a_redelivered_job_is_answered_from_the_cache(settings: Settings, start_
     client = Client(settings)
     first = client.submit("Delivered twice.").wait(timeout=30)
     stats = RedisOwner(settings, role="test").stats
-    before = stats.window(5)  # what `ttsq stats` counts
+    # What `ttsq stats` counts; a worker writes its counts once a second.
+    wait_until(lambda: stats.window(5)["synthesized"] >= 1, 10, "the first job counted")
+    before = stats.window(5)
     # The same message again, as Redis would redeliver it: straight onto the queue, no producer check.
     again = (
         make_app(settings)
@@ -32,6 +34,7 @@ def test_a_redelivered_job_is_answered_from_the_cache(settings: Settings, start_
         .get(timeout=30)
     )
     assert again["cached"] is True and again["key"] == first["key"] and again["batch_size"] == 0
+    wait_until(lambda: stats.window(5)["cached_worker"] > before["cached_worker"], 10, "the cache hit counted")
     after = stats.window(5)
     assert after["synthesized"] == before["synthesized"] == 1
     assert after["cached_worker"] == before["cached_worker"] + 1

@@ -15,6 +15,8 @@ suspect. Attempts live in the cache Redis beside the index.
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -25,6 +27,8 @@ from ttsq.records.connection import address, patiently
 
 if TYPE_CHECKING:
     import redis
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,11 @@ class Ledger:
         self.ttl_s = ttl_s
         self.patience_s = patience_s
         self._redis = client
+        self._lock = threading.Lock()
+        #: Refunds the batcher handed over (``refund_soon``), written by ``_refunder``.
+        self._refunds: list[str] = []
+        self._wake = threading.Event()
+        self._refunder: threading.Thread | None = None
 
     def attempts(self, task_id: str) -> int:
         """Engine calls with this job in them that never returned."""
@@ -88,6 +97,44 @@ class Ledger:
             pipe.execute()
 
         patiently(decr, self.url, self.patience_s)
+
+    def refund_soon(self, task_id: str) -> None:
+        """``refund``, written by a thread of the ledger's own within milliseconds, several in one round
+        trip: the batcher's thread, which calls this as an engine call returns, goes straight back to the
+        engine instead of waiting on Redis (and on the interpreter lock behind busy task threads). A
+        worker killed in those milliseconds leaves the attempt charged, as if it had died a moment
+        earlier, inside the call."""
+        with self._lock:
+            self._refunds.append(task_id)
+            if self._refunder is None:
+                self._refunder = threading.Thread(target=self._refund_pending, name="ttsq-refunds", daemon=True)
+                self._refunder.start()
+        self._wake.set()
+
+    def flush_refunds(self) -> None:
+        """Write the refunds handed over and not yet written (a worker stopping cleanly)."""
+        with self._lock:
+            task_ids, self._refunds = self._refunds, []
+        if not task_ids:
+            return
+
+        def decr() -> None:
+            pipe = self._redis.pipeline(transaction=False)
+            for task_id in task_ids:
+                pipe.decr(ATTEMPTS_PREFIX + task_id)
+                pipe.expire(ATTEMPTS_PREFIX + task_id, self.ttl_s)
+            pipe.execute()
+
+        try:
+            patiently(decr, self.url, self.patience_s)
+        except Exception as exc:  # bookkeeping: the jobs ran; an attempt left charged only isolates a rerun
+            logger.warning("could not refund %d attempt(s): %s", len(task_ids), type(exc).__name__)
+
+    def _refund_pending(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            self.flush_refunds()
 
     def park(self, job: ParkedJob) -> None:
         """Keep a failed job for an operator."""

@@ -101,6 +101,7 @@ class WorkerRuntime:
             ledger=self.ledger,
             results=self.results,
             observer=self.observer,
+            streams=self.redis.streams,
         )
         #: The cache database, for what the document stitch keeps there (``ttsq.worker.documents``).
         self.documents_redis = self.redis.cache
@@ -262,8 +263,10 @@ class WorkerRuntime:
         if self.sweeper is not None:
             self.sweeper.stop()
         self.batcher.stop()
+        self._quietly(self.ledger.flush_refunds)
         if self._stats_beat.is_alive():
             self._stats_beat.join(timeout=HEARTBEAT_INTERVAL_S + 5)
+        self._quietly(self.fleet.close)
         self._quietly(lambda: self.stats.forget(self.node))
         self._quietly(lambda: self.redis.identities.leave(self.settings.queue, self.node))
         self.metrics.close()
