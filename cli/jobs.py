@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,12 +27,13 @@ from .common import (
     read_text,
     report,
     settings_of,
+    summary,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from ttsq.client import Client, Job
+    from ttsq.client import AudioStream, Client, DocumentStream, Job
     from ttsq.config import Settings
 
 
@@ -105,6 +107,12 @@ if TYPE_CHECKING:
     help="With --each-line: save each line's audio in this directory (created if missing) as its line "
     "number, zero-padded to 4 digits, and the format's extension: 0007.wav (implies --wait).",
 )
+@click.option(
+    "--stream",
+    is_flag=True,
+    help="Write the audio as the worker makes it, as WAV: to stdout (pipe it to a player: "
+    "| ffplay -nodisp -, | aplay) or to -o FILE.wav, which grows as it comes; the result goes to stderr.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option(
     "--embedded", is_flag=True, help="Start a private Redis and an in-process espeak worker for this one job."
@@ -133,6 +141,7 @@ def submit(
     timeout: float,
     output: Path | None,
     output_dir: Path | None,
+    stream: bool,
     as_json: bool,
     embedded: bool,
 ) -> None:
@@ -147,6 +156,8 @@ def submit(
         raise click.UsageError("--output-dir saves the lines of --each-line: for one file use -o FILE")
     if embedded and not wait:
         raise click.UsageError("--embedded waits for its one job: it cannot be combined with --no-wait")
+    if stream:
+        _check_stream_flags(each_line, output, audio_format, wait=wait, embedded=embedded)
     text = _input_text(text, text_file)
     fields = _request_fields(
         mode=mode,
@@ -176,6 +187,9 @@ def submit(
             return
         from ttsq.client import Client
 
+        if stream:
+            _stream(Client(settings), kind, text, fields, timeout=timeout, output=output, as_json=as_json)
+            return
         _submit(
             Client(settings),
             kind,
@@ -189,6 +203,79 @@ def submit(
         )
     except InvalidRequest as exc:
         raise pointed_to_documents(exc, kind, settings.max_text_chars) from None
+
+
+def _check_stream_flags(
+    each_line: bool, output: Path | None, audio_format: str | None, *, wait: bool, embedded: bool
+) -> None:
+    """--stream plays one text or document as it is made: flags that mean something else are refused."""
+    if each_line:
+        raise click.UsageError("--stream plays one text or one document (-f) as it is made, not --each-line")
+    if not wait or embedded:
+        raise click.UsageError("--stream waits for its audio: it cannot be combined with --no-wait or --embedded")
+    if output is not None and format_of_output(output) not in (None, "wav"):
+        raise click.UsageError(f"--stream writes WAV as it comes: name the file .wav, not {output.name}")
+    if audio_format is not None and audio_format.lower() != "wav":
+        raise click.UsageError("--stream writes WAV as it comes (16-bit PCM): drop --format")
+    if output is None and sys.stdout.isatty():
+        raise click.UsageError(
+            "--stream writes audio to stdout: pipe it to a player (| ffplay -nodisp -, | aplay) or use -o FILE.wav"
+        )
+
+
+def _stream(
+    client: Client,
+    kind: str,
+    text: str,
+    fields: dict[str, Any],
+    *,
+    timeout: float,
+    output: Path | None,
+    as_json: bool,
+) -> None:
+    """Play one job or document as it is made: a WAV whose header says "until the data ends", then its
+    samples as they arrive, flushed piece by piece; a file has its sizes set once the last piece is in."""
+    from ttsq.audio import wav_header
+
+    stream: AudioStream | DocumentStream
+    if kind == "document":
+        stream = client.stream_document(text, timeout=timeout, **fields)
+    else:
+        stream = client.stream(text, timeout=timeout, **fields)
+    if stream.job.result is None and stream.job.id is not None:
+        _accepted(stream.job, kind)
+    _show_waits_on_redis()
+    sink = open(output, "wb") if output is not None else sys.stdout.buffer  # noqa: SIM115 (closed below)
+    written, rate = 0, 0
+    try:
+        try:
+            for piece in stream:
+                if not rate:
+                    rate = piece.sample_rate
+                    sink.write(wav_header(rate))
+                sink.write(piece.pcm)
+                sink.flush()
+                written += len(piece.pcm)
+        except BrokenPipeError:  # the player was closed: the job goes on, and is cached
+            # Python flushes stdout once more at exit: point it at nothing, or that flush fails too.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return
+        except KeyboardInterrupt:
+            if stream.job.id is None:
+                raise
+            _interrupted([stream.job.id])
+        if output is not None and rate:
+            sink.seek(0)
+            sink.write(wav_header(rate, written))
+    finally:
+        if output is not None:
+            sink.close()
+    if stream.result is not None:
+        # stdout carries the audio, unless it went to a file: then the result goes to stderr.
+        line = json.dumps(stream.result, ensure_ascii=False) if as_json else summary(stream.result)
+        if output is not None and not as_json:
+            line = f"wrote {output}: {line}"
+        click.echo(line, err=output is None)
 
 
 def _input_text(text: str | None, text_file: Path | None) -> str:

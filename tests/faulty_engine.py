@@ -8,6 +8,9 @@ would fail:
   (unless ``FAULTY_ENGINE_ARMED`` names a file that does not exist: the bug has been fixed);
 - ``[hang]``: the engine call never returns, as on a stuck kernel;
 - ``[slow]``: the batch takes ``SLOW_S`` seconds longer, so a test can act while it is in flight;
+- ``[crash-after-audio]``: a streaming row is handed its audio, then (a second later, once its pieces
+  are in its stream) the process dies with SIGKILL, once: while the file ``FAULTY_ENGINE_ONCE`` names
+  exists (it is removed first);
 - ``[flaky]``: the item fails (an ``EngineError`` in its slot) while the file ``FAULTY_ENGINE_FLAKY``
   names exists, as on a transient device fault.
 
@@ -31,14 +34,16 @@ from ttsq.engines.espeak import EspeakEngine
 from ttsq.errors import EngineError
 
 if TYPE_CHECKING:
-    from ttsq.engines.base import EngineOutput
+    from ttsq.engines.base import EngineOutput, Piece
     from ttsq.job import SynthesisRequest
 
 SLOW_S = 1.0
 
 
 class FaultyEngine(EspeakEngine):
-    def synthesize_batch(self, requests: Sequence[SynthesisRequest]) -> list[EngineOutput | Exception]:
+    def synthesize_batch(
+        self, requests: Sequence[SynthesisRequest], pieces: Sequence[Piece | None] | None = None
+    ) -> list[EngineOutput | Exception]:
         events = os.environ.get("FAULTY_ENGINE_EVENTS")
         if events:
             with open(events, "a") as log:
@@ -51,7 +56,13 @@ class FaultyEngine(EspeakEngine):
             threading.Event().wait()
         if any("[slow]" in text for text in texts):
             time.sleep(SLOW_S)
-        outputs = super().synthesize_batch(requests)
+        once = os.environ.get("FAULTY_ENGINE_ONCE")
+        if any("[crash-after-audio]" in text for text in texts) and once and os.path.exists(once):
+            super().synthesize_batch(requests, pieces)
+            time.sleep(SLOW_S)
+            os.remove(once)
+            os.kill(os.getpid(), signal.SIGKILL)
+        outputs = super().synthesize_batch(requests, pieces)
         done = os.environ.get("FAULTY_ENGINE_DONE")
         if done:
             with open(done, "a") as log:

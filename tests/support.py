@@ -32,6 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ttsq.config import Settings
 from ttsq.constants import FLEET_PREFIX, WORKER_PREFIX
 from ttsq.ops.redis_server import free_port
+from ttsq.records.connection import connect
 
 #: The S3 bucket the suite's moto server holds; each test writes under its own prefix.
 BUCKET = "ttsq-test"
@@ -80,7 +81,7 @@ class WorkerProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60.0) -> WorkerProcess:
-        cache = redis.Redis.from_url(self.settings.cache_url)
+        cache = connect(self.settings.cache_url, settings=self.settings)  # a redis:// or sentinel:// URL
         # Ready means announced and beating: the fleet key alone may be a sibling worker's re-announcement.
         # Both keys are this test's own: its queue names the fleet key, its host name the heartbeat.
         ready = (FLEET_PREFIX + self.settings.queue, WORKER_PREFIX + self.hostname)
@@ -365,9 +366,8 @@ class GatewayProcess:
 def api_key(settings: Settings, name: str = "test", **limits: float) -> str:
     """A new API key's token (``ttsq keys add`` does the same)."""
     from ttsq.gateway.apikeys import ApiKeys
-    from ttsq.records.connection import connect
 
-    client = connect(settings.cache_url)
+    client = connect(settings.cache_url, settings=settings)
     try:
         token, _ = ApiKeys(client).add(f"{name}-{time.monotonic_ns()}", **limits)  # type: ignore[arg-type]
         return token

@@ -6,12 +6,13 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 from ttsq.batching.batcher import Batcher, BatchItem
 from ttsq.config import Settings
 from ttsq.engines import create_engine
-from ttsq.engines.base import Engine, EngineOutput
+from ttsq.engines.base import Engine, EngineOutput, Piece
 from ttsq.errors import EngineError, EngineUnavailable, InvalidRequest
 from ttsq.job import SynthesisRequest
 
@@ -213,4 +214,52 @@ def test_a_lone_job_does_not_wait_the_whole_bound(engine: Engine, announced: boo
     if handle is not None:
         handle.done()
     assert future.result(15).batch_size == 1  # the pause is 5 s; the bound 20 s would time out
+    batcher.stop()
+
+
+class StreamingShared(SharedEngine):
+    """``SharedEngine`` for an engine that streams: streaming rows get their audio as it is made."""
+
+    streams_audio = True
+
+    def synthesize_batch(  # type: ignore[override]
+        self, requests: Sequence[SynthesisRequest], pieces: Sequence[Piece | None] | None = None
+    ) -> list[EngineOutput | Exception]:
+        self.calls.append(len(requests))
+        if any(r.text == "poison" for r in requests):
+            for piece in pieces or []:
+                if piece is not None:
+                    piece(np.ones(10, dtype=np.int16))  # audio that must not count: the pass fails
+            raise RuntimeError("device fault")
+        return self.inner.synthesize_batch(requests, pieces=pieces)  # type: ignore[call-arg]
+
+
+def test_a_streaming_job_waits_for_no_company(engine: Engine) -> None:
+    # Without a listener, a lone job would wait a quarter of this bound (15 s) for company.
+    batcher = Batcher(StreamingShared(engine), max_batch=8, max_wait_s=60.0)  # type: ignore[arg-type]
+    batcher.start()
+    got: list[np.ndarray | None] = []
+    item = batcher.submit(request("Someone is listening.", stream=True), on_piece=got.append).result(10)
+    assert item.batch_size == 1
+    assert got and np.array_equal(np.concatenate([g for g in got if g is not None]), item.output.samples)
+    batcher.stop()
+
+
+def test_a_streaming_row_run_again_starts_its_audio_over(engine: Engine) -> None:
+    streaming = StreamingShared(engine)
+    batcher = Batcher(streaming, max_batch=2, max_wait_s=0.5)  # type: ignore[arg-type]
+    batcher.start()
+    got: list[np.ndarray | None] = []
+    with ThreadPoolExecutor(2) as pool:
+        poisoned = pool.submit(lambda: batcher.submit(request("poison")).result(10))
+        listened = batcher.submit(request("Heard twice, kept once.", stream=True), on_piece=got.append)
+        item = listened.result(10)
+        with pytest.raises(EngineError):
+            poisoned.result(10)
+    assert streaming.calls[0] == 2  # they shared the pass that failed, then ran one by one
+    # Pieces of the failed pass, then "starts over", then the audio the job keeps.
+    last_restart = max(i for i, piece in enumerate(got) if piece is None)
+    assert any(piece is not None for piece in got[:last_restart])
+    kept = [piece for piece in got[last_restart + 1 :] if piece is not None]
+    assert np.array_equal(np.concatenate(kept), item.output.samples)
     batcher.stop()

@@ -16,9 +16,9 @@ from ttsq.app import make_app
 from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.constants import DOCUMENT_TASK_NAME
+from ttsq.document import check_plan
 from ttsq.errors import InvalidRequest
 from ttsq.records.plans import chunk_task_ids
-from ttsq.worker.documents import _check_plan
 
 StartWorker = Callable[..., WorkerProcess]
 
@@ -54,11 +54,11 @@ def good_plan() -> dict[str, Any]:
 def test_a_stitch_plan_read_back_is_checked_field_by_field(
     change: Callable[[dict[str, Any]], None], field: str
 ) -> None:
-    _check_plan(good_plan())
+    check_plan(good_plan())
     plan = good_plan()
     change(plan)
     with pytest.raises(InvalidRequest) as info:
-        _check_plan(plan)
+        check_plan(plan)
     assert info.value.field == field
 
 

@@ -31,6 +31,7 @@ from ttsq.errors import (
     JobParked,
     JobTimeout,
     StorageError,
+    StreamBroken,
     TTSQError,
     UnknownJob,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "JobResult",
     "JobTimeout",
     "StorageError",
+    "StreamBroken",
     "SynthesisRequest",
     "TTSQError",
     "UnknownJob",

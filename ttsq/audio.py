@@ -9,7 +9,7 @@ from __future__ import annotations
 import io
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -67,6 +67,16 @@ def encoded_rate(sample_rate: int, audio_format: str) -> int:
     return next(rate for rate in _OPUS_RATES if rate >= sample_rate) if sample_rate <= 48000 else 48000
 
 
+def wav_header(sample_rate: int, data_bytes: int | None = None) -> bytes:
+    """The 44-byte header of a mono 16-bit PCM WAV. Without ``data_bytes``, one for a stream whose
+    length is not known yet: both sizes 0xFFFFFFFF, which players reading a pipe (ffmpeg and ffplay,
+    aplay, browsers) take as "until the data ends"."""
+    if data_bytes is not None:
+        return _wav_header(sample_rate, data_bytes)
+    header = _wav_header(sample_rate, 0)
+    return header[:4] + b"\xff\xff\xff\xff" + header[8:40] + b"\xff\xff\xff\xff"
+
+
 def _wav_header(sample_rate: int, data_bytes: int) -> bytes:
     """libsndfile's 44-byte header of a mono 16-bit PCM WAV."""
     header = b"RIFF" + struct.pack("<I", 36 + data_bytes) + b"WAVE"
@@ -80,6 +90,22 @@ def _pcm16(array: npt.NDArray[Any]) -> bytes:
         return bytes(array.astype("<i2", copy=False).tobytes())
     scaled = np.floor(np.clip(array.astype(np.float32), -1.0, 1.0) * np.float32(32768.0))
     return bytes(np.clip(scaled, -32768, 32767).astype("<i2").tobytes())
+
+
+def pcm16(samples: npt.NDArray[Any]) -> bytes:
+    """Mono samples as 16-bit little-endian PCM, the way every WAV ttsq writes converts them."""
+    return _pcm16(np.asarray(samples))
+
+
+def pcm_pieces(
+    samples: npt.NDArray[np.floating] | npt.NDArray[np.int16], sample_rate: int, piece_s: float
+) -> Iterator[bytes]:
+    """Mono samples as 16-bit PCM (the WAV file's own conversion, so the pieces of a clip joined are its
+    WAV data byte for byte), in pieces of ``piece_s`` seconds."""
+    array = np.asarray(samples)
+    step = max(1, int(sample_rate * piece_s))
+    for start in range(0, array.size, step):
+        yield _pcm16(array[start : start + step])
 
 
 def _wav(samples: npt.NDArray[np.floating] | npt.NDArray[np.int16], sample_rate: int) -> EncodedAudio:

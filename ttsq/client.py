@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -31,14 +31,15 @@ from ttsq.constants import (
     TASK_NAME,
     WORKER_REDIS_PATIENCE_S,
 )
-from ttsq.document import Document, Options
+from ttsq.document import Document, DocumentJoin, Options
 from ttsq.engines.base import EngineIdentity
-from ttsq.errors import BrokerError, InvalidRequest, JobFailed, JobTimeout, TTSQError, UnknownJob
+from ttsq.errors import BrokerError, InvalidRequest, JobFailed, JobTimeout, StreamBroken, TTSQError, UnknownJob
 from ttsq.job import MODES, JobResult, Limits, RequestFields, SynthesisRequest
 from ttsq.keys import content_key
 from ttsq.records.attempts import ParkedJob
 from ttsq.records.connection import patiently
 from ttsq.records.owner import RedisOwner
+from ttsq.records.plans import chunk_task_ids
 from ttsq.records.queues import message_held
 from ttsq.results import Results
 from ttsq.sending import WITHDRAW_PATIENCE_S, Outgoing, send_job, sending
@@ -81,6 +82,194 @@ class Job:
                 raise JobFailed("a job with neither a result nor a task id")
             self.result = self.client.wait(self.id, timeout=timeout)
         return self.result
+
+
+@dataclass(frozen=True)
+class AudioPiece:
+    """A piece of a streamed job's audio: 16-bit mono PCM, little-endian, at ``sample_rate``."""
+
+    pcm: bytes
+    sample_rate: int
+
+
+#: Seconds of audio per piece when a stream is read from a stored file (a cache hit).
+STORED_PIECE_S = 0.5
+#: How long a started stream may go without a new piece before its reader gives up on it (seconds):
+#: the worker stalled or died; the job itself comes back by redelivery and completes.
+STREAM_STALL_S = 30.0
+#: While no worker has started a streaming job, its reader looks at the job's state this often, so a
+#: job cancelled or failed before it started ends the stream.
+STREAM_STATE_CHECK_S = 2.0
+
+
+class AudioStream:
+    """A streaming job: iterate it for ``AudioPiece``s as the worker makes them; ``result`` is the job's
+    result once the last piece has been read (``Client.stream``).
+
+    A cache hit, or a job that joined an identical one that is not streaming, plays the stored file.
+    A stream that breaks (its worker died after pieces were read, or stalled for ``STREAM_STALL_S``)
+    raises ``StreamBroken``: never a short clip that looks complete. The job still completes; ``wait``
+    on ``job.id`` for its result."""
+
+    def __init__(self, client: Client, job: Job, *, timeout: float | None) -> None:
+        self.client = client
+        self.job = job
+        self.timeout = timeout
+        self.result: JobResult | None = job.result
+
+    def __iter__(self) -> Generator[AudioPiece, None, None]:
+        if self.job.result is not None:
+            yield from self._stored(self.job.result)
+            return
+        assert self.job.id is not None
+        task_id, streams = self.job.id, self.client.redis.streams
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        after, rate, played, expected = "0-0", 0, False, 0
+        last_news = time.monotonic()
+        last_check = 0.0
+        while True:
+            now = time.monotonic()
+            if deadline is not None and now > deadline:
+                raise JobTimeout(f"job {task_id} not streamed within {self.timeout}s")
+            entries = streams.read(task_id, after=after, block_s=1.0)
+            if not entries:
+                now = time.monotonic()
+                if rate and now - last_news > STREAM_STALL_S:
+                    raise StreamBroken(
+                        f"job {task_id}: no audio for {STREAM_STALL_S:.0f}s (its worker stalled or died)"
+                    )
+                if not rate and now - last_check > STREAM_STATE_CHECK_S:
+                    # Not started: a job that ended without streaming (cancelled, failed at the gate,
+                    # or joined to an identical job that does not stream) is answered by its result.
+                    last_check = now
+                    if self.client._state(task_id) in states.READY_STATES:
+                        yield from self._stored(self.client.wait(task_id, timeout=self.timeout))
+                        return
+                continue
+            last_news = time.monotonic()
+            for entry in entries:
+                after = entry.id
+                if entry.kind == "start":
+                    if played:
+                        raise StreamBroken(
+                            f"job {task_id} was run again after part of its audio was streamed (its worker "
+                            "stopped); the job completes: wait for its result for the whole file"
+                        )
+                    rate, expected = entry.sample_rate, 0
+                elif entry.kind == "audio":
+                    if entry.seq != expected or not rate:
+                        raise StreamBroken(f"job {task_id}: audio piece {expected} is missing from its stream")
+                    expected += 1
+                    played = True
+                    yield AudioPiece(entry.pcm, rate)
+                else:  # end or error: the job's own stored result says which, read the one way results are
+                    result = self.client.wait(task_id, timeout=self.timeout)
+                    if not played:  # a cache hit at the worker streams nothing: the stored file does
+                        yield from self._stored(result)
+                    self.result = result
+                    return
+
+    def _stored(self, result: JobResult) -> Iterator[AudioPiece]:
+        from ttsq.audio import decode, pcm_pieces
+
+        self.result = result
+        samples, rate = decode(self.client.download(result))
+        for pcm in pcm_pieces(samples, rate, STORED_PIECE_S):
+            yield AudioPiece(pcm, rate)
+
+
+class DocumentStream(AudioStream):
+    """A streaming document: iterate it for the stitched file's audio, chunk by chunk in reading order,
+    while later chunks are still being made (``Client.stream_document``); ``result`` is the document's
+    result once the last piece has been read.
+
+    Each chunk is played once it is complete (from its chunk job's stream, or the cache), joined to
+    the one before with the stitch's own crossfade or pause: a WAV document plays the samples of the
+    stored file, byte for byte. A chunk whose job is run again (its worker died) is simply read again:
+    nothing of it was played yet. A cache hit plays the stored file at once."""
+
+    def __iter__(self) -> Generator[AudioPiece, None, None]:
+        if self.job.result is not None:
+            yield from self._stored(self.job.result)
+            return
+        assert self.job.id is not None
+        doc_id = self.job.id
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        plan = self._plan(doc_id, deadline)
+        if plan is None:  # the document ended before its plan could be read: its result says how
+            yield from self._stored(self.client.wait(doc_id, timeout=self.timeout))
+            return
+        import numpy as np
+
+        joined = DocumentJoin(plan)
+        ids = dict(zip(joined.unique_keys(), chunk_task_ids(doc_id, len(joined.unique_keys())), strict=True))
+        for index, chunk in enumerate(joined.chunks):
+            if chunk["key"]:
+                samples, rate = self._chunk(chunk["key"], ids[chunk["key"]], doc_id, deadline)
+            else:
+                samples, rate = np.zeros(0, dtype=np.float32), joined.rate
+            for pcm in joined.add(index, samples, rate):
+                yield AudioPiece(pcm, joined.rate)
+        for pcm in joined.finish():
+            yield AudioPiece(pcm, joined.rate)
+        self.result = self.client.wait(doc_id, timeout=self._left(deadline))
+
+    def _plan(self, doc_id: str, deadline: float | None) -> Any:
+        """The document's plan once its fan-out has stored it; None if the document ended first."""
+        last_check = time.monotonic()
+        while (plan := self.client.redis.plans.load(doc_id)) is None:
+            self._check_deadline(deadline, doc_id)
+            time.sleep(0.05)
+            if time.monotonic() - last_check > STREAM_STATE_CHECK_S:
+                last_check = time.monotonic()
+                if self.client._state(doc_id) in states.READY_STATES:
+                    return None
+        return plan
+
+    def _chunk(self, key: str, task_id: str, doc_id: str, deadline: float | None) -> tuple[Any, int]:
+        """One chunk's audio (float samples, rate), once complete: from its job's stream as it finishes,
+        or from the cache (a chunk made before, or by a document that does not stream)."""
+        import numpy as np
+
+        from ttsq.audio import decode
+        from ttsq.results import checked_key
+
+        streams, after, rate = self.client.redis.streams, "0-0", 0
+        pieces: list[bytes] = []
+        last_check = time.monotonic()
+        while True:
+            entry = self.client.cache.get(key)
+            if entry is not None:
+                return decode(self.client.storage.get(checked_key(entry.get("object_key"))))
+            for item in streams.read(task_id, after=after, block_s=0.5):
+                after = item.id
+                if item.kind == "start":  # a first take, or a rerun: nothing of this chunk was played
+                    pieces, rate = [], item.sample_rate
+                elif item.kind == "audio":
+                    pieces.append(item.pcm)
+                elif item.kind == "end" and pieces and rate:
+                    pcm = np.frombuffer(b"".join(pieces), dtype="<i2")
+                    return pcm.astype(np.float32) / np.float32(32768.0), rate
+                elif item.kind == "error":  # the chunk failed: so does the document; its error says why
+                    self.client.wait(doc_id, timeout=self._left(deadline))
+                    raise JobFailed(f"document {doc_id}: a chunk failed")
+                # an end with no audio: a cache hit at the worker; the index has it now
+            self._check_deadline(deadline, doc_id)
+            if time.monotonic() - last_check > STREAM_STATE_CHECK_S:
+                last_check = time.monotonic()
+                if self.client._state(doc_id) in states.READY_STATES:
+                    self.client.wait(doc_id, timeout=self._left(deadline))  # raises the document's error
+                    if (entry := self.client.cache.get(key)) is not None:
+                        return decode(self.client.storage.get(checked_key(entry.get("object_key"))))
+                    raise JobFailed(f"document {doc_id} ended without chunk {key[:12]}")
+
+    def _check_deadline(self, deadline: float | None, doc_id: str) -> None:
+        if deadline is not None and time.monotonic() > deadline:
+            raise JobTimeout(f"document {doc_id} not streamed within {self.timeout}s")
+
+    @staticmethod
+    def _left(deadline: float | None) -> float | None:
+        return None if deadline is None else max(1.0, deadline - time.monotonic())
 
 
 #: A waiter reads a job's stored result again this often, besides listening for its publish.
@@ -156,6 +345,21 @@ class Client:
             cached=self._cached,
         )
 
+    def stream(self, text: str, *, timeout: float | None = None, **fields: Unpack[RequestFields]) -> AudioStream:
+        """Submit ``text`` to be streamed: iterate the answer for its audio as the worker makes it.
+
+        The job is an ordinary one (stored, cached, single flight) whose worker also writes its audio
+        to a stream as soon as the engine has it, before encoding and storing the file. A cache hit
+        plays the stored file at once.
+        """
+        request = SynthesisRequest.from_dict({"text": text, **fields, "stream": True}, self.limits)
+        return AudioStream(self, self.submit_request(request), timeout=timeout)
+
+    def stream_document(self, text: str, *, timeout: float | None = None, **fields: Any) -> DocumentStream:
+        """Submit a document to be streamed: iterate the answer for the stitched file's audio, chunk by
+        chunk in reading order, while later chunks are still being made (``DocumentStream``)."""
+        return DocumentStream(self, self.submit_document(text, **fields, stream=True), timeout=timeout)
+
     def submit_document(self, text: str, **fields: Any) -> Job:
         """Validate and enqueue a document of any length (or answer it from the cache): one job that
         splits it, synthesizes each chunk as an ordinary job and stitches one file (``ttsq.document``).
@@ -177,6 +381,7 @@ class Client:
             "text": document.text,
             **{name: value for name, value in document.fields.items() if value is not None and value != ""},
             "options": asdict(document.options),
+            **({"stream": True} if document.stream else {}),
         }  # what it was validated and keyed with
         job = self._enqueue(
             DOCUMENT_TASK_NAME,
@@ -252,6 +457,9 @@ class Client:
                         # is never sent. Its answer is this one, stored under task_id (and published).
                         self._answer_joiners(task_id, hit)
                         return hit
+                # Accepted means replicated, when replicas are required: the record and the claim reach
+                # them before the message goes, so a failover cannot lose a job the caller was told about.
+                self.redis.replicated()
                 try:
                     send()
                 except Exception as exc:  # kombu raises OperationalError, redis-py its own; either way: broker down

@@ -38,6 +38,7 @@ FLEET_NODES_PREFIX = "ttsq:fleet-nodes:"  # + queue -> hash: node -> JSON identi
 DOCUMENT_PREFIX = "ttsq:document:"  # + document key -> JSON of the stitched file and its chunk spans
 PROGRESS_PREFIX = "ttsq:progress:"  # + document task id -> hash: chunk index -> audio seconds; TTL = result TTL
 PLAN_PREFIX = "ttsq:plan:"  # + document task id -> hash: plan (JSON), chunks (count); TTL = result TTL
+STREAM_PREFIX = "ttsq:stream:"  # + task id -> stream of a streaming job's audio pieces (``ttsq.records.streams``)
 FANOUT_PREFIX = "ttsq:fanout:"  # + document task id -> "sending" (lease) or "sent"; TTL = result TTL
 MINUTE_PREFIX = "ttsq:minute:"  # + Unix minute -> hash of that minute's job counters; TTL below
 WORKER_PREFIX = "ttsq:worker:"  # + node name -> JSON heartbeat of a live worker; TTL below
@@ -95,6 +96,9 @@ RECEIVED_KEY = "ttsq:received"  # zset: task id by the time a worker received it
 SEQ_PREFIX = "ttsq:seq:"  # + queue -> the queue's acceptance counter (the order producers accepted jobs in)
 WATERMARK_PREFIX = "ttsq:watermark:"  # + queue -> hash: seq, at: the highest seq a worker received, and when
 SWEEPER_LOCK_PREFIX = "ttsq:sweeper:"  # + base queue -> the worker running the sweep; PX lock
+#: Counter a producer bumps right before ``WAIT``: Redis counts a ``WAIT`` from its own connection's last write,
+#: and this write comes after the job's record on the one replication stream (TTSQ_REDIS_WAIT_REPLICAS).
+REPLICATED_KEY = "ttsq:replicated"
 #: How long an accepted job's record lives at most (seconds): a backstop; records go when jobs finish.
 ACCEPTED_TTL_S = 7 * 24 * 3600
 

@@ -10,22 +10,31 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from ttsq.constants import DOCUMENT_PREFIX, DOCUMENT_SCHEMA_VERSION
 from ttsq.engines.base import FRAMES_PER_SECOND
 from ttsq.errors import InvalidRequest
-from ttsq.job import JobResult, Limits, SynthesisRequest, check_characters, speakable
+from ttsq.job import FORMATS, JobResult, Limits, SynthesisRequest, check_characters, speakable
 from ttsq.keys import canonical_json
 from ttsq.splitter import SPLITTER_VERSION, Chunk, normalize, split
 
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
     from ttsq.config import Settings
     from ttsq.engines.base import EngineIdentity
 
 logger = logging.getLogger(__name__)
+
+#: A content key as a plan holds it.
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+#: How a chunk ends (``ttsq.splitter``): what the join after it is.
+_BOUNDARIES = ("sentence", "paragraph", "split", "end")
 
 #: The slowest reading ``reading_seconds`` assumes, seconds per character (a Han character).
 _SLOWEST_S_PER_CHAR = 0.3
@@ -98,6 +107,8 @@ class Document:
     fields: dict[str, Any]
     options: Options
     chunks: list[Chunk]
+    #: Whether its chunks stream (``SynthesisRequest.stream``): not one of ``fields``, so not in its key.
+    stream: bool = False
 
     @classmethod
     def parse(
@@ -130,10 +141,12 @@ class Document:
         other = {name: value for name, value in data.items() if name not in ("text", "options", "deadline")}
         # The fields are checked once, with a stand-in text; each chunk is checked again below.
         template = SynthesisRequest.from_dict({**other, "text": "x"}, limits)
-        fields = {name: value for name, value in template.to_dict().items() if name not in ("text", "deadline")}
+        fields = {
+            name: value for name, value in template.to_dict().items() if name not in ("text", "deadline", "stream")
+        }
         most = options.chunk_max(limits, identity, str(fields.get("instruct") or ""))
         chunks = split(text, target_chars=min(options.target_chars, most), max_chars=most)
-        document = cls(text=text, fields=fields, options=options, chunks=chunks)
+        document = cls(text=text, fields=fields, options=options, chunks=chunks, stream=template.stream)
         requests = document.requests(seed=0, limits=limits)
         if all(request is None for request in requests):
             raise InvalidRequest("text", "has nothing to speak (no letter, digit or ideograph)")
@@ -178,12 +191,132 @@ class Document:
         """One ordinary request per chunk. Chunks are WAV (lossless, and the default format, so shared
         with ordinary submits); the document's own format applies to the stitched file. A chunk with
         nothing to speak (a paragraph of dashes or asterisks) has None: the stitch keeps only its pause."""
+        streams = {"stream": True} if self.stream else {}
         return [
-            SynthesisRequest.from_dict({**self.fields, "text": chunk.text, "format": "wav", "seed": seed}, limits)
+            SynthesisRequest.from_dict(
+                {**self.fields, "text": chunk.text, "format": "wav", "seed": seed, **streams}, limits
+            )
             if speakable(chunk.text)
             else None
             for chunk in self.chunks
         ]
+
+
+def check_plan(plan: Any) -> None:
+    """A stitch plan as ``fan_out`` writes it, read back from Redis or a message: untrusted, every field
+    the stitch uses checked, ``InvalidRequest`` naming the first that is wrong."""
+
+    def need(ok: bool, field: str, reason: str) -> None:
+        if not ok:
+            raise InvalidRequest(field, reason)
+
+    need(isinstance(plan, Mapping), "plan", "is not a stitch plan ttsq made (expected a JSON object)")
+    need(isinstance(plan.get("key"), str) and bool(_HEX64.fullmatch(plan["key"])), "plan.key", "is not a content key")
+    need(plan.get("format") in FORMATS, "plan.format", f"expected one of {sorted(FORMATS)}")
+    for name in ("seed", "characters"):
+        value = plan.get(name)
+        need(isinstance(value, int) and not isinstance(value, bool) and value >= 0, f"plan.{name}", "expected a count")
+    need(isinstance(plan.get("seed_given", False), bool), "plan.seed_given", "expected true or false")
+    need(isinstance(plan.get("queue", ""), str), "plan.queue", "expected a queue name")
+    need(isinstance(plan.get("options"), Mapping), "plan.options", "expected a JSON object")
+    Options.from_dict(plan["options"])
+    chunks = plan.get("chunks")
+    need(isinstance(chunks, list) and len(chunks) > 0, "plan.chunks", "expected a non-empty list")
+    for number, chunk in enumerate(chunks):
+        field = f"plan.chunks[{number}]"
+        need(isinstance(chunk, Mapping), field, "expected a JSON object")
+        need(
+            isinstance(chunk.get("key"), str) and (chunk["key"] == "" or bool(_HEX64.fullmatch(chunk["key"]))),
+            f"{field}.key",
+            "is not a content key",
+        )
+        start, end = chunk.get("start"), chunk.get("end")
+        need(
+            all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end)) and 0 <= start <= end,
+            f"{field}.start",
+            "expected character offsets 0 <= start <= end",
+        )
+        need(chunk.get("boundary") in _BOUNDARIES, f"{field}.boundary", f"expected one of {list(_BOUNDARIES)}")
+        sentences = chunk.get("sentences")
+        need(
+            isinstance(sentences, list)
+            and all(
+                isinstance(s, list)
+                and len(s) == 3
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in s)
+                for s in sentences
+            ),
+            f"{field}.sentences",
+            "expected [start, end, weight] triples",
+        )
+
+
+def joins(chunks: Sequence[Mapping[str, Any]], options: Options) -> tuple[list[int], list[int]]:
+    """Per chunk, the crossfade with the one before (after a ``split``) and the pause after it."""
+    boundaries = [str(chunk["boundary"]) for chunk in chunks]
+    crossfades = [
+        options.crossfade_ms if index and boundaries[index - 1] == "split" else 0 for index in range(len(chunks))
+    ]
+    pauses = [
+        {"sentence": options.sentence_pause_ms, "paragraph": options.paragraph_pause_ms}.get(boundary, 0)
+        for boundary in boundaries
+    ]
+    return crossfades, pauses
+
+
+class DocumentJoin:
+    """The stitch's joins, for a reader that plays a document while its chunks are made: feed it each
+    chunk's audio in reading order (``add``), get back the stitched file's samples as 16-bit PCM as
+    soon as no later chunk can change them. The same crossfades and pauses, the same arithmetic, as
+    the stitch (``ttsq.worker.documents``): what a reader plays of a WAV document is the stored
+    file's samples, byte for byte."""
+
+    def __init__(self, plan: Any) -> None:
+        check_plan(plan)
+        #: The plan's chunks, in reading order (``key`` "" for a chunk with nothing to speak).
+        self.chunks: list[Mapping[str, Any]] = list(plan["chunks"])
+        self.crossfades, self.pauses = joins(self.chunks, Options(**plan["options"]))
+        self.rate = 0
+        self._joiner: Any = None
+        self._next = 0
+        self._deferred: list[int] = []  # chunks with nothing to speak before the first with audio
+
+    def unique_keys(self) -> list[str]:
+        """The chunk keys in the order the fan-out numbers its chunk jobs (each distinct key once)."""
+        return list(dict.fromkeys(chunk["key"] for chunk in self.chunks if chunk["key"]))
+
+    def add(self, index: int, samples: npt.NDArray[np.float32], rate: int) -> list[bytes]:
+        """Chunk ``index``'s audio (float samples at ``rate``; empty for a chunk with nothing to speak)."""
+        from ttsq.audio import Joiner, resample
+
+        if index != self._next:
+            raise ValueError(f"chunk {index} added out of order (expected {self._next})")
+        self._next += 1
+        if self._joiner is None:
+            if samples.size == 0:  # its pause needs a rate: the first chunk with audio sets it
+                self._deferred.append(index)
+                return []
+            self.rate = rate
+            self._joiner = Joiner(rate)
+            out = [piece for early in self._deferred for piece in self._join(early, samples[:0])]
+            return out + self._join(index, samples)
+        samples = resample(samples, rate, self.rate) if samples.size and rate != self.rate else samples
+        return self._join(index, samples)
+
+    def _join(self, index: int, samples: npt.NDArray[np.float32]) -> list[bytes]:
+        from ttsq.audio import pcm16
+
+        pause = self.pauses[index] if index < len(self.chunks) - 1 else 0
+        blocks = self._joiner.add(samples, crossfade_ms=self.crossfades[index], pause_ms=pause)
+        return [pcm16(block) for block in blocks if block.size]
+
+    def finish(self) -> list[bytes]:
+        """What the last chunk left held."""
+        from ttsq.audio import pcm16
+
+        if self._joiner is None:
+            return []
+        return [pcm16(block) for block in self._joiner.finish() if block.size]
 
 
 class SentenceSpan(TypedDict):

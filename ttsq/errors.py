@@ -116,5 +116,11 @@ class JobTimeout(JobError):
     """No result arrived within the caller's timeout."""
 
 
+class StreamBroken(JobError):
+    """A job's stream cannot be continued from where its reader is: the job was run again after part of
+    its audio was read (its worker died), its worker stalled, or pieces were trimmed unread. The job
+    itself still completes; wait for its result for the whole file."""
+
+
 class UnknownJob(JobError):
     """No job with this id was ever accepted by ttsq, or its result has expired."""

@@ -118,6 +118,9 @@ class SynthesisRequest:
     #: UNIX time (seconds) after which the job is worthless: dropped before synthesis, not run late.
     #: Not part of the content key: it changes when the audio is wanted, not what it sounds like.
     deadline: float | None = None
+    #: Whether the worker also streams the audio as it is made (``ttsq.records.streams``). Not part
+    #: of the content key either: a streamed clip is the same audio, stored and cached the same way.
+    stream: bool = False
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], limits: Limits | None = None) -> SynthesisRequest:
@@ -161,6 +164,9 @@ class SynthesisRequest:
             numbers[name] = _number(name, data.get(name), int, ilow, ihigh)
 
         numbers["deadline"] = _deadline(data.get("deadline"))
+        stream = data.get("stream", False)
+        if not isinstance(stream, bool):
+            raise InvalidRequest("stream", f"expected true or false, got {type(stream).__name__}")
 
         return cls(
             text=text,
@@ -170,6 +176,7 @@ class SynthesisRequest:
             speaker=speaker,
             reference=reference,
             format=cast(AudioFormat, fmt),
+            stream=stream,
             **numbers,
         )
 
@@ -178,8 +185,12 @@ class SynthesisRequest:
         return self.deadline is not None and (time.time() if now is None else now) >= self.deadline
 
     def to_dict(self) -> dict[str, Any]:
-        """The task kwargs: plain JSON, accepted back by ``from_dict``."""
-        return asdict(self)
+        """The task kwargs: plain JSON, accepted back by ``from_dict``. ``stream`` only when set: a
+        worker of an earlier release, which does not know the field, still takes every other job."""
+        data = asdict(self)
+        if not self.stream:
+            del data["stream"]
+        return data
 
     def group(self) -> tuple[Any, ...]:
         """Requests with equal groups can share one forward pass."""

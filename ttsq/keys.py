@@ -43,6 +43,7 @@ def content_key(request: SynthesisRequest, identity: EngineIdentity) -> str:
     }
     # When the audio is wanted does not change how it sounds: the same audio serves any deadline.
     del material["deadline"]
+    material.pop("stream", None)  # nor whether it is also streamed while it is made
     return hashlib.sha256(canonical_json(material)).hexdigest()
 
 

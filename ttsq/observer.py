@@ -8,7 +8,8 @@ fail it.
 
 Hooks, in the order a job meets them: ``message_refused`` or ``duplicate_dropped`` (the envelope gate,
 for a message that never becomes a job) → ``job_started`` → ``cache_checked`` → (``job_parked``) →
-``batch_finished`` / ``batch_split`` (from the batcher thread, once per engine call) →
+``batch_finished`` / ``batch_split`` (from the batcher thread, once per engine call), ``first_audio``
+(a streaming job's first piece written) →
 ``job_finished`` (always, however the job ended); ``job_recovered`` from the sweeper, for a job whose
 message was lost and is sent again.
 """
@@ -85,6 +86,9 @@ class Observer:
     def batch_split(self) -> None:
         """A batch ran out of device memory and was split in halves."""
 
+    def first_audio(self, seconds: float) -> None:
+        """A streaming job's first audio reached its stream, ``seconds`` after its producer sent it."""
+
     def job_finished(self, report: JobReport) -> None:
         """The job left the worker, with its outcome."""
 
@@ -128,6 +132,9 @@ class Observers(Observer):
 
     def batch_split(self) -> None:
         self._each("batch_split")
+
+    def first_audio(self, seconds: float) -> None:
+        self._each("first_audio", seconds)
 
     def job_finished(self, report: JobReport) -> None:
         self._each("job_finished", report)

@@ -25,7 +25,7 @@ from ttsq.errors import EngineError
 from ttsq.observer import Observer
 
 if TYPE_CHECKING:
-    from ttsq.engines.base import Engine
+    from ttsq.engines.base import Engine, Piece
     from ttsq.job import SynthesisRequest
 
 __all__ = ["BatchItem", "Batcher"]
@@ -91,12 +91,14 @@ class Batcher:
         isolated: bool = False,
         on_enter: Callable[[], object] | None = None,
         on_exit: Callable[[], object] | None = None,
+        on_piece: Piece | None = None,
     ) -> Future[BatchItem]:
         """Queue one request; the future resolves when its batch is done.
 
         ``isolated`` runs it alone. ``on_enter`` and ``on_exit`` are called on the batcher thread just
         before the engine runs it and once the engine call has returned (or raised); if they raise,
-        the job runs anyway (they are bookkeeping).
+        the job runs anyway (they are bookkeeping). ``on_piece`` gets a streaming job's audio while an
+        engine that streams (``ttsq.engines.base.streams_audio``) makes it.
         """
         future: Future[BatchItem] = Future()
         with self._lock:  # no request may slip in behind the stop marker
@@ -106,7 +108,9 @@ class Batcher:
                 group = self.intake.isolated_group() if isolated else request.group()
                 # The deadline starts now: time spent queued behind a running batch counts.
                 now = time.monotonic()
-                self.intake.put(Waiting(request, future, now + self.max_wait_s, group, on_enter, on_exit, now))
+                self.intake.put(
+                    Waiting(request, future, now + self.max_wait_s, group, on_enter, on_exit, now, on_piece)
+                )
         return future
 
     def expect(self) -> Expected:

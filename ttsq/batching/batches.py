@@ -14,11 +14,12 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from ttsq.batching.jobs import BatchItem, Intake, Waiting, audio_seconds, bookkeep, late, recent_mean
+from ttsq.engines.base import streams_audio
 from ttsq.errors import DeadlineExceeded, EngineError, EngineOutOfMemory, TTSQError
 from ttsq.observer import BatchReport, Observer
 
 if TYPE_CHECKING:
-    from ttsq.engines.base import Engine, EngineOutput
+    from ttsq.engines.base import Engine, EngineOutput, Piece
     from ttsq.job import SynthesisRequest
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,8 @@ class BatchScheduler:
         self._backlog = backlog
         self._backlog_read: tuple[float, int] = (-1.0, 0)  # (when, what) the broker last said
         self.engine = engine
+        #: Whether the engine hands streaming rows their audio while it makes them.
+        self.streams = streams_audio(engine)
         self.intake = intake
         self.observer = observer
         self.max_batch = max_batch
@@ -79,9 +82,10 @@ class BatchScheduler:
             if not batch:
                 continue
             bookkeep([w.on_enter for w in batch])
-            group = sorted(((w.request, w.future) for w in batch), key=lambda pair: len(pair[0].text))
+            batch = sorted(batch, key=lambda w: len(w.request.text))
+            group = [(w.request, w.future) for w in batch]
             try:
-                self._run_group(group)
+                self._run_group(group, [w.on_piece for w in batch])
             except BaseException as exc:  # never let the thread die with futures unresolved
                 logger.exception("batcher failed outside the engine")
                 for _, future in group:
@@ -117,6 +121,9 @@ class BatchScheduler:
         """When a group that is not full stops waiting for company (monotonic seconds); ``coming``:
         whether jobs are known to be on their way."""
         oldest = group[0]
+        if any(w.on_piece is not None for w in group):
+            # Someone is listening: a streaming job waits for no company (what arrived with it rides along).
+            return min(w.arrived for w in group if w.on_piece is not None)
         due = oldest.deadline  # submitted + max_wait_s: the bound
         recent = self.recent_call_s
         deadlines = [w.request.deadline for w in group if w.request.deadline is not None]
@@ -167,11 +174,13 @@ class BatchScheduler:
             batch.append(waiting)
         return batch
 
-    def _run_group(self, group: list[tuple[SynthesisRequest, Future[BatchItem]]]) -> None:
+    def _run_group(
+        self, group: list[tuple[SynthesisRequest, Future[BatchItem]]], pieces: Sequence[Piece | None]
+    ) -> None:
         batch_id = next(self.intake.batch_ids)
         requests = [request for request, _ in group]
         started = time.perf_counter()
-        results = self._synthesize(requests)
+        results = self._synthesize(requests, pieces)
         elapsed = time.perf_counter() - started
         failed = 0
         for (_, future), (output, size, seconds, share) in zip(group, results, strict=True):
@@ -189,11 +198,21 @@ class BatchScheduler:
             requests[0].describe().split(" chars=")[0],
         )
 
-    def _call_engine(self, requests: Sequence[SynthesisRequest]) -> list[EngineOutput | Exception]:
+    def _call_engine(
+        self, requests: Sequence[SynthesisRequest], pieces: Sequence[Piece | None]
+    ) -> list[EngineOutput | Exception]:
         """One engine call, timed for the watchdog (``busy_since``)."""
+        streaming = self.streams and any(piece is not None for piece in pieces)
+        if streaming:
+            for piece in pieces:
+                if piece is not None:
+                    piece(None)  # a row run again (split, retried alone) starts its audio over
         self.busy_since = started = time.monotonic()
         try:
-            outputs = self.engine.synthesize_batch(requests)
+            if streaming:
+                outputs = self.engine.synthesize_batch(requests, pieces=pieces)  # type: ignore[call-arg]
+            else:
+                outputs = self.engine.synthesize_batch(requests)
         finally:
             self.busy_since = None
             self.idle_since = time.monotonic()
@@ -202,17 +221,19 @@ class BatchScheduler:
             raise EngineError(f"engine returned {len(outputs)} outputs for {len(requests)} requests")
         return outputs
 
-    def _synthesize(self, requests: Sequence[SynthesisRequest]) -> list[_Ran]:
+    def _synthesize(self, requests: Sequence[SynthesisRequest], pieces: Sequence[Piece | None]) -> list[_Ran]:
         """Each request's output (or exception) with the size and duration of the engine call it rode in."""
         bucket = length_bucket(requests)
         fit = self.largest_fit.get(bucket)
         if fit is not None and len(requests) > fit:
             return [
-                ran for start in range(0, len(requests), fit) for ran in self._synthesize(requests[start : start + fit])
+                ran
+                for start in range(0, len(requests), fit)
+                for ran in self._synthesize(requests[start : start + fit], pieces[start : start + fit])
             ]
         started = time.perf_counter()
         try:
-            outputs = self._call_engine(requests)
+            outputs = self._call_engine(requests, pieces)
         except EngineOutOfMemory as exc:
             if len(requests) == 1:
                 return [(exc, 1, time.perf_counter() - started, 0.0)]
@@ -220,7 +241,7 @@ class BatchScheduler:
             if len(requests) == 1:
                 return [(exc, 1, time.perf_counter() - started, 0.0)]
             logger.warning("batch of %d failed (%s); retrying its items one by one", len(requests), type(exc).__name__)
-            return [self._synthesize([request])[0] for request in requests]
+            return [self._synthesize([request], [piece])[0] for request, piece in zip(requests, pieces, strict=True)]
         else:
             return self._account(outputs, time.perf_counter() - started)
         # Only a batch that ran out of device memory gets here. It is split outside the handler, so the
@@ -237,7 +258,7 @@ class BatchScheduler:
             2**bucket,
             self.largest_fit[bucket],
         )
-        return [*self._synthesize(requests[:half]), *self._synthesize(requests[half:])]
+        return [*self._synthesize(requests[:half], pieces[:half]), *self._synthesize(requests[half:], pieces[half:])]
 
     def _account(self, outputs: list[EngineOutput | Exception], seconds: float) -> list[_Ran]:
         """Report one engine call and give each output its share of the call's time."""

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ttsq.errors import EngineError
 
 if TYPE_CHECKING:
-    from ttsq.engines.base import EngineOutput
+    from ttsq.engines.base import EngineOutput, Piece
     from ttsq.job import SynthesisRequest
 
 logger = logging.getLogger(__name__)
@@ -41,6 +41,8 @@ class Waiting:
     on_exit: Callable[[], object] | None = None
     #: When the task thread handed it over (monotonic seconds).
     arrived: float = 0.0
+    #: Where a streaming job's audio goes while the engine makes it (``ttsq.engines.base.Piece``).
+    on_piece: Piece | None = None
 
     @property
     def isolated(self) -> bool:

@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ttsq.batching.jobs import BatchItem, Intake, Waiting, audio_seconds, bookkeep, claim, late
+from ttsq.engines.base import streams_audio
 from ttsq.errors import DeadlineExceeded, EngineError, SharedFailure, TTSQError
 from ttsq.observer import BatchReport, Observer
 
@@ -35,6 +36,8 @@ class SlotScheduler:
         self.engine = engine
         self.intake = intake
         self.observer = observer
+        #: Whether the engine hands streaming rows their audio while it makes them.
+        self.streams = streams_audio(engine)
         self.busy_since: float | None = None
         # Device seconds charged so far to each job in the engine (by batch id), and jobs to run again
         # alone; guarded by one lock since ``done`` may run on the codec thread.
@@ -132,6 +135,8 @@ class SlotScheduler:
             seconds = time.perf_counter() - started
             if isinstance(output, SharedFailure) and not waiting.isolated:
                 # Perhaps a neighbour's fault: run it again, alone (the loop picks it up; thread-safe).
+                if waiting.on_piece is not None:
+                    waiting.on_piece(None)  # its audio starts over
                 bookkeep([waiting.on_exit])
                 self._retries.append(replace(waiting, group=self.intake.isolated_group()))
                 return
@@ -150,7 +155,10 @@ class SlotScheduler:
             self._decoding[waiting.future] = done
         self.busy_since = time.monotonic()
         try:
-            self.engine.admit(waiting.request, done)
+            if waiting.on_piece is not None and self.streams:
+                self.engine.admit(waiting.request, done, piece=waiting.on_piece)  # type: ignore[call-arg]
+            else:
+                self.engine.admit(waiting.request, done)
         except BaseException as exc:  # admit reports failures through done; this is a bug, failing one job
             logger.exception("continuous engine admit failed")
             if not waiting.future.done():  # even if the loop ends with it: this job is no longer waiting

@@ -167,6 +167,23 @@ class EngineOutput:
     ignored: tuple[str, ...] = field(default=())
 
 
+#: Receives a streaming row's audio while the engine makes it (``SynthesisRequest.stream``): each call
+#: hands over the next samples, in order (mono, float32 in [-1, 1] or int16, at the engine's rate);
+#: ``None`` says the row starts over (it is run again, after a failure it shared with others), so
+#: what was handed over so far is not part of its audio. Called on the batcher thread or an engine's
+#: decode thread: it only hands the samples over and returns, never waits on I/O.
+Piece = Callable[[npt.NDArray[Any] | None], object]
+
+
+def streams_audio(engine: object) -> bool:
+    """Whether an engine hands streaming rows their audio while it makes them (a true
+    ``streams_audio`` attribute): ``synthesize_batch`` then takes ``pieces`` (one ``Piece`` or None
+    per request), a ``ContinuousEngine``'s ``admit`` a ``piece``. Each streaming row's output is then
+    exactly the samples it handed over, so the stored file is what its readers heard. Other engines'
+    rows are streamed by the worker once their call returns, in one go."""
+    return getattr(engine, "streams_audio", False) is True
+
+
 class Engine(Protocol):
     """A speech model behind the batcher. Every method is called from the batcher thread only."""
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ttsq.engines.base import FRAMES_PER_SECOND, EngineIdentity, EngineOutput
+from ttsq.engines.base import FRAMES_PER_SECOND, EngineIdentity, EngineOutput, Piece
 from ttsq.errors import EngineError, EngineUnavailable, InvalidRequest
 
 if TYPE_CHECKING:
@@ -47,11 +47,20 @@ _SynthCallback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), 
 
 
 class EspeakEngine:
-    """espeak-ng through ctypes. Not thread-safe: only the batcher thread calls it."""
+    """espeak-ng through ctypes. Not thread-safe: only the batcher thread calls it.
+
+    It streams (``streams_audio``): a streaming row's audio is handed over as espeak's synthesis
+    callback delivers it, a clause or so at a time, while the rest of the text is still being spoken.
+    """
+
+    streams_audio = True
 
     def __init__(self, settings: Settings) -> None:
         self._lib: Any = None
         self._chunks: list[np.ndarray[Any, np.dtype[np.int16]]] = []
+        #: Where the current row's audio goes as it is made, and how many samples it may still take.
+        self._piece: Piece | None = None
+        self._room = 0
         self._callback = _SynthCallback(self._collect)  # kept alive for as long as espeak holds it
         self.identity = EngineIdentity(
             engine="espeak",
@@ -93,9 +102,12 @@ class EspeakEngine:
         """Speak two words, so the first job pays no first-call cost."""
         self._speak("warm up", "en-us")
 
-    def synthesize_batch(self, requests: Sequence[SynthesisRequest]) -> list[EngineOutput | Exception]:
+    def synthesize_batch(
+        self, requests: Sequence[SynthesisRequest], pieces: Sequence[Piece | None] | None = None
+    ) -> list[EngineOutput | Exception]:
         """espeak has no batch dimension: one call per request, failures in their slots."""
-        return [self._one(request) for request in requests]
+        sinks = list(pieces) if pieces is not None else [None] * len(requests)
+        return [self._one(request, piece) for request, piece in zip(requests, sinks, strict=True)]
 
     def close(self) -> None:
         """Free espeak-ng's buffers."""
@@ -103,18 +115,25 @@ class EspeakEngine:
             self._lib.espeak_Terminate()
             self._lib = None
 
-    def _one(self, request: SynthesisRequest) -> EngineOutput | Exception:
+    def _one(self, request: SynthesisRequest, piece: Piece | None = None) -> EngineOutput | Exception:
         try:
             self.identity.check(request)
         except InvalidRequest as exc:
             return exc
         voice = VOICES.get(request.language) or VOICES[guess_language(request.text)]
-        samples = self._speak(request.text, voice)
+        cap = None
+        if request.max_new_tokens is not None:
+            cap = int(request.max_new_tokens / FRAMES_PER_SECOND * self.identity.sample_rate)
+        # A streaming row is handed its audio up to the cap, so its output is what it handed over.
+        self._piece, self._room = piece, cap if cap is not None else -1
+        try:
+            samples = self._speak(request.text, voice)
+        finally:
+            self._piece = None
         if samples.size == 0 or not np.any(samples):
             return EngineError("espeak produced no audio for this text")
         truncated = False
-        if request.max_new_tokens is not None:
-            cap = int(request.max_new_tokens / FRAMES_PER_SECOND * self.identity.sample_rate)
+        if cap is not None:
             truncated = samples.size > cap
             samples = samples[:cap]
         ignored = tuple(name for name in _IGNORED if getattr(request, name) not in (None, ""))
@@ -136,7 +155,13 @@ class EspeakEngine:
         if wav and n_samples > 0:
             # Copy the bytes out: np.ctypeslib.as_array would make (and cache forever) a ctypes array
             # type per distinct chunk length, which a soak of distinct texts sees as a steady leak.
-            self._chunks.append(np.frombuffer(ctypes.string_at(wav, n_samples * 2), dtype=np.int16))
+            chunk = np.frombuffer(ctypes.string_at(wav, n_samples * 2), dtype=np.int16)
+            self._chunks.append(chunk)
+            if self._piece is not None and self._room != 0:
+                handed = chunk if self._room < 0 else chunk[: self._room]
+                if self._room > 0:
+                    self._room -= handed.size
+                self._piece(handed)
         return 0
 
 

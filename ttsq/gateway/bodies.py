@@ -72,6 +72,11 @@ class _RequestFields(BaseModel):
     options: SkipValidation[Options | None] = Field(
         None, description="A text longer than one job is a document: how it is cut and joined."
     )
+    stream: SkipValidation[bool] = Field(
+        False,
+        description="Also write the audio to the job's Redis stream as it is made (docs/streaming.md). The speech "
+        "route sets it itself wherever it streams.",
+    )
 
     def fields(self) -> dict[str, Any]:
         """The fields the body holds, with their values as sent (nothing pydantic converted)."""

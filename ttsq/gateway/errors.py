@@ -4,6 +4,8 @@ with the field named in ``param``, so that OpenAI's client libraries raise their
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi.responses import JSONResponse
 
 from ttsq.errors import InvalidRequest
@@ -39,3 +41,16 @@ class ApiError(Exception):
 def invalid(exc: InvalidRequest) -> ApiError:
     """A request field that failed validation: 400 naming it."""
     return ApiError(400, str(exc), param=exc.field, code="invalid_value", cause="invalid")
+
+
+class Interrupted(Exception):
+    """A speech response broken off after its audio began: its error, in OpenAI's shape."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.message, self.code = message, code
+
+    def event(self) -> dict[str, Any]:
+        """The SSE event that ends the stream."""
+        error = {"message": self.message, "type": "server_error", "param": None, "code": self.code}
+        return {"type": "speech.audio.error", "error": error}

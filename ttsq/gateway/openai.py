@@ -94,6 +94,12 @@ def check(body: Any) -> Mapping[str, Any]:
     voice = _voice_name(body.get("voice"))
     if voice is not None and not isinstance(voice, str):
         raise InvalidRequest("voice", f"expected a string, got {type(voice).__name__}")
+    if isinstance(voice, str) and not voice.strip():
+        raise InvalidRequest(
+            "voice",
+            "is empty: leave it out, or name a speaker (GET /v1/audio/voices), a stored voice "
+            "(voices/<sha256>.wav) or one of OpenAI's voice names",
+        )
     response_format = body.get("response_format", "mp3")
     if response_format == "aac":
         raise InvalidRequest("response_format", "aac is not produced by ttsq; use mp3, opus, flac, wav or pcm")

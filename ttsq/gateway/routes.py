@@ -9,10 +9,8 @@ storage.
 
 from __future__ import annotations
 
-import base64
-import json
 import re
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from functools import partial
 from typing import TYPE_CHECKING, Annotated, Any, cast
 
@@ -22,17 +20,18 @@ from fastapi import APIRouter, Depends, File, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 
-from ttsq.errors import InvalidRequest
 from ttsq.gateway import openai
 from ttsq.gateway.bodies import BatchRequest, ErrorBody, GenerateRequest, JobRequest, SpeechRequest, VoiceUpload
+from ttsq.gateway.encoders import stream_from_worker
 from ttsq.gateway.errors import ApiError
+from ttsq.gateway.middleware import arrival
+from ttsq.gateway.speech import ClientGone, SpeechAudio, final_state_error, result_of
 from ttsq.gateway.state import Gateway
 from ttsq.results import checked_key
 
 if TYPE_CHECKING:
     from ttsq.client import Job
-    from ttsq.job import JobResult
-    from ttsq.results import StoredResult
+    from ttsq.engines.base import EngineIdentity
 
 _VOICE_NAME = re.compile(r"(?:voices/)?([0-9a-f]{64})(?:\.wav)?")
 
@@ -89,55 +88,46 @@ def _submit_request(gateway: Gateway, item: Any) -> Job:
     return _submit(gateway, JobRequest.model_validate(item).fields())
 
 
-async def result_of(gateway: Gateway, job: Job) -> JobResult:
-    """The job's result, waiting for it without a thread; failures as HTTP errors."""
-    if job.result is not None:
-        return job.result
-    stored = await gateway.waiter.wait(job.id or "", gateway.settings.gateway_wait_s)
-    return failed_or_result(gateway, stored)
-
-
-def failed_or_result(gateway: Gateway, stored: StoredResult) -> JobResult:
-    """A final result, or its failure in OpenAI's error shape."""
-    if stored.result is not None:
-        return gateway.client.refresh_url(stored.result)
-    if stored.state == states.REVOKED:
-        raise ApiError(409, "the job was cancelled", code="cancelled")
-    if isinstance(stored.error, InvalidRequest):
-        raise ApiError(400, str(stored.error), param=stored.error.field, code="invalid_value")
-    kind, reason = (stored.failure.kind, stored.failure.reason) if stored.failure else ("error", "")
-    raise ApiError(500, f"the job failed: {kind}: {reason[:200]}", type="server_error", code="job_failed")
-
-
-def _audio_headers(job: Job, result: JobResult, ignored: tuple[str, ...] = ()) -> dict[str, str]:
-    headers = {"X-TTSQ-Key": result["key"], "X-TTSQ-Cached": str(bool(result["cached"])).lower()}
-    if job.id:
-        headers["X-TTSQ-Job-Id"] = job.id
-    reported = [*ignored, *result.get("ignored", [])]
-    if reported:
-        headers["X-TTSQ-Ignored"] = ",".join(dict.fromkeys(reported))
-    return headers
-
-
 @router.post("/v1/audio/speech", tags=["OpenAI"], responses={200: {"content": {"audio/mpeg": {}}}})
-async def create_speech(speech: SpeechRequest, gateway: GatewayDep, key_id: KeyId) -> Response:
-    """OpenAI's ``audio.speech.create``: the audio of ``input``, in ``response_format``, sent as it is read
-    from storage. ttsq's own request fields (``language``, ``seed``, ``mode``, sampling) may be added."""
+async def create_speech(speech: SpeechRequest, request: Request, gateway: GatewayDep, key_id: KeyId) -> Response:
+    """OpenAI's ``audio.speech.create``: the audio of ``input``, in ``response_format``, sent as the worker
+    makes it (``stream_format: sse``: in ``speech.audio.delta`` events). ttsq's own request fields
+    (``language``, ``seed``, ``mode``, sampling) may be added."""
+    arrived = arrival(request)
     body = speech.fields()
     parsed: openai.Speech = await gateway.submit(lambda: openai.parse(body, gateway.client.identities()))
-    job = await gateway.submit(partial(send, gateway, parsed.fields, parsed.text))
-    result = await result_of(gateway, job)
-    await gateway.charge(key_id, float(result["duration_s"]))
-    headers = _audio_headers(job, result, parsed.ignored)
-    object_key = checked_key(result["object_key"])
-    if parsed.response_format == "pcm":
-        data = await anyio.to_thread.run_sync(lambda: openai.pcm(gateway.client.storage.get(object_key)))
-        stream: Iterator[bytes] = iter([data])
-    else:
-        stream = await anyio.to_thread.run_sync(lambda: gateway.client.storage.stream(object_key))
+    # A job streams, and so does a document (longer than one job), chunk by chunk; flac is sent from the
+    # stored file.
+    streamed = stream_from_worker(parsed.response_format)
+    fields = {name: value for name, value in parsed.fields.items() if name != "stream"}
+    if streamed:
+        fields["stream"] = True
+    job = await gateway.submit(partial(send, gateway, fields, parsed.text))
+    document = len(parsed.text) > gateway.settings.max_text_chars
+    audio = SpeechAudio(gateway, job, parsed, streamed=streamed, document=document, arrived=arrived)
+    try:
+        await audio.first(request.is_disconnected)
+    except ClientGone:
+        await audio.aclose()
+        return Response(status_code=499)  # nobody reads it
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await audio.aclose()
+        raise
+    headers = audio.headers()
+
+    async def charged(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in body:
+                yield chunk
+        finally:
+            with anyio.CancelScope(shield=True):  # a client gone still pays for what it was sent
+                await audio.aclose()
+                await gateway.charge(key_id, audio.duration_s)
+
     if parsed.stream_format == "sse":
-        return StreamingResponse(_sse(stream, result), media_type="text/event-stream", headers=headers)
-    return StreamingResponse(stream, media_type=parsed.content_type, headers=headers)
+        return StreamingResponse(charged(audio.sse()), media_type="text/event-stream", headers=headers)
+    return StreamingResponse(charged(audio.raw()), media_type=parsed.content_type, headers=headers)
 
 
 @router.post("/v1/jobs", tags=["jobs"], status_code=202)
@@ -187,6 +177,11 @@ async def get_audio(job_id: str, gateway: GatewayDep, key_id: KeyId, redirect: b
     """A finished job's audio, read from storage (``?redirect=true``: a redirect to its signed URL)."""
     status = await gateway.submit(partial(gateway.client.status, job_id))
     result = status.get("result")
+    if status.get("state") in (states.REVOKED, states.FAILURE):
+        error = status.get("error")
+        raise final_state_error(
+            status.get("state"), job_id, error.get("message", "") if isinstance(error, dict) else ""
+        )
     if status.get("state") != states.SUCCESS or not isinstance(result, dict):
         raise ApiError(
             409, f"job {job_id} is {status.get('state')}, not done", code="not_ready", headers={"Retry-After": "1"}
@@ -255,14 +250,84 @@ async def generate(body: GenerateRequest, gateway: GatewayDep, key_id: KeyId) ->
     return JSONResponse(result)
 
 
-def _sse(stream: Iterator[bytes], result: JobResult) -> Iterator[bytes]:
-    """OpenAI's ``stream_format: sse``: the audio in ``speech.audio.delta`` events, then ``speech.audio.done``."""
-    for piece in stream:
-        event = {"type": "speech.audio.delta", "audio": base64.b64encode(piece).decode("ascii")}
-        yield f"data: {json.dumps(event)}\n\n".encode()
-    done = {
-        "type": "speech.audio.done",
-        "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0},
-        "duration_s": result["duration_s"],
-    }
-    yield f"data: {json.dumps(done)}\n\n".encode()
+@router.get("/v1/models", tags=["OpenAI"])
+async def list_models(gateway: GatewayDep) -> Response:
+    """OpenAI's model list: the models the running workers announced, then the names the speech route
+    also takes (the modes, OpenAI's own model names), each saying what it means here."""
+    fleet: dict[str, EngineIdentity] = await gateway.submit(gateway.client.identities)
+    return JSONResponse({"object": "list", "data": models(fleet)})
+
+
+@router.get("/v1/models/{model:path}", tags=["OpenAI"])
+async def get_model(model: str, gateway: GatewayDep) -> Response:
+    """One model of ``GET /v1/models``; 404 for a name the speech route would refuse."""
+    fleet: dict[str, EngineIdentity] = await gateway.submit(gateway.client.identities)
+    for entry in models(fleet):
+        if entry["id"] == model:
+            return JSONResponse(entry)
+    raise ApiError(
+        404, f"no model {model[:80]!r} here; GET /v1/models lists them", param="model", code="model_not_found"
+    )
+
+
+def models(fleet: dict[str, EngineIdentity]) -> list[dict[str, Any]]:
+    """The entries of ``GET /v1/models``, in OpenAI's shape plus a ``ttsq`` object saying what each is."""
+    entries: dict[str, dict[str, Any]] = {}
+    for identity in fleet.values():
+        entry = entries.setdefault(
+            identity.model,
+            {
+                "id": identity.model,
+                "object": "model",
+                "created": 0,
+                "owned_by": identity.engine,
+                "ttsq": {"kind": "model", "engine": identity.engine, "revision": identity.revision, "modes": []},
+            },
+        )
+        entry["ttsq"]["modes"] = sorted({*entry["ttsq"]["modes"], *identity.modes} & set(fleet))
+    for mode in sorted(fleet):
+        meaning: dict[str, Any] = {"kind": "mode", "mode": mode, "model": fleet[mode].model}
+        entries.setdefault(mode, {"id": mode, "object": "model", "created": 0, "owned_by": "ttsq", "ttsq": meaning})
+    default = openai.default_mode(fleet)
+    for name in openai.OPENAI_MODELS:
+        meaning = {"kind": "alias", "mode": default, "model": fleet[default].model if default in fleet else None}
+        entries.setdefault(name, {"id": name, "object": "model", "created": 0, "owned_by": "ttsq", "ttsq": meaning})
+    return list(entries.values())
+
+
+@router.get("/v1/audio/voices", tags=["OpenAI"])
+async def list_speech_voices(gateway: GatewayDep) -> Response:
+    """Every ``voice`` the speech route takes: the speakers the fleet's models announced (mode
+    custom_voice), then the stored reference voices (mode voice_clone, ``POST /v1/voices``)."""
+    from ttsq.voices import list_voices
+
+    fleet: dict[str, EngineIdentity] = await gateway.submit(gateway.client.identities)
+    data: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for identity in fleet.values():
+        for speaker in identity.speakers:
+            if speaker not in seen:
+                seen.add(speaker)
+                data.append(
+                    {
+                        "id": speaker,
+                        "object": "audio.voice",
+                        "name": speaker,
+                        "type": "speaker",
+                        "mode": "custom_voice",
+                        "model": identity.model,
+                    }
+                )
+    references = await gateway.submit(partial(list_voices, gateway.client.storage))
+    for voice in references:
+        data.append(
+            {
+                "id": voice.reference,
+                "object": "audio.voice",
+                "name": voice.reference,
+                "type": "reference",
+                "mode": "voice_clone",
+                "duration_s": voice.duration_s,
+            }
+        )
+    return JSONResponse({"object": "list", "data": data})

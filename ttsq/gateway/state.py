@@ -6,8 +6,9 @@ cache short-circuit, single flight, documents); waiting for audio is async on Re
 (``ttsq.gateway.waiter``), so one process holds thousands of open requests without a thread each.
 
 This module is the gateway's state and plumbing: API-key checks and limits, admission control, errors
-in OpenAI's shape (``ttsq.gateway.errors``), request body limits, metrics and the operations endpoints
-(``/healthz``, ``/readyz``, ``/metrics``). The API's own routes are ``ttsq.gateway.routes``; ``ttsq.gateway.app``
+in OpenAI's shape (``ttsq.gateway.errors``), metrics and the operations endpoints (``/healthz``,
+``/readyz``, ``/metrics``); the middlewares that limit bodies and count requests are
+``ttsq.gateway.middleware``. The API's own routes are ``ttsq.gateway.routes``; ``ttsq.gateway.app``
 assembles the application.
 """
 
@@ -20,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 from fastapi import FastAPI, Request
-from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -39,6 +39,8 @@ from ttsq.gateway.apikeys import (
     token_hash,
 )
 from ttsq.gateway.errors import ApiError, invalid
+from ttsq.gateway.middleware import BodyLimit, Observe, TooLarge
+from ttsq.gateway.streams import StreamReader
 from ttsq.gateway.waiter import ResultWaiter
 from ttsq.records.owner import RedisOwner
 from ttsq.records.queues import queue_depth
@@ -46,8 +48,6 @@ from ttsq.records.scripts import register_async
 from ttsq.voices import MAX_REFERENCE_BYTES
 
 if TYPE_CHECKING:
-    from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
     from ttsq.config import Settings
 
 logger = logging.getLogger(__name__)
@@ -72,6 +72,8 @@ class Gateway:
         #: The cache database, async: API keys, rates and quotas, readiness.
         self.cache = self.redis.async_client(settings.cache_url)
         self.waiter = ResultWaiter(self.redis.async_client(settings.result_backend))
+        #: Jobs' audio streams, read on one connection of the cache pool (``ttsq.gateway.streams``).
+        self.streams = StreamReader(self.cache)
         self._authorize = register_async(self.cache, "authorize")
         self._charge = register_async(self.cache, "charge")
         self._charge_once = register_async(self.cache, "charge_once")
@@ -90,6 +92,16 @@ class Gateway:
         self.waiting = Gauge("ttsq_gateway_waiting_jobs", "Requests waiting for a job's result.", registry=registry)
         self.waiting.set_function(lambda: self.waiter.waiting)
         self.refusals = Counter("ttsq_gateway_refusals", "Requests refused, by cause.", ["cause"], registry=registry)
+        self.first_audio = Histogram(
+            "ttsq_time_to_first_audio_seconds",
+            "Speech requests: from the request's arrival to its first audio bytes handed to the server, by "
+            "where the audio came from (cache: a cache hit; stream: the job's stream; stored: its stored file).",
+            ["source"],
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30, 60, 300),
+            registry=registry,
+        )
+        self.streams_read = Gauge("ttsq_gateway_streams_read", "Job streams being read.", registry=registry)
+        self.streams_read.set_function(lambda: self.streams.reading)
         for cause in CAUSES:
             self.refusals.labels(cause=cause)
 
@@ -176,6 +188,7 @@ class Gateway:
             raise invalid(exc) from None
 
     async def close(self) -> None:
+        await self.streams.close()
         await self.waiter.close()
         await self.redis.aclose()
         self.client.close()
@@ -191,7 +204,7 @@ def install(app: FastAPI, gateway: Gateway) -> None:
         larger={"/v1/voices": MAX_REFERENCE_BYTES + 1_048_576},
         on_refuse=gateway.refusals,
     )
-    app.add_middleware(Observe, gateway=gateway)
+    app.add_middleware(Observe, in_flight=gateway.in_flight, requests=gateway.requests, latency=gateway.latency)
     _errors(app, gateway)
     _operations(app, gateway)
 
@@ -225,9 +238,21 @@ def _errors(app: FastAPI, gateway: Gateway) -> None:
 
     async def unreadable(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
-        if exc.status_code != 400:  # routing's 404 and 405, answered as FastAPI answers them
-            return await http_exception_handler(request, exc)
-        if isinstance(exc.__cause__, _TooLarge):  # FastAPI wrapped BodyLimit's refusal: BodyLimit answers it
+        if exc.status_code == 404:  # routing's: no such route
+            # The path is the client's own: echoed back to it, never logged.
+            message = f"no route {request.method} {request.url.path[:200]}; the API is described at /openapi.json"
+            return await api_error(request, ApiError(404, message, code="unknown_url", cause="not_found"))
+        if exc.status_code == 405:
+            allowed = (exc.headers or {}).get("Allow", "")
+            message = f"{request.method} is not allowed on {request.url.path[:200]}" + (
+                f"; allowed: {allowed}" if allowed else ""
+            )
+            return ApiError(405, message, code="method_not_allowed", headers=dict(exc.headers or {})).response()
+        if exc.status_code != 400:
+            return ApiError(
+                exc.status_code, str(exc.detail), code="http_error", headers=dict(exc.headers or {})
+            ).response()
+        if isinstance(exc.__cause__, TooLarge):  # FastAPI wrapped BodyLimit's refusal: BodyLimit answers it
             raise exc.__cause__
         # A body FastAPI or Starlette could not parse before any route ran: JSON that is not UTF-8 or nests
         # deeper than Python recurses, a broken multipart form.
@@ -272,35 +297,6 @@ def _errors(app: FastAPI, gateway: Gateway) -> None:
     app.add_exception_handler(Exception, unexpected)
 
 
-class Observe:
-    """Count and time every request by its route template (never its ids) and status: plain ASGI, so it
-    costs a request no more than the two clock reads."""
-
-    def __init__(self, app: ASGIApp, *, gateway: Gateway) -> None:
-        self.app, self.gateway = app, gateway
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        gateway, started, status = self.gateway, time.perf_counter(), 500
-
-        async def sending(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        gateway.in_flight.inc()
-        try:
-            await self.app(scope, receive, sending)
-        finally:
-            gateway.in_flight.dec()
-            route = getattr(scope.get("route"), "path", "unmatched")
-            gateway.requests.labels(route=route, status=str(status)).inc()
-            gateway.latency.labels(route=route).observe(time.perf_counter() - started)
-
-
 def _operations(app: FastAPI, gateway: Gateway) -> None:
     @app.get("/healthz", tags=["operations"])
     async def healthz() -> dict[str, str]:
@@ -334,54 +330,3 @@ def _operations(app: FastAPI, gateway: Gateway) -> None:
     async def metrics() -> Response:
         """Prometheus text: requests by route and status, latency, requests in flight, refusals by cause."""
         return Response(generate_latest(gateway.registry), media_type=CONTENT_TYPE_LATEST)
-
-
-class BodyLimit:
-    """Refuse a request body over the limit (413) before it is read whole: by its Content-Length when it
-    has one, else as soon as the bytes read pass the limit."""
-
-    def __init__(self, app: ASGIApp, *, default: int, larger: dict[str, int], on_refuse: Counter) -> None:
-        self.app, self.default, self.larger, self.on_refuse = app, default, larger, on_refuse
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        limit = next((size for path, size in self.larger.items() if scope["path"].startswith(path)), self.default)
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > limit):
-            await self._refuse(scope, receive, send, limit)
-            return
-        seen = 0
-        started = False
-
-        async def counted() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > limit:
-                    raise _TooLarge
-            return message
-
-        async def sending(message: Message) -> None:
-            nonlocal started
-            started = True
-            await send(message)
-
-        try:
-            await self.app(scope, counted, sending)
-        except _TooLarge:
-            if not started:
-                await self._refuse(scope, receive, send, limit)
-
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
-        self.on_refuse.labels(cause="too_large").inc()
-        response = ApiError(
-            413, f"the request body is larger than {limit} bytes", param="body", code="request_too_large"
-        )
-        await response.response()(scope, receive, send)
-
-
-class _TooLarge(Exception):
-    """The body read so far is over the limit."""

@@ -14,7 +14,6 @@ its keys and records.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import asdict
@@ -42,11 +41,13 @@ from ttsq.document import (
     Options,
     Progress,
     SentenceSpan,
+    check_plan,
+    joins,
     read_document,
 )
 from ttsq.engines.base import reading_seconds
 from ttsq.errors import CorruptRecord, InvalidRequest, JobFailed, JobParked
-from ttsq.job import FORMATS, StoredAudio
+from ttsq.job import StoredAudio
 from ttsq.keys import canonical_json, content_key
 from ttsq.records.attempts import ParkedJob
 from ttsq.records.plans import SENDING, chord_group_id, chunk_task_ids
@@ -63,12 +64,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_HEX64 = re.compile(r"[0-9a-f]{64}")
 #: How long a stitched document's progress hash stays, for chunk counts that arrive after the stitch.
 STITCHED_PROGRESS_TTL_S = 600
 #: The field of a document's progress hash that says its stitch has begun (beside one per chunk index).
 _STITCHING = "stitching"
-_BOUNDARIES = ("sentence", "paragraph", "split", "end")
 
 
 class Documents:
@@ -456,7 +455,7 @@ class Documents:
                 raise JobFailed(f"document {plan_ref[:64]}: its plan is gone (expired after TTSQ_RESULT_TTL_S)")
         else:
             raise InvalidRequest("plan", "expected the reference of a stored plan (the document's task id)")
-        _check_plan(plan)
+        check_plan(plan)
         if key_ref is not None and key_ref != plan["key"]:
             raise InvalidRequest("key", "is not the document key of the plan it names")
         return cast("dict[str, Any]", plan)
@@ -472,7 +471,7 @@ class Documents:
     ) -> EncodedFile:
         """Encode the joined chunks into ``handle``, one chunk at a time."""
         chunks = plan["chunks"]
-        crossfades, pauses = _joins(chunks, options)
+        crossfades, pauses = joins(chunks, options)
         encoder = StreamEncoder(handle, rate, plan["format"])
         # No time bound: the worker renews its held messages' delivery time while it lives
         # (``ttsq.worker.recovery``), so however long the stitch, no redelivery starts a second one.
@@ -580,74 +579,12 @@ def _succeeded(raw: bytes | str | None, task_id: str) -> bool:
         return False
 
 
-def _check_plan(plan: Any) -> None:
-    """A stitch plan as ``fan_out`` writes it, read back from Redis or a message: untrusted, every field
-    the stitch uses checked, ``InvalidRequest`` naming the first that is wrong."""
-
-    def need(ok: bool, field: str, reason: str) -> None:
-        if not ok:
-            raise InvalidRequest(field, reason)
-
-    need(isinstance(plan, Mapping), "plan", "is not a stitch plan ttsq made (expected a JSON object)")
-    need(isinstance(plan.get("key"), str) and bool(_HEX64.fullmatch(plan["key"])), "plan.key", "is not a content key")
-    need(plan.get("format") in FORMATS, "plan.format", f"expected one of {sorted(FORMATS)}")
-    for name in ("seed", "characters"):
-        value = plan.get(name)
-        need(isinstance(value, int) and not isinstance(value, bool) and value >= 0, f"plan.{name}", "expected a count")
-    need(isinstance(plan.get("seed_given", False), bool), "plan.seed_given", "expected true or false")
-    need(isinstance(plan.get("queue", ""), str), "plan.queue", "expected a queue name")
-    need(isinstance(plan.get("options"), Mapping), "plan.options", "expected a JSON object")
-    Options.from_dict(plan["options"])
-    chunks = plan.get("chunks")
-    need(isinstance(chunks, list) and len(chunks) > 0, "plan.chunks", "expected a non-empty list")
-    for number, chunk in enumerate(chunks):
-        field = f"plan.chunks[{number}]"
-        need(isinstance(chunk, Mapping), field, "expected a JSON object")
-        need(
-            isinstance(chunk.get("key"), str) and (chunk["key"] == "" or bool(_HEX64.fullmatch(chunk["key"]))),
-            f"{field}.key",
-            "is not a content key",
-        )
-        start, end = chunk.get("start"), chunk.get("end")
-        need(
-            all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end)) and 0 <= start <= end,
-            f"{field}.start",
-            "expected character offsets 0 <= start <= end",
-        )
-        need(chunk.get("boundary") in _BOUNDARIES, f"{field}.boundary", f"expected one of {list(_BOUNDARIES)}")
-        sentences = chunk.get("sentences")
-        need(
-            isinstance(sentences, list)
-            and all(
-                isinstance(s, list)
-                and len(s) == 3
-                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in s)
-                for s in sentences
-            ),
-            f"{field}.sentences",
-            "expected [start, end, weight] triples",
-        )
-
-
 def _entry_rate(entry: Mapping[str, Any]) -> int:
     """The sample rate of a chunk's index entry, read back: a positive count."""
     rate = entry.get("sample_rate")
     if isinstance(rate, bool) or not isinstance(rate, int) or not 0 < rate <= 384_000:
         raise CorruptRecord("a chunk's index entry: sample_rate", "is not a sample rate")
     return rate
-
-
-def _joins(chunks: Sequence[Mapping[str, Any]], options: Options) -> tuple[list[int], list[int]]:
-    """Per chunk, the crossfade with the one before (after a ``split``) and the pause after it."""
-    boundaries = [str(chunk["boundary"]) for chunk in chunks]
-    crossfades = [
-        options.crossfade_ms if index and boundaries[index - 1] == "split" else 0 for index in range(len(chunks))
-    ]
-    pauses = [
-        {"sentence": options.sentence_pause_ms, "paragraph": options.paragraph_pause_ms}.get(boundary, 0)
-        for boundary in boundaries
-    ]
-    return crossfades, pauses
 
 
 def chunk_spans(chunks: Sequence[Mapping[str, Any]], edges: Sequence[tuple[int, int]], rate: int) -> list[ChunkSpan]:
@@ -674,7 +611,7 @@ def join_chunks(
     """Concatenate chunk audio: crossfade after a ``split`` chunk, silence after a sentence or paragraph.
     The stitch's own join (which runs it a chunk at a time), whole, for the fidelity tests' faulted
     stitches."""
-    crossfades, pauses = _joins(chunks, options)
+    crossfades, pauses = joins(chunks, options)
     audio, edges = join(pieces, rate, crossfades_ms=crossfades, pauses_ms=pauses)
     return audio, chunk_spans(chunks, edges, rate)
 

@@ -33,6 +33,7 @@ from ttsq.job import JobResult, StoredAudio, SynthesisRequest, Timings, no_timin
 from ttsq.keys import content_key, object_key
 from ttsq.observer import JobReport
 from ttsq.records.attempts import ParkedJob
+from ttsq.worker.streaming import StreamWriter
 
 if TYPE_CHECKING:
     import numpy as np
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from ttsq.observer import Observer
     from ttsq.records.attempts import Ledger
     from ttsq.records.cache import CacheIndex
+    from ttsq.records.streams import AudioStreams
     from ttsq.results import Results
     from ttsq.storage import Storage
 
@@ -191,8 +193,10 @@ class Pipeline:
         ledger: Ledger,
         results: Results,
         observer: Observer,
+        streams: AudioStreams | None = None,
     ) -> None:
         self.settings = settings
+        self.streams = streams
         self.limits = limits
         self.engine = engine
         self.batcher = batcher
@@ -238,17 +242,31 @@ class Pipeline:
                 if attempts >= self.settings.max_attempts:
                     self._park(kwargs, request, task_id, attempts)
                 result, written = self._synthesize(
-                    request, key, task_id=task_id, queue_wait_s=queue_wait_s, isolated=attempts > 0, expected=expected
+                    request,
+                    key,
+                    task_id=task_id,
+                    queue_wait_s=queue_wait_s,
+                    started=started,
+                    isolated=attempts > 0,
+                    expected=expected,
                 )
                 outcome = "synthesized"
             # Signed and ready: what is left (claim release, result store) belongs to the round trip.
             result["timings"]["worker_s"] = round(time.perf_counter() - started, 4)
+            if request.stream and self.streams is not None:
+                # Its readers learn the result from the stream itself; a cache hit wrote no audio to
+                # it, and its readers read the stored file instead.
+                done = result
+                self._stream_quietly(lambda: self.streams.end(task_id, dict(done)) if self.streams else None, task_id)
             return result
-        except InvalidRequest:
-            outcome = "invalid"
-            raise
-        except JobTimeout:
-            outcome = "timeout"
+        except Exception as exc:
+            if isinstance(exc, InvalidRequest):
+                outcome = "invalid"
+            elif isinstance(exc, JobTimeout):
+                outcome = "timeout"
+            if kwargs.get("stream") is True:  # its readers end with the error, not a short clip
+                failure = exc
+                self._stream_quietly(lambda: self.streams.error(task_id, failure) if self.streams else None, task_id)
             raise
         finally:
             expected.done()  # it never reached the batcher (a cache hit, a refusal): nothing to wait for
@@ -258,6 +276,15 @@ class Pipeline:
             # Success or failure, this job no longer produces the key: let the next submit try.
             for claimed in {k for k in (key, claimed_key) if k is not None}:
                 self.cache.release(claimed, task_id)
+
+    @staticmethod
+    def _stream_quietly(write: Callable[[], object], task_id: str) -> None:
+        """A stream is the early copy: when Redis refuses it, the job still stores its file and result,
+        and its readers, seeing no end, wait for that result."""
+        try:
+            write()
+        except Exception as exc:
+            logger.warning("job %s: could not write its stream: %s", task_id, type(exc).__name__)
 
     def _park(self, kwargs: dict[str, Any], request: SynthesisRequest, task_id: str, attempts: int) -> None:
         error = (
@@ -279,29 +306,47 @@ class Pipeline:
         *,
         task_id: str,
         queue_wait_s: float | None,
+        started: float,
         isolated: bool = False,
         expected: Expected | None = None,
     ) -> tuple[JobResult, bool]:
         """The job's result, and whether this run wrote its object (an earlier run may have)."""
         queued = time.perf_counter()
+        writer = None
+        if request.stream and self.streams is not None:
+            sent_at = None if queue_wait_s is None else time.time() - (time.perf_counter() - started) - queue_wait_s
+            writer = StreamWriter(
+                self.streams,
+                task_id,
+                sample_rate=self.engine.identity.sample_rate,
+                observer=self.observer,
+                sent_at=sent_at,
+            )
         # A job that was in an engine call that never returned runs alone: if it is the one that
         # crashes workers, it takes no neighbour down with it this time.
         future = self.batcher.submit(
             request,
             isolated=isolated,
             on_enter=lambda: self.ledger.charge(task_id),
-            on_exit=lambda: self.ledger.refund(task_id),
+            on_exit=lambda: self.ledger.refund_soon(task_id),
+            on_piece=None if writer is None else writer.put,
         )
         if expected is not None:
             expected.done()  # after the hand-over, so the batcher always sees it on its way or arrived
         try:
-            item = future.result(timeout=self.settings.job_timeout_s)
+            if writer is not None:
+                item = writer.wait(future, self.settings.job_timeout_s)
+            else:
+                item = future.result(timeout=self.settings.job_timeout_s)
         except FutureTimeout:
             self.batcher.abandon(future)  # not waiting any more, nor holding a slot
             raise JobTimeout(f"no batch finished this job within {self.settings.job_timeout_s}s") from None
 
         # Everything in the batcher that was not the forward pass: filling, and waiting behind a batch.
         batch_wait_s = max(0.0, time.perf_counter() - queued - item.synthesis_s)
+        if writer is not None:
+            # The audio goes out before it is encoded and stored: that wait is what streaming saves.
+            writer.finish(item.output)
         stored = store_audio(
             self.storage,
             item.output.samples,

@@ -23,7 +23,7 @@ from ttsq.constants import CLAIM_HEADER, DOCUMENT_TASK_NAME, SENT_AT_HEADER, STI
 from ttsq.errors import InvalidRequest
 from ttsq.records.holders import held_key, incarnation
 from ttsq.worker.documents import Documents
-from ttsq.worker.gate import GATE_OPTION, Gate, GatedConsumer, GatedTransport
+from ttsq.worker.gate import GATE_OPTION, Gate, GatedConsumer, gated_transport
 from ttsq.worker.recovery import Recovery
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ def worker_app(settings: Settings, runtime: WorkerRuntime) -> Celery:
         held_key=held_key(name),
     )
     # The transport checks each popped list item, the consumer (``ttsq.worker.gate``) each message.
-    app.conf.broker_transport = GatedTransport
+    app.conf.broker_transport = gated_transport(settings.broker_url)
     app.conf.broker_transport_options = {**app.conf.broker_transport_options, GATE_OPTION: gate}
     # Any worker made from this app gets the gated consumer, not only those that name it.
     app.conf.worker_consumer = f"{GatedConsumer.__module__}:{GatedConsumer.__qualname__}"

@@ -235,6 +235,15 @@ class DecodeLoop:
         """Free a slot without finishing its row."""
         self._rows.pop(slot, None)
 
+    def made(self, slot: int) -> int:
+        """How many frames the row decoding in ``slot`` has made so far."""
+        return self._rows[slot].frames
+
+    def codes(self, slot: int, start: int, end: int) -> torch.Tensor:
+        """A copy of frames ``[start, end)`` of the row decoding in ``slot``, ``(end - start, 16)``: a
+        streaming row's codes while it still decodes (the slot's buffer is reused once it leaves)."""
+        return self._codes[slot, start:end].clone()
+
     # -- decoding ---------------------------------------------------------------------------------
 
     def step(self) -> list[Finished]:

@@ -5,26 +5,38 @@ Everything around generation (the checkpoint, its identity, frame caps, clone pr
 handling, the codec call) is the ``qwen`` engine's; only the generation loop and two kinds of the codec's
 modules differ. What changes, and what a seed does and does not promise: docs/qwen.md, "qwen-fast: ttsq's
 own decode loop".
+
+Streaming rows (``admit(..., piece=...)``) are decoded to audio in chunks while they still generate
+(``stream``); their first chunks go to the codec before anything else waiting for it. docs/qwen.md,
+"Streaming".
+
+Why one file over 400 lines: admission, the frame, the codec queue and failure handling all share the
+slots' bookkeeping (which row, which callback, which stream); the chunks themselves live in ``stream``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import heapq
+import itertools
 import logging
 import secrets
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ttsq.engines.base import EngineOutput, frame_cap
+from ttsq.engines.base import EngineOutput, Piece, frame_cap
 from ttsq.engines.qwen.engine import SAMPLE_RATE, QwenEngine, is_out_of_memory, release_device_memory, usable_cores
 from ttsq.errors import EngineError, EngineOutOfMemory, SharedFailure, TTSQError
 
 if TYPE_CHECKING:
     from ttsq.config import Settings
     from ttsq.engines.qwen.decode import DecodeLoop, Finished, Prompt
+    from ttsq.engines.qwen.stream import Chunk, RowStream
     from ttsq.job import SynthesisRequest
 
 logger = logging.getLogger(__name__)
@@ -39,6 +51,10 @@ PROMPT_POSITIONS = 1024
 PROMPT_TEMPLATE_POSITIONS = 32
 
 Done = Callable[[EngineOutput | Exception], object]
+Rows = list[tuple["Finished", "SynthesisRequest", Done, Any, int]]
+#: Codec queue priorities: a streaming row's first chunk goes before everything else waiting for the
+#: codec; later chunks and whole rows keep their order (so a row's chunks stay in order).
+FIRST_CHUNK, IN_ORDER = 0, 1
 
 
 class QwenFastEngine(QwenEngine):
@@ -47,6 +63,8 @@ class QwenFastEngine(QwenEngine):
     name = "qwen-fast"
     #: The batcher's thread and the codec thread run torch at the same time.
     torch_callers = 2
+    #: Streaming rows get their audio in chunks while they generate (``ttsq.engines.base.streams_audio``).
+    streams_audio = True
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
@@ -57,7 +75,13 @@ class QwenFastEngine(QwenEngine):
         self.loop: DecodeLoop | None = None
         # slot -> request, its done callback, its clone reference codes, its frame cap
         self._requests: dict[int, tuple[SynthesisRequest, Done, Any, int]] = {}
+        self._streams: dict[int, RowStream] = {}  # slot -> its streaming row's chunks and pieces
         self._decoder: ThreadPoolExecutor | None = None
+        # Work for the codec thread, by (priority, order): every job submitted to ``_decoder`` runs the
+        # first job of this heap, so a first chunk overtakes what waits before it.
+        self._codec_jobs: list[tuple[int, int, Callable[[], None]]] = []
+        self._codec_jobs_lock = threading.Lock()
+        self._codec_order = itertools.count()
         self._decode_stream: Any = None
         self._cores = usable_cores()  # read once: the affinity is the process's, fixed at start
 
@@ -117,7 +141,7 @@ class QwenFastEngine(QwenEngine):
 
     def warmup(self) -> None:
         """The stock warm-up (codec included), then a short row through the loop; on CUDA, capture
-        every (rows, length) bucket."""
+        every (rows, length) bucket; then a first chunk's decode."""
         super().warmup()
         loop = self.loop
         assert loop is not None
@@ -137,6 +161,13 @@ class QwenFastEngine(QwenEngine):
             loop.step()
         for rows, length in loop.buckets():
             loop.capture(rows, length)
+        # A streaming row's first chunk is one frame: decode that shape once, so first audio pays no
+        # first-call costs either.
+        from ttsq.engines.qwen.stream import FIRST_CHUNK_FRAMES, decode_windows
+
+        decoder = self._tts.model.speech_tokenizer.model.decoder
+        shape = (FIRST_CHUNK_FRAMES, int(decoder.config.num_quantizers))
+        decode_windows(decoder, [(self._torch.zeros(shape, dtype=self._torch.long, device=self._device), 0)])
 
     def close(self) -> None:
         if self._decoder is not None:
@@ -156,12 +187,14 @@ class QwenFastEngine(QwenEngine):
     def free_slots(self) -> int:
         return 0 if self.loop is None else self.loop.free_slots()
 
-    def admit(self, request: SynthesisRequest, done: Done) -> None:
-        """Prefill one request into a free slot; its output goes to ``done``."""
+    def admit(self, request: SynthesisRequest, done: Done, piece: Piece | None = None) -> None:
+        """Prefill one request into a free slot; its output goes to ``done``. With ``piece``, its audio
+        also goes there in chunks while it generates, and its output is exactly those chunks, joined."""
         loop = self.loop
         if loop is None:
             raise EngineError("qwen-fast engine used before load()")
         from ttsq.engines.qwen.sampling import Sampling
+        from ttsq.engines.qwen.stream import RowStream
 
         try:
             self.identity.check(request)
@@ -193,6 +226,8 @@ class QwenFastEngine(QwenEngine):
                 )
                 slot = loop.admit(prompt, cap=cap, sampling=sampling)
             self._requests[slot] = (request, done, prompt.ref_code, cap)
+            if piece is not None:
+                self._streams[slot] = RowStream(piece, done, request, cap, prompt.ref_code)
             return
         except TTSQError as exc:
             failure: Exception = exc
@@ -222,20 +257,23 @@ class QwenFastEngine(QwenEngine):
                 loop.cancel(slot)
                 self._fail(slot, error(f"decode failed: {type(exc).__name__}: {exc}"))
             return
+        from ttsq.engines.qwen.stream import due_chunks
+
+        # Streaming rows whose chunk failed on the codec thread were answered there: they leave.
+        for slot in [slot for slot, stream in self._streams.items() if stream.failed]:
+            loop.cancel(slot)
+            self._requests.pop(slot, None)
+            del self._streams[slot]
         # A row without a request (a bug elsewhere) must not keep the others from being answered.
         rows = [(row, *entry) for row in finished if (entry := self._requests.pop(row.slot, None)) is not None]
-        if not rows:
-            return
-        if self._decoder is None:
-            self._decode(rows)
-        elif self._decode_stream is not None:
-            event = self._torch.cuda.Event()
-            event.record(self._torch.cuda.current_stream(self._device))  # the codes are ready once their frame is
-            for row in finished:  # and their memory stays theirs until the codec stream is done with it
-                row.codes.record_stream(self._decode_stream)
-            self._decoder.submit(self._decode_on_stream, rows, event)
-        else:
-            self._decoder.submit(self._decode, rows)
+        whole = [row for row in rows if row[0].slot not in self._streams]
+        chunks = due_chunks(loop, self._streams, [row for row, *_ in rows]) if self._streams else []
+        if whole:
+            self._dispatch(IN_ORDER, self._decode, whole, [row.codes for row, *_ in whole])
+        for priority in (FIRST_CHUNK, IN_ORDER):
+            batch = [chunk for chunk in chunks if (priority == FIRST_CHUNK) == chunk.first]
+            if batch:
+                self._dispatch(priority, self._decode_chunks, batch, [chunk.codes for chunk in batch])
 
     def cancel(self, done: Done) -> bool:
         """Free the slot of the request ``done`` belongs to (its caller gave up on it)."""
@@ -246,16 +284,20 @@ class QwenFastEngine(QwenEngine):
         self._fail(slot, EngineError("cancelled while decoding: the job's caller gave up on it"))
         return True
 
-    def synthesize_batch(self, requests: Sequence[SynthesisRequest]) -> list[EngineOutput | Exception]:
-        """A whole batch through the slots: rows join as others leave, until every one is done."""
+    def synthesize_batch(
+        self, requests: Sequence[SynthesisRequest], pieces: Sequence[Piece | None] | None = None
+    ) -> list[EngineOutput | Exception]:
+        """A whole batch through the slots: rows join as others leave, until every one is done. A row
+        with a ``Piece`` in ``pieces`` streams (``admit``)."""
         if self.loop is None:
             raise EngineError("qwen-fast engine used before load()")
         futures: list[Future[EngineOutput | Exception]] = [Future() for _ in requests]
-        waiting = list(zip(requests, futures, strict=True))
+        sinks = list(pieces) if pieces is not None else [None] * len(requests)
+        waiting = list(zip(requests, futures, sinks, strict=True))
         while waiting or self.active:
             while waiting and self.free_slots() > 0:
-                request, future = waiting.pop(0)
-                self.admit(request, future.set_result)
+                request, future, piece = waiting.pop(0)
+                self.admit(request, future.set_result, piece)
             self.step()
         outputs = [future.result() for future in futures]
         oom = next((out for out in outputs if isinstance(out, EngineOutOfMemory)), None)
@@ -287,13 +329,35 @@ class QwenFastEngine(QwenEngine):
         prompt.ref_code = voice.ref_code if voice.ref_code is not None and voice.icl_mode else None
         return prompt
 
-    def _decode_on_stream(self, rows: list[tuple[Finished, SynthesisRequest, Done, Any, int]], event: Any) -> None:
+    def _dispatch(self, priority: int, decode: Callable[[Any], None], items: Any, tensors: list[Any]) -> None:
+        """Queue ``decode(items)`` for the codec thread (at once without one); on CUDA, on the codec's
+        stream once this stream's work on ``tensors`` is done."""
+        if self._decoder is None:
+            decode(items)
+            return
+        job: Callable[[], None] = functools.partial(decode, items)
+        if self._decode_stream is not None:
+            event = self._torch.cuda.Event()
+            event.record(self._torch.cuda.current_stream(self._device))  # the codes are ready once their frame is
+            for tensor in tensors:  # and their memory stays theirs until the codec stream is done with it
+                tensor.record_stream(self._decode_stream)
+            job = functools.partial(self._decode_on_stream, job, event)
+        with self._codec_jobs_lock:
+            heapq.heappush(self._codec_jobs, (priority, next(self._codec_order), job))
+        self._decoder.submit(self._next_codec_job)
+
+    def _next_codec_job(self) -> None:
+        with self._codec_jobs_lock:
+            _, _, job = heapq.heappop(self._codec_jobs)
+        job()
+
+    def _decode_on_stream(self, job: Callable[[], None], event: Any) -> None:
         torch = self._torch
         with torch.cuda.stream(self._decode_stream):
             self._decode_stream.wait_event(event)
-            self._decode(rows)
+            job()
 
-    def _decode(self, rows: list[tuple[Finished, SynthesisRequest, Done, Any, int]]) -> None:
+    def _decode(self, rows: Rows) -> None:
         """Codes to audio as stock qwen-tts decodes them (clone rows with their reference codes in
         front, cut off again), then the ``qwen`` engine's frame-cap cut and truncated flag.
 
@@ -330,9 +394,7 @@ class QwenFastEngine(QwenEngine):
             if not isinstance(exc, Exception):
                 raise
 
-    def _decode_rows(
-        self, rows: list[tuple[Finished, SynthesisRequest, Done, Any, int]]
-    ) -> list[EngineOutput | Exception]:
+    def _decode_rows(self, rows: Rows) -> list[EngineOutput | Exception]:
         torch = self._torch
         if self._decode_stream is None and self._decoder is not None:
             torch.set_num_threads(self._codec_threads())
@@ -368,5 +430,29 @@ class QwenFastEngine(QwenEngine):
 
     def _fail(self, slot: int, error: Exception) -> None:
         entry = self._requests.pop(slot, None)
-        if entry is not None:
-            entry[1](error)
+        stream = self._streams.pop(slot, None)
+        if entry is None or (stream is not None and not stream.close()):
+            return  # a streaming row the codec thread has answered already (its chunk failed)
+        entry[1](error)
+
+    # -- streaming rows ---------------------------------------------------------------------------
+
+    def _decode_chunks(self, chunks: list[Chunk]) -> None:
+        """Streaming rows' chunks to audio, handed over, rows answered after their last (codec thread)."""
+        from ttsq.engines.qwen.stream import Handover
+
+        Handover(
+            self._decode_windows,
+            samples_per_frame=self._samples_per_frame,
+            sample_rate=self.identity.sample_rate,
+            ignores_instruct=self.ignores_instruct,
+        ).run(chunks)
+
+    def _decode_windows(self, chunks: list[Chunk]) -> list[Any]:
+        """The new samples of each chunk, in one call of the codec's decoder (the device boundary)."""
+        from ttsq.engines.qwen.stream import decode_windows
+
+        if self._decode_stream is None and self._decoder is not None:
+            self._torch.set_num_threads(self._codec_threads())
+        decoder = self._tts.model.speech_tokenizer.model.decoder
+        return decode_windows(decoder, [(chunk.codes, chunk.context) for chunk in chunks])

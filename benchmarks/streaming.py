@@ -1,0 +1,357 @@
+"""Streaming against the whole clip, side by side in one run: time to first audio, real-time factor and
+playback underruns at 1, 4, 8 and 16 concurrent streams.
+
+    python benchmarks/streaming.py [--engine espeak|qwen-fast] [--via client|gateway] [--concurrency 1,4,8,16]
+
+One private redis-server, one ``ttsq worker`` (local storage) and, with ``--via gateway``, one ``ttsq
+serve`` read through the official ``openai`` package (``with_streaming_response``, ``stream_format:
+"audio"``, pcm). For each concurrency, in the same run:
+
+- **streamed**: that many requests at once, each a cache miss, each read as a player would: time to
+  first audio (p50/p95), the real-time factor (seconds to the last piece per second of audio), and
+  underruns (a player that started at the first piece and plays in real time runs dry: count and
+  seconds);
+- **whole clip**: the same number of requests for whole files (``Client.submit(...).wait()`` and the
+  download, or the gateway's plain response): time to the last byte (p50/p95);
+- **the floor**: the engine's own first piece in this process, no queue (measured once, first).
+
+espeak is too fast for one clip to show anything: its requests are documents (``--doc-chars``, 8,000 by
+default), which stream chunk by chunk. qwen-fast runs a tiny random-weight checkpoint on the CPU (or
+``TTSQ_QWEN_MODEL``), each clip capped at ``--frames`` codec frames (125: ten seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ttsq.config import Settings
+from ttsq.constants import FLEET_PREFIX
+from ttsq.ops.redis_server import RedisServer, free_port, parent_death_signal
+from ttsq.records.connection import connect
+
+ROOT = Path(__file__).resolve().parent.parent
+BYTES_PER_SAMPLE = 2
+
+
+@dataclass
+class Played:
+    """One request read as a player reads it."""
+
+    first_s: float  # request sent -> first audio byte
+    last_s: float  # request sent -> last byte
+    audio_s: float
+    underruns: int
+    underrun_s: float
+
+
+class Player:
+    """Counts underruns: playback starts with the first piece and runs in real time."""
+
+    def __init__(self, rate: int, started: float) -> None:
+        self.rate, self.started = rate, started
+        self.first: float | None = None
+        self.audio_s = 0.0
+        self.stall_s = 0.0
+        self.underruns = 0
+
+    def piece(self, nbytes: int) -> None:
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = now
+        else:
+            due = self.first + self.audio_s + self.stall_s  # when the player needs this piece
+            if now > due:
+                self.underruns += 1
+                self.stall_s += now - due
+        self.audio_s += nbytes / BYTES_PER_SAMPLE / self.rate
+
+    def done(self) -> Played:
+        now = time.perf_counter()
+        first = (self.first or now) - self.started
+        return Played(first, now - self.started, self.audio_s, self.underruns, self.stall_s)
+
+
+def _env(settings: Settings) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TTSQ_")}
+    env.update({f"TTSQ_{f.name.upper()}": str(getattr(settings, f.name)) for f in fields(settings)})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    return env
+
+
+def _start(stack: ExitStack, command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        process = subprocess.Popen(
+            command, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, preexec_fn=parent_death_signal()
+        )
+
+    def stop() -> None:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+    stack.callback(stop)
+    return process
+
+
+def floor_s(settings: Settings, request: dict[str, Any], runs: int = 5) -> float:
+    """The engine's own first piece in this process: no queue, no Redis (median of ``runs``)."""
+    from ttsq.engines import create_engine
+    from ttsq.job import SynthesisRequest
+
+    engine = create_engine(settings)
+    engine.load()
+    engine.warmup()
+    times = []
+    try:
+        for _ in range(runs):
+            req = SynthesisRequest.from_dict({**request, "stream": True})
+            first: list[float] = []
+            started = time.perf_counter()
+
+            def piece(samples: Any, first: list[float] = first) -> None:
+                if samples is not None and not first:
+                    first.append(time.perf_counter())
+
+            if callable(getattr(engine, "admit", None)):
+                finished = threading.Event()
+                engine.admit(req, lambda _, done=finished: done.set(), piece=piece)  # type: ignore[attr-defined]
+                while not first and not finished.is_set():
+                    engine.step()  # type: ignore[attr-defined]
+                while not finished.is_set():  # let the row end before the next run
+                    engine.step()  # type: ignore[attr-defined]
+            else:
+                engine.synthesize_batch([req], pieces=[piece])  # type: ignore[call-arg]
+            times.append((first[0] if first else time.perf_counter()) - started)
+    finally:
+        engine.close()
+    return statistics.median(times)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    with ExitStack() as stack:
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ttsq-streaming-")))
+        redis = RedisServer().start()
+        stack.callback(redis.stop)
+        settings = Settings.from_env(
+            broker_url=f"{redis.url}/0",
+            result_backend=f"{redis.url}/1",
+            cache_url=f"{redis.url}/2",
+            engine=args.engine,
+            storage_url=str(folder / "audio"),
+            queue="bench-stream",
+            metrics_port=0,
+            log_level="WARNING",
+            gateway_port=free_port(),
+            gateway_max_queue=0,
+            gateway_wait_s=600,
+        )
+        base: dict[str, Any] = {"language": "english"}
+        if args.engine == "qwen-fast":
+            if not settings.qwen_model:
+                from ttsq.testing.qwen_checkpoint import build
+
+                settings = settings.replace(qwen_model=str(build(folder / "tiny-qwen", "voice_design")))
+            base["max_new_tokens"] = args.frames
+            text = "Streaming speech arrives while the rest of the sentence is still being made, piece by piece."
+        else:
+            text = _corpus(args.doc_chars)
+        floor = floor_s(settings, {"text": text[: settings.max_text_chars], **base})
+        env = _env(settings)
+        _start(stack, [sys.executable, "-m", "ttsq.cli.main", "worker", "-n", "w@bench"], env, folder / "w.log")
+        gateway_base = f"http://127.0.0.1:{settings.gateway_port}"
+        if args.via == "gateway":
+            _start(stack, [sys.executable, "-m", "ttsq.cli.main", "serve"], env, folder / "gateway.log")
+        cache = connect(settings.cache_url)
+        deadline = time.monotonic() + 300
+        while not cache.exists(FLEET_PREFIX + settings.queue) or (args.via == "gateway" and not _up(gateway_base)):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the deployment did not start; logs in {folder}")
+            time.sleep(0.2)
+        document = args.engine == "espeak"
+        reader: _ClientReader | _GatewayReader | None = None
+        if args.via == "client":
+            reader = _ClientReader(settings, base, document)
+        else:
+            from ttsq.gateway.apikeys import ApiKeys
+
+            token, _ = ApiKeys(cache).add("bench")
+            reader = _GatewayReader(gateway_base, token, base)
+        assert reader is not None
+        stack.callback(reader.close)
+        run_id = uuid.uuid4().hex[:8]
+        reader.stream(f"{text} Warm-up {run_id}.")  # the engine's first call, and every connection
+        figures: dict[str, Any] = {
+            "engine": args.engine,
+            "via": args.via,
+            "request": f"document of {len(text)} characters" if document else f"clip of {args.frames} frames",
+            "floor_first_audio_ms": round(floor * 1000, 1),
+            "runs": [],
+        }
+        for concurrency in args.concurrency:
+            texts = [f"{text} Stream {run_id} {concurrency} {n}." for n in range(concurrency)]
+            streamed = _at_once(reader.stream, texts)
+            whole = _at_once(reader.whole, [f"{t} Whole." for t in texts])
+            figures["runs"].append(
+                {
+                    "concurrency": concurrency,
+                    "first_audio_ms": _pcts([p.first_s for p in streamed]),
+                    "whole_clip_ms": _pcts([w for w in whole]),
+                    "rtf": round(statistics.median(p.last_s / max(p.audio_s, 1e-9) for p in streamed), 3),
+                    "audio_s": round(statistics.median(p.audio_s for p in streamed), 2),
+                    "underruns": sum(p.underruns for p in streamed),
+                    "underrun_s": round(sum(p.underrun_s for p in streamed), 3),
+                    "streams_with_underrun": sum(1 for p in streamed if p.underruns),
+                }
+            )
+        return figures
+
+
+def _corpus(chars: int) -> str:
+    """The tests' document (``tests/document_corpus.py``), cut back to a word under ``chars``."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    text: str = importlib.import_module("document_corpus").corpus(chars)
+    return text if len(text) <= chars else text[:chars].rsplit(" ", 1)[0]
+
+
+def _at_once(call: Callable[[str], Any], texts: list[str]) -> list[Any]:
+    with ThreadPoolExecutor(len(texts)) as pool:
+        return list(pool.map(call, texts))
+
+
+def _pcts(values: list[float]) -> dict[str, float]:
+    data = np.asarray(values) * 1000
+    return {"p50": round(float(np.percentile(data, 50)), 1), "p95": round(float(np.percentile(data, 95)), 1)}
+
+
+def _up(base: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(base + "/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class _ClientReader:
+    """``Client.stream`` (or ``stream_document``) and ``Client.submit(...).wait()`` plus the download."""
+
+    def __init__(self, settings: Settings, base: dict[str, Any], document: bool) -> None:
+        from ttsq.client import Client
+
+        self.client = Client(settings)
+        self.base, self.document = base, document
+
+    def stream(self, text: str) -> Played:
+        started = time.perf_counter()
+        pieces = (
+            self.client.stream_document(text, timeout=600, **self.base)
+            if self.document
+            else self.client.stream(text, timeout=600, **self.base)
+        )
+        player: Player | None = None
+        for piece in pieces:
+            player = player or Player(piece.sample_rate, started)
+            player.piece(len(piece.pcm))
+        assert player is not None
+        return player.done()
+
+    def whole(self, text: str) -> float:
+        started = time.perf_counter()
+        job = self.client.submit_document(text, **self.base) if self.document else self.client.submit(text, **self.base)
+        self.client.download(job.wait(600))
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class _GatewayReader:
+    """The official ``openai`` package against ``ttsq serve``: streamed pcm, and the whole file."""
+
+    def __init__(self, base: str, token: str, fields: dict[str, Any]) -> None:
+        import openai
+
+        self.openai = openai.OpenAI(base_url=base + "/v1", api_key=token, timeout=600, max_retries=0)
+        self.fields = fields
+
+    def _create(self, text: str, **extra: Any) -> Any:
+        return self.openai.audio.speech.with_streaming_response.create(
+            model="tts", voice="default", input=text, response_format="pcm", **extra
+        )
+
+    def stream(self, text: str) -> Played:
+        started = time.perf_counter()
+        with self._create(text, extra_body={"stream_format": "audio", **self.fields}) as response:
+            rate = int(response.headers.get("x-sample-rate", 24000))
+            player = Player(rate, started)
+            for chunk in response.iter_bytes():
+                player.piece(len(chunk))
+        return player.done()
+
+    def whole(self, text: str) -> float:
+        started = time.perf_counter()
+        with self._create(text, extra_body=self.fields) as response:
+            response.read()
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        self.openai.close()
+
+
+def _print(figures: dict[str, Any]) -> None:
+    print(
+        f"ttsq streaming: {figures['engine']} via {figures['via']}, {figures['request']} per request; "
+        f"the engine's own first piece: {figures['floor_first_audio_ms']} ms"
+    )
+    print("  streams   first audio p50/p95 ms   whole clip p50/p95 ms   RTF    underruns (streams, seconds)")
+    for run in figures["runs"]:
+        first, whole = run["first_audio_ms"], run["whole_clip_ms"]
+        print(
+            f"  {run['concurrency']:>7}   {first['p50']:>9} / {first['p95']:<9}   {whole['p50']:>9} / {whole['p95']:<9}"
+            f"   {run['rtf']:<6} {run['underruns']} ({run['streams_with_underrun']}, {run['underrun_s']} s)"
+        )
+
+
+def _iter_ints(text: str) -> Iterator[int]:
+    for part in text.split(","):
+        yield int(part)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engine", default="espeak", choices=["espeak", "qwen-fast"])
+    parser.add_argument("--via", default="client", choices=["client", "gateway"])
+    parser.add_argument("--concurrency", type=lambda v: list(_iter_ints(v)), default=[1, 4, 8, 16])
+    parser.add_argument("--frames", type=int, default=125, help="codec frames per qwen-fast clip (12.5 a second)")
+    parser.add_argument("--doc-chars", type=int, default=8000, help="characters per espeak document")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args()
+    figures = run(args)
+    _print(figures)
+    if args.json is not None:
+        args.json.write_text(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

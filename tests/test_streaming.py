@@ -1,0 +1,267 @@
+"""Streaming jobs through a real worker and Redis: the audio as it is made, through ``Client.stream``."""
+
+from __future__ import annotations
+
+import base64
+import io
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from document_corpus import corpus
+from support import WorkerProcess, run_cli
+
+from ttsq.app import make_app
+from ttsq.client import AudioPiece, AudioStream, Client, Job
+from ttsq.config import Settings
+from ttsq.engines.base import EngineIdentity
+from ttsq.engines.espeak import EspeakEngine
+from ttsq.errors import CorruptRecord, InvalidRequest, StreamBroken
+from ttsq.job import SynthesisRequest
+from ttsq.keys import content_key
+from ttsq.records.owner import RedisOwner
+from ttsq.records.streams import parse_entry
+
+StartWorker = Callable[..., WorkerProcess]
+TEXT = "A streamed sentence arrives in pieces, and the pieces make the stored file."
+
+
+def pcm_of(pieces: list[AudioPiece]) -> bytes:
+    assert pieces and len({p.sample_rate for p in pieces}) == 1
+    return b"".join(p.pcm for p in pieces)
+
+
+def wav_pcm(data: bytes) -> tuple[bytes, int]:
+    samples, rate = sf.read(io.BytesIO(data), dtype="int16")
+    return samples.astype("<i2").tobytes(), int(rate)
+
+
+def test_a_stream_is_the_stored_file_and_a_cache_hit_streams_it_again(
+    settings: Settings, start_worker: StartWorker
+) -> None:
+    start_worker(settings)
+    client = Client(settings)
+    stream = client.stream(TEXT, timeout=60)
+    pieces = list(stream)
+    assert stream.result is not None and stream.result["cached"] is False
+    assert len(pieces) > 1  # several seconds of audio, half a second a piece
+    stored, rate = wav_pcm(client.download(stream.result))
+    assert pieces[0].sample_rate == rate
+    assert pcm_of(pieces) == stored  # byte for byte: the stream is the file's own samples
+
+    # The worker wrote the stream in order and closed it with the job's end.
+    entries = RedisOwner(settings, role="test").streams.read(stream.job.id or "", block_s=0.1)
+    assert entries[0].kind == "start" and entries[-1].kind == "end"
+    assert [e.seq for e in entries if e.kind == "audio"] == list(range(len(pieces)))
+    # A reader that reconnects after an entry gets only what follows it.
+    later = RedisOwner(settings, role="test").streams.read(stream.job.id or "", after=entries[1].id, block_s=0.1)
+    assert [e.id for e in later] == [e.id for e in entries[2:]]
+
+    again = client.stream(TEXT, timeout=60)
+    replay = list(again)
+    assert again.job.cached and pcm_of(replay) == stored  # from storage, at once
+    client.close()
+
+
+def test_the_stream_field_is_checked_and_is_not_part_of_the_content_key() -> None:
+    identity = EngineIdentity(engine="espeak", model="espeak-ng", revision="1", sample_rate=22050)
+    plain = SynthesisRequest.from_dict({"text": TEXT})
+    streamed = SynthesisRequest.from_dict({"text": TEXT, "stream": True})
+    assert content_key(plain, identity) == content_key(streamed, identity)
+    assert "stream" not in plain.to_dict() and streamed.to_dict()["stream"] is True
+    for bad in ("yes", 1, None, [True]):
+        with pytest.raises(InvalidRequest, match="stream"):
+            SynthesisRequest.from_dict({"text": TEXT, "stream": bad})
+
+
+def test_stream_entries_read_back_are_checked() -> None:
+    pcm = base64.b64encode(b"\x01\x00").decode()
+    assert parse_entry("1-0", {"kind": "audio", "seq": "3", "pcm": pcm}).pcm == b"\x01\x00"
+    for fields in (
+        {"kind": "audio", "seq": "x", "pcm": pcm},
+        {"kind": "audio", "pcm": pcm},
+        {"kind": "start"},
+        {"kind": "end", "payload": "[1]"},
+        {"kind": "end", "payload": "{"},
+        {"kind": "surprise"},
+        {},
+    ):
+        with pytest.raises(CorruptRecord):
+            parse_entry("1-0", fields)
+
+
+def test_espeak_hands_a_streaming_row_its_audio_as_it_speaks(tmp_path: Path) -> None:
+    engine = EspeakEngine(Settings(storage_url=str(tmp_path)))
+    engine.load()
+    try:
+        for fields in ({}, {"max_new_tokens": 20}):  # and a capped row: only what it keeps is handed over
+            got: list[np.ndarray] = []
+            request = SynthesisRequest.from_dict({"text": TEXT + " " + TEXT, **fields})
+            [output] = engine.synthesize_batch([request], pieces=[got.append])
+            assert not isinstance(output, Exception)
+            assert len(got) > 1  # espeak's callback hands its audio over clause by clause
+            assert np.array_equal(np.concatenate(got), output.samples)
+            assert output.truncated == bool(fields)
+        [plain] = engine.synthesize_batch([SynthesisRequest.from_dict({"text": TEXT})])
+        assert not isinstance(plain, Exception) and plain.samples.size > 0
+    finally:
+        engine.close()
+
+
+def test_ttsq_submit_stream_writes_wav_as_it_comes(
+    settings: Settings, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    start_worker(settings)
+    piped = run_cli("submit", "--stream", TEXT, settings=settings, timeout=90)
+    assert piped.returncode == 0, piped.stderr
+    header, pcm = piped.stdout[:44], piped.stdout[44:]
+    # A stream's header: the sizes say "until the data ends", as players reading a pipe expect.
+    assert header[:4] == b"RIFF" and header[4:8] == b"\xff\xff\xff\xff" and header[36:44] == b"data\xff\xff\xff\xff"
+    client = Client(settings)
+    stored = client.submit(TEXT)
+    assert stored.cached and stored.result is not None
+    expected, rate = wav_pcm(client.download(stored.result))
+    assert pcm == expected and int.from_bytes(header[24:28], "little") == rate
+    assert b"synthesized" in piped.stderr and stored.result["key"][:12].encode() in piped.stderr
+
+    # To a file: a complete WAV once it is done (its sizes set), the samples of the stored file.
+    out = tmp_path / "streamed.wav"
+    written = run_cli("submit", "--stream", TEXT, "-o", str(out), settings=settings, timeout=90)
+    assert written.returncode == 0, written.stderr
+    assert out.read_bytes() == client.download(stored.result)  # byte for byte the stored WAV
+    for refused in (
+        ["-f", str(out), "--each-line"],
+        ["--format", "mp3"],
+        ["-o", str(tmp_path / "x.mp3")],
+        ["--no-wait"],
+    ):
+        bad = run_cli("submit", "--stream", *(["x"] if refused[0] != "-f" else []), *refused, settings=settings)
+        assert bad.returncode == 2 and b"--stream" in bad.stderr, (refused, bad.stderr)
+    client.close()
+
+
+def test_a_job_that_fails_at_the_worker_ends_its_stream_with_its_error(
+    settings: Settings, start_worker: StartWorker
+) -> None:
+    start_worker(settings)
+    client = Client(settings)
+    # A raw producer's job the espeak worker cannot serve (no speakers): refused at the worker.
+    task_id = (
+        make_app(settings)
+        .send_task(
+            "ttsq.synthesize",
+            kwargs={"text": TEXT, "stream": True, "mode": "custom_voice", "speaker": "vivian"},
+            queue=settings.queue,
+        )
+        .id
+    )
+    stream = AudioStream(client, Job(id=task_id, key=None, client=client), timeout=60)
+    with pytest.raises(InvalidRequest):
+        list(stream)
+    entries = RedisOwner(settings, role="test").streams.read(task_id, block_s=0.1)
+    assert [e.kind for e in entries] == ["error"] and entries[0].payload is not None
+    assert entries[0].payload["type"] == "InvalidRequest" and TEXT not in entries[0].payload["message"]
+    client.close()
+
+
+def test_a_reader_that_played_a_first_take_does_not_get_a_second_one_spliced_on(settings: Settings) -> None:
+    """What a reader sees when a job is run again after it played part of the first run: an error."""
+    streams = RedisOwner(settings, role="test").streams
+    client = Client(settings)
+    task_id = "stream-test-" + uuid.uuid4().hex
+    streams.start(task_id, sample_rate=22050, run="first")
+    streams.audio(task_id, 0, b"\x01\x00" * 100)
+    streams.start(task_id, sample_rate=22050, run="second")  # the rerun, after its worker died
+    streams.audio(task_id, 0, b"\x02\x00" * 100)
+    played = []
+    with pytest.raises(StreamBroken, match="run again"):
+        for piece in AudioStream(client, Job(id=task_id, key=None, client=client), timeout=10):
+            played.append(piece.pcm)
+    assert played == [b"\x01\x00" * 100]  # the first take's piece, and nothing of the second
+    # A missing piece is as broken as a second take.
+    gap = "stream-test-" + uuid.uuid4().hex
+    streams.start(gap, sample_rate=22050, run="only")
+    streams.audio(gap, 1, b"\x01\x00")
+    with pytest.raises(StreamBroken, match="missing"):
+        list(AudioStream(client, Job(id=gap, key=None, client=client), timeout=10))
+    client.close()
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_stream_breaks_the_stream_and_the_job_still_completes(
+    settings: Settings,
+    start_worker: StartWorker,
+    faulty_engine: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    once = tmp_path / "crash-once"
+    once.touch()
+    monkeypatch.setenv("FAULTY_ENGINE_ONCE", str(once))
+    faulty = settings.replace(engine=faulty_engine)
+    first = start_worker(faulty, name="first")
+    client = Client(faulty)
+    text = "[crash-after-audio] " + TEXT
+    stream = client.stream(text, timeout=120)
+    played = []
+    with pytest.raises(StreamBroken):
+        for piece in stream:
+            played.append(piece)
+            if len(played) == 1:
+                start_worker(faulty, name="second")  # takes the job over once the first dies
+    assert played  # the first take began to play, then broke off: not a short clip that looks complete
+    assert first.process is not None and first.process.wait(timeout=60) == -9
+    result = client.wait(stream.job.id or "", timeout=120)  # redelivered, run again, stored
+    assert result["cached"] is False
+    assert client.submit(text).cached
+    client.close()
+
+
+@pytest.mark.slow
+def test_a_document_streams_chunk_by_chunk_and_plays_the_stored_file(
+    settings: Settings, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    start_worker(settings)
+    client = Client(settings)
+    owner = RedisOwner(settings, role="test")
+    text = corpus(6000)
+    stream = client.stream_document(text, timeout=600)
+    pieces = iter(stream)
+    first = next(pieces)
+    # The first chunk plays while later ones are still being made: the last is not stored yet.
+    plan = owner.plans.load(stream.job.id or "")
+    last = [chunk["key"] for chunk in plan["chunks"] if chunk["key"]][-1]
+    assert len(plan["chunks"]) > 10 and owner.cache_index.get(last) is None
+    played = first.pcm + b"".join(piece.pcm for piece in pieces)
+    assert stream.result is not None and stream.result["document"]["chunks"] == len(plan["chunks"])
+    stored, rate = wav_pcm(client.download(stream.result))
+    assert first.sample_rate == rate and played == stored  # the stitched file, byte for byte
+
+    # Streamed again: a cache hit plays the stored file; and the command line writes it as it comes.
+    assert b"".join(p.pcm for p in client.stream_document(text, timeout=60)) == stored
+    source, out = tmp_path / "doc.txt", tmp_path / "doc.wav"
+    source.write_text(text)
+    done = run_cli("submit", "--stream", "-f", str(source), "-o", str(out), settings=settings, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes() == client.download(stream.result)
+    client.close()
+
+
+def test_an_identical_request_joins_the_running_stream_from_its_first_piece(
+    settings: Settings, start_worker: StartWorker, faulty_engine: str
+) -> None:
+    faulty = settings.replace(engine=faulty_engine)
+    start_worker(faulty)
+    client = Client(faulty)
+    text = "[slow] " + TEXT  # the engine call takes a second more: the second request finds it running
+    first = client.stream(text, timeout=60)
+    second = client.stream(text, timeout=60)
+    assert second.job.joined and second.job.id == first.job.id
+    heard = [b"".join(piece.pcm for piece in stream) for stream in (second, first)]
+    assert heard[0] == heard[1] and heard[0]
+    assert first.result is not None and second.result is not None
+    assert first.result["key"] == second.result["key"]
+    client.close()

@@ -1,0 +1,394 @@
+"""OpenAI's speech answered while it is made: the audio of one ``POST /v1/audio/speech``, in its response
+format, as the worker's pieces arrive (docs/streaming.md, docs/gateway.md).
+
+Where the audio comes from:
+
+- a cache hit at the gateway: the stored file, at once, its bytes as they are read from storage;
+- a job that streams (``stream: true``, which the gateway sets on every single job of the speech route):
+  its stream, read through the process's one ``StreamReader``, each piece encoded on arrival
+  (``ttsq.gateway.encoders``); a cache hit at the worker, or a job joined to an identical one that does
+  not stream (single flight), ends with the stored file once it is done, as ``AudioStream`` does;
+- a document (longer than one job): its stitched audio chunk by chunk in reading order, each chunk once
+  it is complete, joined as the stitch joins it (``ttsq.client.DocumentStream``, on a thread: a playing
+  document holds one thread of the gateway's pool while it waits for its next chunk);
+- ``flac`` (``encoders.stream_from_worker``): the stored file once the job is done.
+
+Failures before the first audio are HTTP errors in OpenAI's shape, as before (a cancelled job 410, a
+failed one 500, no audio in time 504). After it, the response has already said 200: a stream that
+breaks (its job run again after pieces were sent, no piece for ``STALL_S``, a job that failed) raises
+``Interrupted`` from the body, which SSE turns into a ``speech.audio.error`` event and the raw response
+into a connection closed before its last chunk (``ttsq.gateway.middleware.Observe``): never a short clip
+that looks complete.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from celery import states
+
+from ttsq.audio import decode, pcm_pieces
+from ttsq.client import DocumentStream
+from ttsq.errors import CorruptRecord, InvalidRequest, JobFailed, JobParked, JobTimeout, StreamBroken, TTSQError
+from ttsq.gateway.encoders import Encoder, PcmEncoder, encoder
+from ttsq.gateway.errors import ApiError, Interrupted
+from ttsq.results import checked_key
+
+if TYPE_CHECKING:
+    from ttsq.client import Job
+    from ttsq.gateway.openai import Speech
+    from ttsq.gateway.state import Gateway
+    from ttsq.job import JobResult
+    from ttsq.results import StoredResult
+
+logger = logging.getLogger(__name__)
+
+#: A started stream with no new piece for this long is broken (seconds): its worker stalled or died
+#: (the job itself comes back by redelivery and completes).
+STALL_S = 30.0
+#: While no worker has started a streaming job, its state is read this often (seconds), so a job that
+#: ends without streaming (cancelled, failed before its engine, joined to one that does not stream)
+#: is answered.
+STATE_CHECK_S = 2.0
+#: Readers wait for entries in ticks of this long (seconds).
+TICK_S = 1.0
+#: Seconds of audio per piece when a stored WAV is sent as pcm.
+STORED_PIECE_S = 0.5
+#: The rates a stream's ``start`` may name (Hz); anything else is a record ttsq did not write.
+RATES = range(4_000, 192_001)
+
+
+class ClientGone(Exception):
+    """The client disconnected while waiting for the first audio."""
+
+
+class SpeechAudio:
+    """The audio of one speech request: ``first()`` waits for its first bytes (raising HTTP errors),
+    then ``raw()`` or ``sse()`` is the response body."""
+
+    def __init__(
+        self, gateway: Gateway, job: Job, speech: Speech, *, streamed: bool, arrived: float, document: bool = False
+    ) -> None:
+        self.gateway = gateway
+        self.job = job
+        self.speech = speech
+        self.streamed = streamed
+        self.document = document
+        self.arrived = arrived
+        #: The job's result where it is known before the audio (cache hit, stored file).
+        self.result: JobResult | None = job.result
+        #: Request fields the engine ignored (from the result, or the stream's ``end``).
+        self.ignored: list[str] = []
+        #: Seconds of audio sent from the job's stream (what the key's quota is charged for a stream).
+        self.streamed_s = 0.0
+        self.source = "cache" if job.result is not None else ("stream" if streamed else "stored")
+        self._chunks = self._audio()
+        self._first = b""
+        self._disconnected: Callable[[], Awaitable[bool]] | None = None
+        self._timed = False
+
+    async def first(self, disconnected: Callable[[], Awaitable[bool]]) -> None:
+        """Wait for the first audio bytes; failures before them raise as HTTP errors (``ApiError``,
+        ``JobTimeout``), a client gone meanwhile raises ``ClientGone``."""
+        self._disconnected = disconnected
+        try:
+            self._first = await self._next()
+        except Interrupted as exc:  # nothing sent yet: an HTTP error is still possible
+            raise ApiError(500, exc.message, type="server_error", code=exc.code) from None
+        finally:
+            self._disconnected = None
+
+    def headers(self) -> dict[str, str]:
+        """``X-TTSQ-*``: the content key, whether it was a cache hit, the job id, what was ignored."""
+        headers = {"X-TTSQ-Cached": str(self.job.result is not None).lower()}
+        key = self.result["key"] if self.result is not None else self.job.key
+        if key:
+            headers["X-TTSQ-Key"] = key
+        if self.job.id:
+            headers["X-TTSQ-Job-Id"] = self.job.id
+        reported = [*self.speech.ignored, *(self.result.get("ignored", []) if self.result else [])]
+        if reported:
+            headers["X-TTSQ-Ignored"] = ",".join(dict.fromkeys(reported))
+        return headers
+
+    async def raw(self) -> AsyncIterator[bytes]:
+        """``stream_format: audio``: the bytes; ``Interrupted`` propagates (the response is broken off)."""
+        if self._first:
+            yield self._first
+        while chunk := await self._next():
+            yield chunk
+
+    async def sse(self) -> AsyncIterator[bytes]:
+        """``stream_format: sse``: ``speech.audio.delta`` events, then ``speech.audio.done`` (or
+        ``speech.audio.error``)."""
+        try:
+            chunk = self._first
+            while True:
+                if chunk:
+                    delta = {"type": "speech.audio.delta", "audio": base64.b64encode(chunk).decode("ascii")}
+                    yield _event(delta)
+                chunk = await self._next()
+                if not chunk:
+                    break
+        except Interrupted as exc:
+            yield _event(exc.event())
+            return
+        done: dict[str, Any] = {
+            "type": "speech.audio.done",
+            "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0},
+            "duration_s": self.duration_s,
+        }
+        if self.ignored:
+            done["ignored"] = self.ignored
+        yield _event(done)
+
+    @property
+    def duration_s(self) -> float:
+        """Seconds of audio the response carries (the stored file's, or what was streamed)."""
+        if self.result is not None and self.source != "stream":
+            return float(self.result["duration_s"])
+        return round(self.streamed_s, 4)
+
+    async def _next(self) -> bytes:
+        """The next non-empty bytes, b"" at the end."""
+        try:
+            chunk = await self._chunks.__anext__()
+        except StopAsyncIteration:
+            return b""
+        except (Interrupted, ClientGone):
+            raise
+        except Exception as exc:
+            if not self._timed:
+                raise  # nothing sent yet: the gateway's handlers answer it with its HTTP status
+            raise _interruption(exc) from None
+        if not self._timed:
+            self._timed = True
+            self.gateway.first_audio.labels(source=self.source).observe(time.perf_counter() - self.arrived)
+        return chunk
+
+    async def _audio(self) -> AsyncGenerator[bytes, None]:
+        if self.job.result is not None:
+            iterator = self._stored(self.job.result)
+        elif not self.streamed:
+            iterator = self._stored(await self._result())
+        elif self.document:
+            iterator = self._document()
+        else:
+            iterator = self._streamed()
+        async with contextlib.aclosing(iterator):  # closed with this one: the stream's reader goes at once
+            async for chunk in iterator:
+                if chunk:
+                    yield chunk
+
+    async def aclose(self) -> None:
+        """Stop reading (the client is gone, or the response ended): the job's stream reader is let go."""
+        await self._chunks.aclose()
+
+    async def _result(self) -> JobResult:
+        return await result_of(self.gateway, self.job)
+
+    async def _stored(self, result: JobResult) -> AsyncGenerator[bytes, None]:
+        """The stored file: its bytes as read from storage; for ``pcm``, its samples at 24 kHz."""
+        self.result, self.source = result, self.source if self.source != "stream" else "stored"
+        self.ignored = [str(name) for name in result.get("ignored", [])]
+        storage, object_key = self.gateway.client.storage, checked_key(result["object_key"])
+        if self.speech.response_format == "pcm":
+            yield await anyio.to_thread.run_sync(lambda: _as_pcm(storage.get(object_key)))
+            return
+        pieces = await anyio.to_thread.run_sync(storage.stream, object_key)
+        while (chunk := await anyio.to_thread.run_sync(next, pieces, None)) is not None:
+            yield chunk
+
+    async def _document(self) -> AsyncGenerator[bytes, None]:
+        """A document's stitched audio, chunk by chunk in reading order while later chunks are made: the
+        bytes of its stored file for a WAV (``DocumentStream``, whose reads block, on a thread)."""
+        fmt = self.speech.response_format
+        stream = DocumentStream(self.gateway.client, self.job, timeout=self.gateway.settings.gateway_wait_s)
+        pieces = stream.__iter__()  # a generator: closed below, so its reads stop with the response
+        coder: Encoder | None = None
+        try:
+            while True:
+                try:
+                    piece = await anyio.to_thread.run_sync(next, pieces, None)
+                except (JobFailed, JobParked) as exc:
+                    if coder is not None:
+                        raise Interrupted(str(exc)[:300], "job_failed") from None
+                    await self._result()  # the document is over: its own result answers, in OpenAI's shape
+                    raise
+                except StreamBroken as exc:
+                    raise self._broken(str(exc)[:300], "stream_broken", coder is not None) from None
+                if piece is None:
+                    break
+                if coder is None:
+                    coder = encoder(fmt, piece.sample_rate)
+                self.streamed_s += len(piece.pcm) / 2 / piece.sample_rate
+                yield await _encoded(coder.feed, piece.pcm, fmt)
+            if coder is not None:
+                yield await _encoded(_finish(coder), b"", fmt)
+            if stream.result is not None:
+                self.result = stream.result
+                self.ignored = [str(name) for name in stream.result.get("ignored", [])]
+        finally:
+            pieces.close()
+
+    async def _streamed(self) -> AsyncGenerator[bytes, None]:
+        """The job's stream, piece by piece, encoded as it comes (mirrors ``ttsq.client.AudioStream``)."""
+        task_id = self.job.id or ""
+        gateway = self.gateway
+        loop_time = anyio.current_time
+        deadline = loop_time() + gateway.settings.gateway_wait_s
+        rate, expected, played = 0, 0, False
+        coder: Encoder | None = None
+        last_news = last_check = loop_time()
+        async with gateway.streams.open(task_id) as subscription:
+            while True:
+                try:
+                    entries = await subscription.get(TICK_S)
+                except CorruptRecord as exc:
+                    raise self._broken(f"job {task_id}: {exc}", "corrupt_record", played) from None
+                now = loop_time()
+                if not entries:
+                    if not played and now > deadline:
+                        raise self._broken(
+                            f"job {task_id}: no audio within {gateway.settings.gateway_wait_s:.0f}s", "timeout", played
+                        )
+                    if rate and now - last_news > STALL_S:
+                        raise Interrupted(
+                            f"job {task_id}: no audio for {STALL_S:.0f}s (its worker stalled or died); the job "
+                            "goes on: GET /v1/jobs/{id}/audio has the whole file once it is done",
+                            "stream_broken",
+                        )
+                    if not rate and now - last_check > STATE_CHECK_S:
+                        last_check = now
+                        if self._disconnected is not None and await self._disconnected():
+                            raise ClientGone
+                        stored = await gateway.waiter.stored(task_id)
+                        if stored.done:  # ended without streaming: its result answers
+                            async for chunk in self._stored(await self._result()):
+                                yield chunk
+                            return
+                    continue
+                last_news = now
+                for entry in entries:
+                    if entry.kind == "start":
+                        if played:
+                            raise Interrupted(
+                                f"job {task_id} was run again after part of its audio was sent (its worker "
+                                "stopped); the job completes: GET /v1/jobs/{id}/audio has the whole file",
+                                "stream_broken",
+                            )
+                        if entry.sample_rate not in RATES:
+                            raise self._broken(
+                                f"job {task_id}: stream names a rate of {entry.sample_rate} Hz",
+                                "corrupt_record",
+                                played,
+                            )
+                        rate, expected = entry.sample_rate, 0
+                        coder = encoder(self.speech.response_format, rate)
+                    elif entry.kind == "audio":
+                        if entry.seq != expected or coder is None:
+                            raise self._broken(
+                                f"job {task_id}: audio piece {expected} is missing from its stream",
+                                "stream_broken",
+                                played,
+                            )
+                        expected += 1
+                        played = True
+                        self.streamed_s += len(entry.pcm) / 2 / rate
+                        yield await _encoded(coder.feed, entry.pcm, self.speech.response_format)
+                    elif entry.kind == "end":
+                        if not played:  # a cache hit at the worker (or no samples): the stored file
+                            async for chunk in self._stored(await self._result()):
+                                yield chunk
+                            return
+                        payload = entry.payload or {}
+                        ignored = payload.get("ignored")
+                        if isinstance(ignored, list):
+                            self.ignored = [str(name)[:40] for name in ignored[:20]]
+                        assert coder is not None
+                        yield await _encoded(_finish(coder), b"", self.speech.response_format)
+                        return
+                    else:  # error: the worker's own word on why the job failed
+                        payload = entry.payload or {}
+                        kind, message = str(payload.get("type", "error"))[:60], str(payload.get("message", ""))[:300]
+                        raise self._failed(task_id, kind, message, played)
+
+    def _broken(self, message: str, code: str, played: bool) -> Exception:
+        """A stream that cannot go on: before any audio an HTTP error, after it an interruption."""
+        if not played and code == "timeout":
+            return JobTimeout(message)
+        return Interrupted(message, code)
+
+    def _failed(self, task_id: str, kind: str, message: str, played: bool) -> Exception:
+        text = f"job {task_id} failed: {kind}: {message}"
+        if not played and kind == "InvalidRequest":
+            return ApiError(400, message, code="invalid_value")
+        return Interrupted(text, "job_failed")
+
+
+async def _encoded(call: Callable[[bytes], bytes], pcm: bytes, response_format: str) -> bytes:
+    """Encode on a thread where it costs (mp3, opus); pcm and wav are copies."""
+    if response_format in ("pcm", "wav"):
+        return call(pcm)
+    return await anyio.to_thread.run_sync(call, pcm)
+
+
+def _interruption(exc: Exception) -> Interrupted:
+    """A failure after the audio began, as the error that ends the response."""
+    if isinstance(exc, ApiError):
+        return Interrupted(exc.message, exc.code or "job_failed")
+    if isinstance(exc, TTSQError):
+        return Interrupted(str(exc)[:300], "stream_broken")
+    logger.error("speech stream failed: %s", type(exc).__name__, exc_info=exc)  # the exception, never the request
+    return Interrupted("internal error", "internal_error")
+
+
+def _finish(coder: Encoder) -> Callable[[bytes], bytes]:
+    return lambda _: coder.finish()
+
+
+def _as_pcm(wav: bytes) -> bytes:
+    """A stored WAV as OpenAI's pcm, through the same encoder as a stream's pieces."""
+    samples, rate = decode(wav)
+    coder = PcmEncoder(rate)
+    return b"".join([*(coder.feed(piece) for piece in pcm_pieces(samples, rate, STORED_PIECE_S)), coder.finish()])
+
+
+def _event(data: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(data)}\n\n".encode()
+
+
+async def result_of(gateway: Gateway, job: Job) -> JobResult:
+    """The job's result, waiting for it without a thread; failures as HTTP errors."""
+    if job.result is not None:
+        return job.result
+    stored = await gateway.waiter.wait(job.id or "", gateway.settings.gateway_wait_s)
+    return failed_or_result(gateway, stored)
+
+
+def failed_or_result(gateway: Gateway, stored: StoredResult) -> JobResult:
+    """A final result, or its failure in OpenAI's error shape."""
+    if stored.result is not None:
+        return gateway.client.refresh_url(stored.result)
+    if stored.state == states.REVOKED:
+        raise final_state_error(stored.state, stored.task_id)
+    if isinstance(stored.error, InvalidRequest):
+        raise ApiError(400, str(stored.error), param=stored.error.field, code="invalid_value")
+    kind, reason = (stored.failure.kind, stored.failure.reason) if stored.failure else ("error", "")
+    raise ApiError(500, f"the job failed: {kind}: {reason[:200]}", type="server_error", code="job_failed")
+
+
+def final_state_error(state: str | None, job_id: str, reason: str = "") -> ApiError:
+    """The answer for a job whose audio will never exist, cancelled (REVOKED) or failed: 410 Gone, a final
+    status with no ``Retry-After`` (409 with one invites a client to poll a job that will never be done)."""
+    if state == states.REVOKED:
+        return ApiError(410, f"job {job_id} was cancelled: it has no audio and never will", code="cancelled")
+    detail = f": {reason[:200]}" if reason else ""
+    return ApiError(410, f"job {job_id} failed, so it has no audio{detail}", code="job_failed")

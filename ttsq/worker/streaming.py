@@ -1,0 +1,133 @@
+"""A streaming job's side of the worker: its audio, from the engine to the job's Redis stream.
+
+The engine hands a streaming row its samples on the batcher thread (``ttsq.engines.base.Piece``),
+where nothing may wait on Redis; ``StreamWriter.put`` only queues them. The job's task thread, which
+waits for the job anyway, writes them (``ttsq.records.streams``) while it waits: what has queued up
+since its last write goes out as one piece, so a slow Redis makes pieces longer, never the engine
+slower. An engine that does not stream hands over nothing; its clip is written when the call returns,
+before it is encoded and stored. The stream is the early copy: when Redis refuses it, the job still
+stores its file and its result, and its readers end with an error instead of a short clip.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+import uuid
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ttsq.audio import pcm_pieces
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from ttsq.batching.jobs import BatchItem
+    from ttsq.engines.base import EngineOutput
+    from ttsq.observer import Observer
+    from ttsq.records.streams import AudioStreams
+
+logger = logging.getLogger(__name__)
+
+#: Seconds of audio per piece when a whole clip is written at once.
+PIECE_S = 0.5
+#: The future resolved: the queue holds nothing after it.
+_DONE = object()
+
+
+class StreamWriter:
+    """Writes one streaming job's audio to its stream; ``put`` from any thread, the rest from the job's
+    task thread."""
+
+    def __init__(
+        self,
+        streams: AudioStreams,
+        task_id: str,
+        *,
+        sample_rate: int,
+        observer: Observer,
+        sent_at: float | None,
+    ) -> None:
+        self.streams = streams
+        self.task_id = task_id
+        self.sample_rate = sample_rate
+        self.observer = observer
+        #: When the producer sent the job (UNIX seconds), for the time to first audio.
+        self.sent_at = sent_at
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._seq = 0
+        self._run: str | None = None  # the current run's name once its start is written
+        self._first_written = False
+        self._broken = False
+
+    def put(self, samples: npt.NDArray[Any] | None) -> None:
+        """The engine's next samples for this row, or None: the row starts over (never blocks)."""
+        self._queue.put(samples)
+
+    def wait(self, future: Future[BatchItem], timeout_s: float) -> BatchItem:
+        """The job's batch item, writing its pieces as they come until it is done; ``FutureTimeout``
+        after ``timeout_s``."""
+        future.add_done_callback(lambda _: self._queue.put(_DONE))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise FutureTimeout()
+            try:
+                first = self._queue.get(timeout=left)
+            except queue.Empty:
+                raise FutureTimeout() from None
+            if self._drain(first):
+                return future.result(timeout=0)
+
+    def _drain(self, first: Any) -> bool:
+        """Write what has queued up, starting with ``first``; whether the future has resolved."""
+        pending: list[npt.NDArray[Any]] = []
+        done = False
+        item = first
+        while True:
+            if item is _DONE:
+                done = True
+            elif item is None:  # starts over: what came before it is not part of the audio
+                self._write(pending)
+                pending = []
+                self._run = None
+            else:
+                pending.append(item)
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+        self._write(pending)
+        return done
+
+    def finish(self, output: EngineOutput) -> None:
+        """The engine call returned: an engine that streamed nothing for this row has its clip written now."""
+        if self._run is None and not self._broken:
+            self.sample_rate = output.sample_rate
+            self._write([output.samples])
+
+    def _write(self, pieces: list[npt.NDArray[Any]]) -> None:
+        if not pieces or self._broken:
+            return
+        try:
+            if self._run is None:
+                self._run = uuid.uuid4().hex[:12]
+                self._seq = 0
+                self.streams.start(self.task_id, sample_rate=self.sample_rate, run=self._run)
+            samples = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+            for pcm in pcm_pieces(samples, self.sample_rate, PIECE_S):
+                self.streams.audio(self.task_id, self._seq, pcm)
+                self._seq += 1
+        except Exception as exc:  # the early copy only: the job goes on, its readers end with an error
+            self._broken = True
+            logger.warning("job %s: could not write its stream: %s", self.task_id, type(exc).__name__)
+            return
+        if not self._first_written:
+            self._first_written = True
+            if self.sent_at is not None:
+                self.observer.first_audio(max(0.0, time.time() - self.sent_at))
