@@ -41,7 +41,7 @@ def test_openapi_declares_every_request_body(gateway: tuple[GatewayProcess, str]
     process, _ = gateway
     spec = httpx.get(f"{process.url}/openapi.json").json()  # open: no key needed
     posts = sorted(path for path, operations in spec["paths"].items() if "post" in operations)
-    assert posts == ["/generate", "/v1/audio/speech", "/v1/jobs", "/v1/jobs/batch", "/v1/voices"]
+    assert posts == ["/generate", "/v1/audio/speech", "/v1/audio/voices", "/v1/jobs", "/v1/jobs/batch", "/v1/voices"]
 
     speech = body_schema(spec, "/v1/audio/speech")
     assert OPENAI_FIELDS | (TTSQ_FIELDS - {"text", "format"}) | {"options"} == set(speech["properties"])
@@ -55,6 +55,9 @@ def test_openapi_declares_every_request_body(gateway: tuple[GatewayProcess, str]
     generate = body_schema(spec, "/generate")
     assert {"text", "language", "instruction"} <= set(generate["properties"])
     assert generate["properties"]["language"]["default"] == "korean"
+    named = body_schema(spec, "/v1/audio/voices")
+    assert set(named["properties"]) == {"name", "mode", "instruct", "language", "seed", "speaker", "reference"}
+    assert named["required"] == ["name"] and named["additionalProperties"] is False
     voice = body_schema(spec, "/v1/voices", "multipart/form-data")
     assert voice["required"] == ["file"] and voice["properties"]["file"]["type"] == "string"
     assert set(voice["properties"]) == {"file", "text"}
@@ -122,6 +125,9 @@ WRONG_BODIES: list[tuple[str, bytes, dict[str, str], tuple[str, str]]] = [
     ("/v1/audio/speech", speech(voice={"id": 7}), JSON, ("voice", "invalid_value")),
     ("/v1/audio/speech", speech(speed=1.5), JSON, ("speed", "invalid_value")),
     ("/v1/audio/speech", speech(language="klingon"), JSON, ("language", "invalid_value")),
+    ("/v1/audio/voices", NESTED, JSON, ("body", "invalid_json")),
+    ("/v1/audio/voices", body(name="kim", instruct=5), JSON, ("instruct", "invalid_value")),
+    ("/v1/audio/voices", body(name="kim/../x", instruct="A voice."), {}, ("name", "invalid_value")),
 ]
 
 

@@ -23,6 +23,7 @@ from ttsq.document import Options
 from ttsq.errors import InvalidRequest
 from ttsq.gateway import openai
 from ttsq.job import LANGUAGES, AudioFormat, Mode, SynthesisRequest
+from ttsq.records.named_voices import MAX_NAMED_VOICES, NamedVoice
 
 #: Most requests one batch submit takes.
 MAX_BATCH_REQUESTS = 100
@@ -173,7 +174,8 @@ class SpeechRequest(_RequestFields):
     input: SkipValidation[str] = Field(description="The text to speak.")
     voice: SkipValidation[str | VoiceId | None] = Field(
         None,
-        description="A speaker of the fleet's CustomVoice model, a stored voice (`voices/<sha256>.wav`), or one "
+        description="A named voice (`POST /v1/audio/voices`: it fills in the fields it stands for that the request "
+        "leaves out), a speaker of the fleet's CustomVoice model, a stored voice (`voices/<sha256>.wav`), or one "
         "of OpenAI's voice names (ignored where the fleet has no such speaker, and said so in X-TTSQ-Ignored).",
     )
     instructions: SkipValidation[str | None] = Field(
@@ -203,6 +205,42 @@ class VoiceUpload(BaseModel):
 
     file: UploadFile = Field(description="The recording: anything libsndfile reads (WAV, FLAC, Ogg, MP3).")
     text: str = Field("", description="Its transcript, which makes a closer clone.")
+
+
+class NamedVoiceRequest(BaseModel):
+    """A named voice (``POST /v1/audio/voices``): the request fields ``voice: NAME`` stands for."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: SkipValidation[str] = Field(
+        description="1-40 characters of a-z, 0-9, _ and -, starting with a letter or digit; case-insensitive. "
+        f"Taken already: 409. At most {MAX_NAMED_VOICES} are kept."
+    )
+    mode: SkipValidation[Mode] = Field("voice_design", description=_MODES)
+    instruct: SkipValidation[str] = Field(
+        "", description="voice_design (required): the voice, described in words; otherwise how to speak."
+    )
+    language: SkipValidation[str] = Field("auto", description=_RequestFields.model_fields["language"].description)
+    seed: SkipValidation[int | None] = Field(
+        None, description="Fixes the voice a description makes. Absent: one is drawn now, and kept."
+    )
+    speaker: SkipValidation[str] = Field("", description=_RequestFields.model_fields["speaker"].description)
+    reference: SkipValidation[str] = Field("", description=_RequestFields.model_fields["reference"].description)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _checked(cls, data: Any) -> Any:
+        # The description against the settings' limit at creation, on a thread (as a job's ``instruct``).
+        data = decoded(data)
+        if isinstance(data, Mapping) and isinstance(data.get("instruct"), str) and data["instruct"].strip():
+            NamedVoice.create({**data, "instruct": "x"})
+        else:
+            NamedVoice.create(data)
+        return data
+
+    def fields(self) -> dict[str, Any]:
+        """The fields the body holds, with their values as sent."""
+        return {name: getattr(self, name) for name in self.model_fields_set}
 
 
 class ErrorDetail(BaseModel):

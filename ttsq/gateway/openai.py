@@ -4,14 +4,16 @@ audio goes back.
 Existing OpenAI client code runs unchanged: OpenAI's model and voice names map onto the fleet's modes and
 speakers (a voice the mode lacks is ignored and reported, not refused), ttsq's own request fields ride
 along as extra body fields, and what ttsq cannot do (``aac``, a ``speed`` other than 1.0) is refused
-naming the field. Every field: docs/gateway.md, "With OpenAI's client, unchanged".
+naming the field. A ``voice`` that names a named voice (``ttsq.records.named_voices``) fills in the fields
+it stands for, where the request leaves them out. Every field: docs/gateway.md, "With OpenAI's client,
+unchanged".
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +25,10 @@ from ttsq.job import MODES, REFERENCE_PATTERN
 
 if TYPE_CHECKING:
     from ttsq.engines.base import EngineIdentity
+    from ttsq.records.named_voices import NamedVoice
+
+#: How the speech route finds a named voice by a request's ``voice`` (``NamedVoices.find``).
+FindVoice = Callable[[str], "NamedVoice | None"]
 
 #: OpenAI's model names: the fleet's default mode.
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15")
@@ -97,8 +103,8 @@ def check(body: Any) -> Mapping[str, Any]:
     if isinstance(voice, str) and not voice.strip():
         raise InvalidRequest(
             "voice",
-            "is empty: leave it out, or name a speaker (GET /v1/audio/voices), a stored voice "
-            "(voices/<sha256>.wav) or one of OpenAI's voice names",
+            "is empty: leave it out, or name a named voice or a speaker (GET /v1/audio/voices), a stored "
+            "voice (voices/<sha256>.wav) or one of OpenAI's voice names",
         )
     response_format = body.get("response_format", "mp3")
     if response_format == "aac":
@@ -115,8 +121,9 @@ def check(body: Any) -> Mapping[str, Any]:
     return body
 
 
-def parse(body: Any, fleet: Mapping[str, EngineIdentity]) -> Speech:
-    """An OpenAI speech request body as a ttsq job; ``InvalidRequest`` naming the field otherwise."""
+def parse(body: Any, fleet: Mapping[str, EngineIdentity], find: FindVoice | None = None) -> Speech:
+    """An OpenAI speech request body as a ttsq job; ``InvalidRequest`` naming the field otherwise.
+    ``find`` looks a ``voice`` up among the named voices (none are looked up without it)."""
     check(body)
     mode = _mode(body.get("model"), body.get("mode"), fleet)
     extra = {name: value for name, value in body.items() if name not in _OPENAI_FIELDS}
@@ -124,7 +131,12 @@ def parse(body: Any, fleet: Mapping[str, EngineIdentity]) -> Speech:
     if body.get("instructions") is not None:
         fields["instruct"] = body["instructions"]
     ignored: list[str] = []
-    fields["mode"] = _voice(_voice_name(body.get("voice")), mode, fields, fleet, ignored)
+    voice = _voice_name(body.get("voice"))
+    named = find(voice) if find is not None and isinstance(voice, str) else None
+    if named is not None:
+        fields["mode"] = _named(named, body.get("mode"), fields)
+    else:
+        fields["mode"] = _voice(voice, mode, fields, fleet, ignored)
     response_format = body.get("response_format", "mp3")
     fields["format"], content_type = FORMATS[response_format]
     return Speech(
@@ -161,6 +173,16 @@ def default_mode(fleet: Mapping[str, EngineIdentity]) -> str:
     return sorted(fleet)[0]
 
 
+def _named(voice: NamedVoice, mode: Any, fields: dict[str, Any]) -> str:
+    """Fill in what a named voice stands for where the request left it out (a field the request sends wins);
+    return the voice's mode. An explicit ``mode`` must be the voice's: any other would not be this voice."""
+    if mode is not None and mode != voice.mode:
+        raise InvalidRequest("mode", f"{mode} is not the mode of voice {voice.name!r} ({voice.mode}); leave mode out")
+    for name, value in voice.fields().items():
+        fields.setdefault(name, value)
+    return voice.mode
+
+
 def _voice(
     voice: Any, mode: str, fields: dict[str, Any], fleet: Mapping[str, EngineIdentity], ignored: list[str]
 ) -> str:
@@ -185,8 +207,8 @@ def _voice(
         return mode
     raise InvalidRequest(
         "voice",
-        f"unknown voice {voice[:40]!r}: a speaker of the fleet's CustomVoice model, a "
-        "reference from `ttsq voices add`, or one of OpenAI's voice names",
+        f"unknown voice {voice[:40]!r}: a named voice (POST /v1/audio/voices), a speaker of the fleet's "
+        "CustomVoice model, a reference from `ttsq voices add`, or one of OpenAI's voice names",
     )
 
 

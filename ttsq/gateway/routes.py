@@ -1,4 +1,5 @@
-"""The gateway's API: OpenAI's speech endpoint, the jobs API, voices, and the design documents' ``/generate``.
+"""The gateway's API: OpenAI's speech endpoint, the jobs API, voices (reference recordings and named voices), and
+the design documents' ``/generate``.
 
 The routes sit on ``router``; ``ttsq.gateway.app`` includes it. Each body is a declared model
 (``ttsq.gateway.bodies``) checked by ttsq's one validation point (a field that is wrong is a 400 naming it,
@@ -21,12 +22,21 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response, Streamin
 from fastapi.routing import APIRoute
 
 from ttsq.gateway import openai
-from ttsq.gateway.bodies import BatchRequest, ErrorBody, GenerateRequest, JobRequest, SpeechRequest, VoiceUpload
+from ttsq.gateway.bodies import (
+    BatchRequest,
+    ErrorBody,
+    GenerateRequest,
+    JobRequest,
+    NamedVoiceRequest,
+    SpeechRequest,
+    VoiceUpload,
+)
 from ttsq.gateway.encoders import stream_from_worker
 from ttsq.gateway.errors import ApiError
 from ttsq.gateway.middleware import arrival
 from ttsq.gateway.speech import ClientGone, SpeechAudio, final_state_error, result_of
 from ttsq.gateway.state import Gateway
+from ttsq.records.named_voices import NamedVoice
 from ttsq.results import checked_key
 
 if TYPE_CHECKING:
@@ -95,7 +105,8 @@ async def create_speech(speech: SpeechRequest, request: Request, gateway: Gatewa
     (``language``, ``seed``, ``mode``, sampling) may be added."""
     arrived = arrival(request)
     body = speech.fields()
-    parsed: openai.Speech = await gateway.submit(lambda: openai.parse(body, gateway.client.identities()))
+    named = gateway.client.redis.named_voices
+    parsed: openai.Speech = await gateway.submit(lambda: openai.parse(body, gateway.client.identities(), named.find))
     # A job streams, and so does a document (longer than one job), chunk by chunk; flac is sent from the
     # stored file.
     streamed = stream_from_worker(parsed.response_format)
@@ -297,12 +308,19 @@ def models(fleet: dict[str, EngineIdentity]) -> list[dict[str, Any]]:
 
 @router.get("/v1/audio/voices", tags=["OpenAI"])
 async def list_speech_voices(gateway: GatewayDep) -> Response:
-    """Every ``voice`` the speech route takes: the speakers the fleet's models announced (mode
-    custom_voice), then the stored reference voices (mode voice_clone, ``POST /v1/voices``)."""
+    """Every ``voice`` the speech route takes, in the order it looks them up: the named voices
+    (``POST /v1/audio/voices``; a corrupt record is listed with its ``error``), the speakers the fleet's models
+    announced (mode custom_voice), then the stored reference voices (mode voice_clone, ``POST /v1/voices``)."""
     from ttsq.voices import list_voices
 
     fleet: dict[str, EngineIdentity] = await gateway.submit(gateway.client.identities)
-    data: list[dict[str, Any]] = []
+    named = await gateway.submit(gateway.client.redis.named_voices.list)
+    data: list[dict[str, Any]] = [
+        voice.summary()
+        if isinstance(voice, NamedVoice)
+        else {"id": name, "object": "audio.voice", "name": name, "type": "named", "error": str(voice)}
+        for name, voice in named.items()
+    ]
     seen: set[str] = set()
     for identity in fleet.values():
         for speaker in identity.speakers:
@@ -331,3 +349,40 @@ async def list_speech_voices(gateway: GatewayDep) -> Response:
             }
         )
     return JSONResponse({"object": "list", "data": data})
+
+
+@router.post("/v1/audio/voices", tags=["OpenAI"], status_code=201)
+async def create_named_voice(body: NamedVoiceRequest, gateway: GatewayDep) -> Response:
+    """Keep a voice under a name: ``voice: NAME`` on the speech route then fills in its fields (those the request
+    leaves out). 201 with the voice; 409 if the name is taken (delete it first: a name is never overwritten)."""
+    store = gateway.client.redis.named_voices
+
+    def add() -> tuple[NamedVoice, bool]:
+        voice = NamedVoice.create(body.fields(), limits=gateway.client.limits)
+        return voice, store.add(voice)
+
+    voice, added = await gateway.submit(add)
+    if not added:
+        raise ApiError(409, f"a voice named {voice.name!r} exists; delete it first", param="name", code="voice_exists")
+    return JSONResponse(voice.summary(), status_code=201)
+
+
+@router.get("/v1/audio/voices/{name}", tags=["OpenAI"])
+async def get_named_voice(name: str, gateway: GatewayDep) -> Response:
+    """One named voice (a speaker or a reference is not one: 404)."""
+    voice = await gateway.submit(partial(gateway.client.redis.named_voices.get, name))
+    if voice is None:
+        raise _no_named_voice(name)
+    return JSONResponse(voice.summary())
+
+
+@router.delete("/v1/audio/voices/{name}", tags=["OpenAI"])
+async def delete_named_voice(name: str, gateway: GatewayDep) -> Response:
+    """Remove a named voice. Audio made with it stays cached: its key is the fields', not the name's."""
+    if not await gateway.submit(partial(gateway.client.redis.named_voices.delete, name)):
+        raise _no_named_voice(name)
+    return JSONResponse({"id": name.strip().lower(), "object": "audio.voice.deleted", "deleted": True})
+
+
+def _no_named_voice(name: str) -> ApiError:
+    return ApiError(404, f"no named voice {name[:60]!r}", param="name", code="voice_not_found", cause="not_found")

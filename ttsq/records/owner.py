@@ -33,6 +33,7 @@ from ttsq.records.deadletters import DeadLetters
 from ttsq.records.holders import Holders
 from ttsq.records.identities import Identities
 from ttsq.records.lease import Lease
+from ttsq.records.named_voices import NamedVoices
 from ttsq.records.plans import Plans
 from ttsq.records.stats import FleetStats
 from ttsq.records.streams import AudioStreams
@@ -203,6 +204,11 @@ class RedisOwner:
     def identities(self) -> Identities:
         """The models live workers announced, per mode."""
         return Identities(self.cache, patience_s=self.patience_s)
+
+    @functools.cached_property
+    def named_voices(self) -> NamedVoices:
+        """The voices users keep under a name (``POST /v1/audio/voices``, ``ttsq voices named``)."""
+        return NamedVoices(self.cache, patience_s=self.patience_s)
 
     @functools.cached_property
     def stats(self) -> FleetStats:
