@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import click
 
@@ -41,13 +42,30 @@ def serve(ctx: click.Context, host: str | None, port: int | None, log_level: str
         from ttsq.gateway.app import create_gateway
     except ImportError as exc:
         raise EngineUnavailable(f"the gateway needs its extra: pip install 'ttsq[gateway]' ({exc})") from exc
+    level = (log_level or settings.log_level).lower()
     uvicorn.run(
         create_gateway(settings),
         host=settings.gateway_host,
         port=settings.gateway_port,
-        log_level=(log_level or settings.log_level).lower(),
+        log_level=level,
         server_header=False,
+        log_config=_json_logging(level) if settings.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
     )
+
+
+def _json_logging(level: str) -> dict[str, Any]:
+    """uvicorn's logging, and the gateway's own, as one JSON object a line (``TTSQ_LOG_FORMAT=json``)."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": "ttsq.tracing.JsonFormatter", "fields": {"service": "ttsq-gateway"}}},
+        "handlers": {"default": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}},
+        "loggers": {
+            "uvicorn": {"handlers": ["default"], "level": level.upper(), "propagate": False},
+            "uvicorn.access": {"handlers": ["default"], "level": level.upper(), "propagate": False},
+        },
+        "root": {"handlers": ["default"], "level": level.upper()},
+    }
 
 
 @click.group()

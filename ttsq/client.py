@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from celery import states
 
+import ttsq.tracing as tracing
 from ttsq.app import make_app, queue_for, stored_result
 from ttsq.constants import (
     CLAIM_HEADER,
@@ -299,6 +300,7 @@ class Client:
         owns its own."""
         self.settings = settings
         self.admit = admit
+        tracing.setup("ttsq-client")  # OTEL_* decides, once per process (docs/observability.md, "Traces")
         self.app = app or make_app(settings)
         self.redis = redis or RedisOwner(settings, role="client")
         self._owns_redis = redis is None
@@ -422,10 +424,37 @@ class Client:
         """The one way a job is sent (design steps 3-5): answered from the cache, joined to the job
         already producing its key (single flight), or claimed and sent; a claim never outlives a send
         that failed. Without a key (no worker announced yet) it is simply sent."""
+        serving = self._identities[1].get(mode)  # what ``_serving`` just read
+        attributes = {
+            "ttsq.task": task,
+            "ttsq.content_key": key,
+            "ttsq.mode": mode,
+            "ttsq.language": kwargs.get("language"),
+            "ttsq.engine": serving.engine if serving is not None else None,
+        }
+        with tracing.span("ttsq.submit", attributes) as traced:
+            job = self._send_or_join(task, kwargs, mode=mode, key=key, kwargsrepr=kwargsrepr, cached=cached)
+            traced.set({"ttsq.cached": job.result is not None, "ttsq.joined": job.joined, "ttsq.task_id": job.id})
+            return job
+
+    def _send_or_join(
+        self,
+        task: str,
+        kwargs: dict[str, Any],
+        *,
+        mode: str,
+        key: str | None,
+        kwargsrepr: str,
+        cached: Callable[[str], Job | None],
+    ) -> Job:
         task_id = str(uuid.uuid4())
         queue = queue_for(self.settings.queue, mode)
-        if key is not None and (hit := cached(key)) is not None:
-            return hit
+        if key is not None:
+            with tracing.span("ttsq.cache_check") as checked:
+                hit = cached(key)
+                checked.set({"ttsq.cached": hit is not None})
+            if hit is not None:
+                return hit
         if self.admit is not None:
             self.admit(queue)
         headers: dict[str, Any] = {SENT_AT_HEADER: time.time()}
@@ -441,13 +470,15 @@ class Client:
             claimed = False
             try:
                 if key is not None:
-                    owner = self.cache.claim(key, task_id, self.settings.inflight_ttl_s)
-                    if owner is not None and self._gone(owner):
-                        # The owner ended without releasing its claim (revoked, failed, killed past its
-                        # retries), or was never accepted: joining it would wait for nothing. Take the claim
-                        # over; for a document, its finished chunks are answered from the cache.
-                        self.cache.release(key, owner)
+                    with tracing.span("ttsq.claim") as claiming:
                         owner = self.cache.claim(key, task_id, self.settings.inflight_ttl_s)
+                        if owner is not None and self._gone(owner):
+                            # The owner ended without releasing its claim (revoked, failed, killed past its
+                            # retries), or was never accepted: joining it would wait for nothing. Take the
+                            # claim over; for a document, its finished chunks are answered from the cache.
+                            self.cache.release(key, owner)
+                            owner = self.cache.claim(key, task_id, self.settings.inflight_ttl_s)
+                        claiming.set({"ttsq.joined": owner is not None})
                     if owner is not None:
                         return Job(id=owner, key=key, client=self, joined=True)
                     claimed = True

@@ -124,6 +124,9 @@ class Settings:
     max_instruct_chars: int = 1000
     #: Worker log level: DEBUG, INFO, WARNING or ERROR.
     log_level: str = "INFO"
+    #: Log lines of workers and the gateway: ``text`` (one readable line) or ``json`` (one object per line,
+    #: with ``trace_id`` and ``span_id`` when written inside a traced job or request; docs/observability.md).
+    log_format: str = "text"
     # The qwen engine (TTSQ_ENGINE=qwen). The model is a local folder: workers never download.
     #: qwen: a local Qwen3-TTS checkpoint folder (VoiceDesign, CustomVoice or Base), with
     #: ``speech_tokenizer/``; required. Workers never download weights.
@@ -308,6 +311,7 @@ class Settings:
             "must be DEBUG, INFO, WARNING or ERROR",
         )
         object.__setattr__(self, "log_level", self.log_level.upper())  # logging wants "INFO", not "info"
+        _check(self.log_format in ("text", "json"), "log_format", "must be text or json")
 
     @property
     def concurrency(self) -> int:

@@ -5,6 +5,9 @@ carries the seq of its accepted record (``ttsq.records.accepted``), and a job wh
 no record behind for the sweeper to send later, behind the back of a caller who was told it failed.
 The sweeper alone keeps the record (``withdraw=False``): it re-sends a job someone was already told is
 accepted, so a failed re-send must leave it for the next sweep.
+
+Traced (``ttsq.tracing``): ``ttsq.accept`` and ``ttsq.send``, whose W3C ``traceparent`` the message
+carries to the worker that continues the trace.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import ttsq.tracing as tracing
 from ttsq.constants import SEQ_HEADER
 from ttsq.errors import BrokerError
 
@@ -58,19 +62,24 @@ def sending(
     The caller's steps between the accept and the send run inside the block: a submit claims the
     job's content key there, so a job that owns a claim always has a record until it finishes.
     The broker's own exception propagates from the send; the caller says what failed."""
-    seq = accepted.accept(job.task_id, task=job.task, queue=job.queue, kwargs=job.kwargs, headers=job.headers)
+    attributes = {"messaging.destination.name": job.queue, "messaging.message.id": job.task_id, "ttsq.task": job.task}
+    with tracing.span("ttsq.accept", attributes):
+        seq = accepted.accept(job.task_id, task=job.task, queue=job.queue, kwargs=job.kwargs, headers=job.headers)
     sent = False
 
     def send() -> None:
         nonlocal sent
-        app.send_task(
-            job.task,
-            kwargs=job.kwargs,
-            task_id=job.task_id,
-            queue=job.queue,
-            headers={**job.headers, SEQ_HEADER: seq},
-            kwargsrepr=job.kwargsrepr,
-        )
+        with tracing.span("ttsq.send", {**attributes, "messaging.operation.type": "send"}, kind="producer"):
+            headers = {**job.headers, SEQ_HEADER: seq}
+            tracing.inject(headers)  # the message carries the send span: the worker's task continues it
+            app.send_task(
+                job.task,
+                kwargs=job.kwargs,
+                task_id=job.task_id,
+                queue=job.queue,
+                headers=headers,
+                kwargsrepr=job.kwargsrepr,
+            )
         sent = True
 
     try:

@@ -13,6 +13,7 @@ import socket
 import sys
 from typing import TYPE_CHECKING
 
+import ttsq.tracing as tracing
 from ttsq.engines.base import has_cpu_tensors
 from ttsq.errors import ConfigError
 from ttsq.worker.gate import GatedConsumer
@@ -76,11 +77,17 @@ def run_worker(settings: Settings, *, hostname: str | None = None) -> int:
     """Run a worker in this process until it is told to stop; return its exit code."""
     node = hostname or f"{settings.engine}@{socket.gethostname()}"
     # Each line names its worker: a launcher's workers all write to the launcher's output. (A '%' in a
-    # node name would be read as a format field.)
-    logging.basicConfig(
-        level=settings.log_level,
-        format=f"%(asctime)s %(levelname)s {node.replace('%', '%%')} %(name)s: %(message)s",
+    # node name would be read as a format field.) TTSQ_LOG_FORMAT=json: one object a line, with the
+    # trace and span ids of the job it was written in.
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        tracing.log_formatter(
+            settings.log_format,
+            f"%(asctime)s %(levelname)s {node.replace('%', '%%')} %(name)s: %(message)s",
+            {"node": node},
+        )
     )
+    logging.basicConfig(level=settings.log_level, handlers=[handler])
     # A launcher pins each child to one GPU; NVML numbers GPUs regardless, so it needs the same list.
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     gpus = None if visible is None else [d.strip() for d in visible.split(",") if d.strip()]

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
+import ttsq.tracing as tracing
 from ttsq.batching.batches import BatchScheduler
 from ttsq.batching.jobs import STOP, BatchItem, Expected, Intake, Scheduler, Waiting
 from ttsq.batching.slots import SlotScheduler
@@ -108,8 +109,10 @@ class Batcher:
                 group = self.intake.isolated_group() if isolated else request.group()
                 # The deadline starts now: time spent queued behind a running batch counts.
                 now = time.monotonic()
+                # With the submitting task thread's span: the batcher thread links to it, never attaches it.
+                trace = tracing.current()
                 self.intake.put(
-                    Waiting(request, future, now + self.max_wait_s, group, on_enter, on_exit, now, on_piece)
+                    Waiting(request, future, now + self.max_wait_s, group, on_enter, on_exit, now, on_piece, trace)
                 )
         return future
 

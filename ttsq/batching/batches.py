@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+import ttsq.tracing as tracing
 from ttsq.batching.jobs import BatchItem, Intake, Waiting, audio_seconds, bookkeep, late, recent_mean
 from ttsq.engines.base import streams_audio
 from ttsq.errors import DeadlineExceeded, EngineError, EngineOutOfMemory, TTSQError
@@ -82,10 +83,14 @@ class BatchScheduler:
             if not batch:
                 continue
             bookkeep([w.on_enter for w in batch])
-            batch = sorted(batch, key=lambda w: len(w.request.text))
+            # By length, for a batch engine's padding; but streaming jobs first, in the order they came: an
+            # engine that makes a batch's clips one by one (espeak) then hands a document's chunks over in
+            # reading order, and its first chunk is not made last of eight.
+            batch = sorted(batch, key=lambda w: (0, w.arrived, 0) if w.on_piece else (1, 0.0, len(w.request.text)))
             group = [(w.request, w.future) for w in batch]
             try:
-                self._run_group(group, [w.on_piece for w in batch])
+                with tracing.batch([(w.trace, w.arrived) for w in batch], self._traced(batch)):
+                    self._run_group(group, [w.on_piece for w in batch])
             except BaseException as exc:  # never let the thread die with futures unresolved
                 logger.exception("batcher failed outside the engine")
                 for _, future in group:
@@ -93,6 +98,18 @@ class BatchScheduler:
                         future.set_exception(EngineError(f"batcher failure: {exc!r}"))
             finally:
                 bookkeep([w.on_exit for w in batch])
+
+    def _traced(self, batch: list[Waiting]) -> dict[str, tracing.Value | None]:
+        """What the batch's spans say about it (nothing of its texts)."""
+        if not tracing.enabled():
+            return {}
+        first = batch[0].request
+        return {
+            "ttsq.batch.size": len(batch),
+            "ttsq.engine": self.engine.identity.engine,
+            "ttsq.mode": first.mode,
+            "ttsq.language": first.language if all(w.request.language == first.language for w in batch) else "mixed",
+        }
 
     def _next_batch(self) -> list[Waiting] | None:
         """Wait for the next batch to be due: a group that is full, or one that should not wait any

@@ -43,6 +43,8 @@ class Waiting:
     arrived: float = 0.0
     #: Where a streaming job's audio goes while the engine makes it (``ttsq.engines.base.Piece``).
     on_piece: Piece | None = None
+    #: The job's span context (``ttsq.tracing.current``) for the batch's spans to link to; None untraced.
+    trace: Any = None
 
     @property
     def isolated(self) -> bool:

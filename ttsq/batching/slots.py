@@ -17,6 +17,7 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+import ttsq.tracing as tracing
 from ttsq.batching.jobs import BatchItem, Intake, Waiting, audio_seconds, bookkeep, claim, late
 from ttsq.engines.base import streams_audio
 from ttsq.errors import DeadlineExceeded, EngineError, SharedFailure, TTSQError
@@ -124,6 +125,8 @@ class SlotScheduler:
         batch_id = next(self.intake.batch_ids)
         started = time.perf_counter()
         rows = self.engine.active + 1
+        admitted = time.monotonic()
+        tracing.record("ttsq.batch_wait", waiting.trace, waiting.arrived, admitted)
         charge = [0.0]  # device seconds charged to this job (its admit, its share of every step)
         with self._lock:
             self._charges[batch_id] = charge
@@ -147,6 +150,13 @@ class SlotScheduler:
                     BatchReport(
                         size=rows, seconds=charge[0], audio_s=audio_seconds(output), truncated=int(output.truncated)
                     )
+                )
+                # A continuous engine has no batch to link: each job's decode is its own span.
+                tracing.record(
+                    "ttsq.synthesis",
+                    waiting.trace,
+                    admitted,
+                    attributes={"ttsq.batch.size": rows, "ttsq.engine": self.engine.identity.engine},
                 )
                 waiting.future.set_result(BatchItem(output, batch_id, rows, seconds, charge[0]))
             bookkeep([waiting.on_exit])

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from fastapi import FastAPI
 
+import ttsq.tracing as tracing
 from ttsq.constants import VERSION
 from ttsq.gateway.routes import router
 from ttsq.gateway.state import Gateway, install
@@ -23,6 +25,7 @@ SUBMIT_THREADS = 128
 
 def create_gateway(settings: Settings) -> FastAPI:
     """The gateway application for these settings."""
+    tracing.setup("ttsq-gateway")  # before the gateway's Client: OTEL_* decides (docs/observability.md)
     gateway = Gateway(settings)
 
     @contextlib.asynccontextmanager
@@ -31,13 +34,25 @@ def create_gateway(settings: Settings) -> FastAPI:
         anyio.to_thread.current_default_thread_limiter().total_tokens = SUBMIT_THREADS
         yield
         await gateway.close()
+        tracing.flush()  # the last requests' spans, before the process ends
 
     app = FastAPI(
         title="ttsq",
         version=VERSION,
         lifespan=lifespan,
         description="Text to speech on a Celery fleet: OpenAI's speech API, a jobs API, voices.",
+        **_without_native_telemetry(),
     )
     install(app, gateway)
     app.include_router(router)
     return app
+
+
+def _without_native_telemetry() -> dict[str, Any]:
+    """FastAPI's own OpenTelemetry support (newer releases turn it on whenever a tracer provider is set)
+    would open a second server span around the one ``ttsq.gateway.middleware.Observe`` opens, and may
+    log validation errors with their input values: the gateway's request span is ttsq's, on every
+    FastAPI release, and no request text leaves through telemetry."""
+    if "telemetry" not in inspect.signature(FastAPI).parameters:
+        return {}
+    return {"telemetry": {"tracing": False, "logs": False}}

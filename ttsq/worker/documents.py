@@ -22,6 +22,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 import numpy as np
 import numpy.typing as npt
 
+import ttsq.tracing as tracing
 from ttsq.app import queue_for
 from ttsq.audio import EncodedFile, Joiner, StreamEncoder, decode, join, resample
 from ttsq.constants import (
@@ -164,13 +165,21 @@ class Documents:
         # Deterministic: a fan-out sent again (its first try died half way) sends the same chunk ids.
         ids = chunk_task_ids(task_id, total)
         sent_at = time.time()
+        # The fan-out's trace goes on in every chunk and in the stitch (``ttsq.tracing``).
+        traced: dict[str, Any] = {}
+        tracing.inject(traced)
+        tracing.annotate({"ttsq.content_key": key, "ttsq.chunks": total, "ttsq.mode": document.fields["mode"]})
         header = [
             self.app.signature(
                 TASK_NAME,
                 kwargs=request.to_dict(),
                 queue=queue,
                 task_id=ids[index],
-                headers={SENT_AT_HEADER: sent_at, DOCUMENT_HEADER: {"id": task_id, "index": index, "total": total}},
+                headers={
+                    **traced,
+                    SENT_AT_HEADER: sent_at,
+                    DOCUMENT_HEADER: {"id": task_id, "index": index, "total": total},
+                },
                 kwargsrepr=f"document chunk {index + 1}/{total} {request.describe()}",
             )
             for index, request in enumerate(unique)
@@ -180,6 +189,7 @@ class Documents:
             # A reference, not the plan: every chunk message carries the chord's body.
             kwargs={"plan": task_id, "key": key},
             queue=queue,
+            headers=traced,
             # Its argument is the chunk results, signed URLs and all: keep them out
             # of its task-sent event (Flower, `celery events`).
             argsrepr=f"<{total} chunk results>",
@@ -363,6 +373,7 @@ class Documents:
         task_id = task.request.id
         plan = self._plan(plan_ref, key_ref)
         key = plan["key"]
+        tracing.annotate({"ttsq.content_key": key, "ttsq.chunks": len(plan["chunks"])})
         stored = self.stored(key)
         if stored is not None:  # a redelivered stitch, or a twin document that finished first
             runtime.cache.release(key, task_id)

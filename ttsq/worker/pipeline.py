@@ -26,6 +26,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Generic, TypeVar
 
+import ttsq.tracing as tracing
 from ttsq.app import queue_for
 from ttsq.audio import EncodedFile, encode, probe, probe_file
 from ttsq.errors import DeadlineExceeded, InvalidRequest, JobParked, JobTimeout
@@ -87,18 +88,22 @@ def store_audio(
     killed before it leaves an object that the rerun finds and indexes.
     """
     started = time.perf_counter()
-    audio = encode(samples, sample_rate, audio_format)
+    with tracing.span("ttsq.encode", {"ttsq.format": audio_format}):
+        audio = encode(samples, sample_rate, audio_format)
     encoded = time.perf_counter()
     target = object_key(key, audio_format)
-    written = storage.put(target, audio.data, audio.content_type)
-    if not written:
-        # An earlier run of this key stored its object first (a redelivery, or a claim that expired).
-        # A sampling model does not repeat itself byte for byte: index what is stored, not this run.
-        audio = probe(storage.get(target), audio_format)
+    with tracing.span("ttsq.upload", {"ttsq.object_key": target, "ttsq.bytes": len(audio.data)}) as upload:
+        written = storage.put(target, audio.data, audio.content_type)
+        upload.set({"ttsq.written": written})
+        if not written:
+            # An earlier run of this key stored its object first (a redelivery, or a claim that expired).
+            # A sampling model does not repeat itself byte for byte: index what is stored, not this run.
+            audio = probe(storage.get(target), audio_format)
     uploaded = time.perf_counter()
     facts = EncodedFile(audio.content_type, audio.sample_rate, audio.duration_s, len(audio.data))
     entry = _entry(target, audio_format, facts, identity=identity, truncated=truncated, ignored=ignored)
-    record = index(entry)
+    with tracing.span("ttsq.index", {"ttsq.content_key": key}):
+        record = index(entry)
     indexed = time.perf_counter()
     return Stored(
         audio=entry,
@@ -131,9 +136,12 @@ def store_file(
     started = time.perf_counter()
     target = object_key(key, audio_format)
     with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES, prefix="ttsq-stitch-") as handle:
-        facts = write(handle)
+        with tracing.span("ttsq.encode", {"ttsq.format": audio_format}):
+            facts = write(handle)
         encoded = time.perf_counter()
-        written = storage.put_file(target, handle, facts.content_type)
+        with tracing.span("ttsq.upload", {"ttsq.object_key": target, "ttsq.bytes": facts.bytes}) as upload:
+            written = storage.put_file(target, handle, facts.content_type)
+            upload.set({"ttsq.written": written})
     if not written:
         # An earlier run stored its object first: index what is stored (read through a spooled file too).
         with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES, prefix="ttsq-stitch-") as stored:
@@ -142,7 +150,8 @@ def store_file(
             facts = probe_file(stored, audio_format)
     uploaded = time.perf_counter()
     entry = _entry(target, audio_format, facts, identity=identity, truncated=truncated, ignored=ignored)
-    record = index(entry)
+    with tracing.span("ttsq.index", {"ttsq.content_key": key}):
+        record = index(entry)
     indexed = time.perf_counter()
     return Stored(
         audio=entry,
@@ -224,6 +233,14 @@ class Pipeline:
             request = SynthesisRequest.from_dict(kwargs, self.limits)
             self.engine.identity.check(request)  # a raw send_task may name a mode, speaker or language we lack
             key = content_key(request, self.engine.identity)
+            tracing.annotate(
+                {
+                    "ttsq.content_key": key,
+                    "ttsq.engine": self.engine.identity.engine,
+                    "ttsq.mode": request.mode,
+                    "ttsq.language": request.language,
+                }
+            )
             stored = self.cache.get(key)
             self.observer.cache_checked(hit=stored is not None)
             if stored is not None:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+import ttsq.tracing as tracing
 from ttsq.app import queue_for
 from ttsq.batching.batcher import Batcher
 from ttsq.constants import HEARTBEAT_INTERVAL_S, STORAGE_CHECK_INTERVAL_S, WORKER_REDIS_PATIENCE_S
@@ -62,6 +63,9 @@ class WorkerRuntime:
         self, settings: Settings, *, node: str | None = None, device: str = "", gpus: list[str] | None = None
     ) -> None:
         self.settings = settings
+        # Here, on the thread that starts the worker, not in ``worker_process_init`` (never fired
+        # under the threads pool): OTEL_* decides whether this process traces (``ttsq.tracing``).
+        tracing.setup("ttsq-worker")
         #: Celery node name; it names this worker in results, heartbeats and metrics.
         self.node = node or f"{settings.engine}@{socket.gethostname()}"
         #: The device this worker is pinned to ("" for CPU), as shown by ``ttsq stats``.
@@ -81,7 +85,7 @@ class WorkerRuntime:
         self.metrics = Metrics(node=self.node, broker=self.redis.broker, stats=self.stats, gpus=gpus)
         self.fleet = FleetObserver(self.stats)
         #: Everything that counts or exports what happens to a job listens here (``ttsq.observer``).
-        self.observer = Observers([self.metrics, self.fleet])
+        self.observer = Observers([self.metrics, self.fleet, *([tracing.TraceObserver()] if tracing.enabled() else [])])
         self._backlog_failed_at = -BACKLOG_RETRY_S
         self.batcher = Batcher(
             self.engine,
@@ -271,6 +275,7 @@ class WorkerRuntime:
         self._quietly(lambda: self.redis.identities.leave(self.settings.queue, self.node))
         self.metrics.close()
         self.redis.close()
+        tracing.flush()  # the last jobs' spans, before the process ends
 
 
 def _named(identity: dict[str, Any]) -> str:

@@ -18,6 +18,7 @@ from celery import Celery, states
 from celery.exceptions import Reject
 from celery.signals import task_postrun, task_success
 
+import ttsq.tracing as tracing
 from ttsq.app import make_app
 from ttsq.constants import CLAIM_HEADER, DOCUMENT_TASK_NAME, SENT_AT_HEADER, STITCH_TASK_NAME, TASK_NAME
 from ttsq.errors import InvalidRequest
@@ -99,12 +100,13 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> Documents:
             # A worker died holding it (or it outlived the visibility timeout): the rerun is harmless.
             logger.info("job %s: redelivered", self.request.id)
         try:
-            return runtime.pipeline.run(
-                kwargs,
-                task_id=self.request.id,
-                queue_wait_s=queue_wait,
-                claimed_key=claim if isinstance(claim, str) else None,
-            )
+            with _traced(self, TASK_NAME):
+                return runtime.pipeline.run(
+                    kwargs,
+                    task_id=self.request.id,
+                    queue_wait_s=queue_wait,
+                    claimed_key=claim if isinstance(claim, str) else None,
+                )
         except Exception as exc:
             if runtime.stopping:
                 # A cold shutdown closed this worker's connections under the job: give the message
@@ -116,13 +118,15 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> Documents:
     def document(self: Any, *args: Any, **kwargs: Any) -> Any:
         if args:
             raise InvalidRequest("args", "ttsq.document takes keyword arguments only (kwargs=...)")
-        return documents.fan_out(self, kwargs)
+        with _traced(self, DOCUMENT_TASK_NAME):
+            return documents.fan_out(self, kwargs)
 
     # The stitch carries the document's id: a STARTED stored over its PROGRESS would take the document's
     # progress back; the stitch stores PROGRESS (phase stitching) itself.
     @app.task(name=STITCH_TASK_NAME, track_started=False, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
     def stitch(self: Any, results: Any = None, *, plan: Any, key: Any = None) -> Any:
-        return documents.stitch(self, results, plan, key)
+        with _traced(self, STITCH_TASK_NAME):
+            return documents.stitch(self, results, plan, key)
 
     # A chunk of a document is an ordinary job; the document side counts it once it has succeeded.
     task_success.connect(documents.chunk_succeeded, sender=synthesize, weak=False)
@@ -140,3 +144,19 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> Documents:
     for task in (synthesize, document, stitch):
         task_postrun.connect(finished, sender=task, weak=False)
     return documents
+
+
+def _traced(task: Any, name: str) -> Any:
+    """The task's span, continuing the trace its message carries (``ttsq.tracing.task``), open on this
+    task thread for as long as the task runs."""
+    if not tracing.enabled():
+        return tracing.span(name)  # off: the shared no-op, nothing read from the request
+    request = task.request
+    sent_at = request.get(SENT_AT_HEADER)
+    return tracing.task(
+        name,
+        {header: request.get(header) for header in tracing.PROPAGATED},
+        task_id=str(request.id),
+        queue=(request.delivery_info or {}).get("routing_key"),
+        sent_at=float(sent_at) if isinstance(sent_at, (int, float)) else None,
+    )
