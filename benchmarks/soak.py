@@ -37,6 +37,7 @@ from ttsq.config import Settings
 from ttsq.constants import FLEET_PREFIX
 from ttsq.ops.redis_server import RedisServer
 from ttsq.records.owner import RedisOwner
+from ttsq.records.stats import FLUSH_INTERVAL_S
 
 WORDS = (
     "amber",
@@ -167,6 +168,10 @@ def main() -> int:
         for job in jobs:
             keys.add(job.wait(timeout=max(1.0, give_up - time.monotonic()))["key"])
         duration = time.monotonic() - started
+        # Workers write their minute counters once a second (``FLUSH_INTERVAL_S``): wait for the last flush.
+        flushed_by = time.monotonic() + 3 * FLUSH_INTERVAL_S + 2
+        while synthesized_so_far() < args.jobs and time.monotonic() < flushed_by:
+            time.sleep(0.1)
         stop.set()
         thread.join()
         sample()

@@ -2,6 +2,7 @@
 playback underruns at 1, 4, 8 and 16 concurrent streams.
 
     python benchmarks/streaming.py [--engine espeak|qwen-fast] [--via client|gateway] [--concurrency 1,4,8,16]
+        [--model CHECKPOINT --device cuda --max-batch 64]   # qwen-fast on real or full-size weights
 
 One private redis-server, one ``ttsq worker`` (local storage) and, with ``--via gateway``, one ``ttsq
 serve`` read through the official ``openai`` package (``with_streaming_response``, ``stream_format:
@@ -164,6 +165,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             gateway_port=free_port(),
             gateway_max_queue=0,
             gateway_wait_s=600,
+            max_batch=max(args.max_batch, *args.concurrency),
+            qwen_device=args.device,
+            **({"qwen_model": args.model} if args.model else {}),
         )
         base: dict[str, Any] = {"language": "english"}
         if args.engine == "qwen-fast":
@@ -296,7 +300,7 @@ class _GatewayReader:
 
     def _create(self, text: str, **extra: Any) -> Any:
         return self.openai.audio.speech.with_streaming_response.create(
-            model="tts", voice="default", input=text, response_format="pcm", **extra
+            model="tts-1", voice="alloy", input=text, response_format="pcm", **extra
         )
 
     def stream(self, text: str) -> Played:
@@ -344,6 +348,9 @@ def main() -> int:
     parser.add_argument("--concurrency", type=lambda v: list(_iter_ints(v)), default=[1, 4, 8, 16])
     parser.add_argument("--frames", type=int, default=125, help="codec frames per qwen-fast clip (12.5 a second)")
     parser.add_argument("--doc-chars", type=int, default=8000, help="characters per espeak document")
+    parser.add_argument("--model", default="", help="a VoiceDesign checkpoint (qwen-fast); default: a tiny one")
+    parser.add_argument("--device", default="auto", help="TTSQ_QWEN_DEVICE of the worker")
+    parser.add_argument("--max-batch", type=int, default=8, help="the worker's slots (at least the concurrency)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
     figures = run(args)

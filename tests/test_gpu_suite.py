@@ -56,7 +56,7 @@ PLATFORMS = [
     "manylinux2014_x86_64",
     "manylinux1_x86_64",
 ]
-STEPS = ["install", "build", "qwen_fast", "quant", "queue"]
+STEPS = ["install", "build", "qwen_fast", "quant", "streaming", "queue"]
 
 
 def pins() -> dict[str, Version]:
@@ -245,6 +245,10 @@ def test_the_dry_run_runs_every_step(tmp_path: Path) -> None:
         assert steps["quant"]["figures"]["speed"]
     else:
         assert steps["quant"]["reason"] == "benchmarks/quant.py not present"
+    streaming = steps["streaming"]["figures"]
+    assert streaming["engine"] == "qwen-fast" and streaming["floor_first_audio_ms"] > 0
+    assert [run["concurrency"] for run in streaming["runs"]] == [1, 2]
+    assert all(run["first_audio_ms"]["p50"] > 0 and run["audio_s"] > 0 for run in streaming["runs"])
     queue = steps["queue"]["figures"]
     bench = queue["bench"]
     assert queue["settings"]["engine"] == "qwen-fast" and queue["settings"]["storage"] == "local folder"
@@ -258,6 +262,7 @@ def test_the_dry_run_runs_every_step(tmp_path: Path) -> None:
     rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| step")]
     assert {line.split(" | ")[0].removeprefix("| ") for line in rows} >= set(STEPS)
     assert "| queue | ok | qwen-fast |" in table and "| qwen_fast | ok | qwen-fast | 2 |" in table
+    assert "| streaming | ok | qwen-fast, 2 streams | 2 |" in table
 
 
 def test_a_step_past_its_limit_is_killed_and_the_suite_goes_on(tmp_path: Path) -> None:
@@ -268,7 +273,7 @@ def test_a_step_past_its_limit_is_killed_and_the_suite_goes_on(tmp_path: Path) -
     install = report["steps"]["install"]
     assert install["status"] == "timeout" and "killed at its time limit" in install["reason"]
     assert install["seconds"] < 15
-    assert [step["status"] for step in report["steps"].values()][1:] == ["skipped"] * 4
+    assert [step["status"] for step in report["steps"].values()][1:] == ["skipped"] * (len(STEPS) - 1)
     assert "| install | timeout |" in (tmp_path / "out" / "suite.md").read_text(encoding="utf-8")
 
 
@@ -282,4 +287,4 @@ def test_the_gpu_run_refuses_wheels_that_are_not_the_pins(tmp_path: Path) -> Non
     install = report["steps"]["install"]
     assert install["status"] == "failed" and "fetch_wheels.sh" in install["reason"]
     assert not (tmp_path / "site").exists()
-    assert [step["status"] for step in report["steps"].values()][1:] == ["skipped"] * 4
+    assert [step["status"] for step in report["steps"].values()][1:] == ["skipped"] * (len(STEPS) - 1)

@@ -30,7 +30,10 @@ step past its limit is killed with everything it started and recorded as ``timeo
    batches 1, 8, 32 and 64 of 64 frames, then a short open-loop run of mixed lengths.
 4. ``quant``: ``benchmarks/quant.py``, qwen-fast at full precision against int8 and fp8 weights; only
    when that script exists (recorded as ``skipped: benchmarks/quant.py not present`` otherwise).
-5. ``queue``: the whole path (``benchmarks/gpu/queue_run.py``): a private redis-server, a local folder
+5. ``streaming``: ``benchmarks/streaming.py`` on qwen-fast with the checkpoint: time to first audio,
+   real-time factor and playback underruns at 1 and 64 concurrent streams through ``Client.stream``,
+   against the engine's own first piece (the floor) and the whole-clip response in the same run.
+6. ``queue``: the whole path (``benchmarks/gpu/queue_run.py``): a private redis-server, a local folder
    for the audio, one ``ttsq worker`` with engine qwen-fast on the checkpoint (64 slots), and
    ``ttsq bench`` at 64 jobs in flight.
 
@@ -95,6 +98,7 @@ class Sizes:
     qwen_fast: str
     quant: str
     queue: str
+    streaming: str
     limits_s: dict[str, float]
 
 
@@ -104,7 +108,8 @@ GPU = Sizes(
     qwen_fast="--batches 1,8,32,64 --frames 64 --repeats 2 --jobs 64 --rate 32 --slots 64",
     quant="--size full --device cuda --dtype bfloat16 --batches 1,8,64 --frames 32",
     queue="--max-batch 64 --concurrency 64 --jobs 256 --warmup 16 --max-frames 256",
-    limits_s={"install": 60, "build": 150, "qwen_fast": 210, "quant": 90, "queue": 150},
+    streaming="--concurrency 1,64 --frames 125 --max-batch 64",
+    limits_s={"install": 60, "build": 150, "qwen_fast": 180, "quant": 75, "streaming": 90, "queue": 130},
 )
 DRY = Sizes(
     checkpoint="tiny",
@@ -112,7 +117,8 @@ DRY = Sizes(
     qwen_fast="--batches 1,2 --frames 4 --repeats 1 --jobs 4 --rate 20 --min-frames 3 --max-frames 6 --slots 2",
     quant="--size tiny --device cpu --dtype float32 --batches 1,2 --frames 4",
     queue="--max-batch 3 --concurrency 3 --jobs 6 --warmup 0 --max-frames 96 --sentences short",
-    limits_s={"install": 60, "build": 60, "qwen_fast": 90, "quant": 90, "queue": 120},
+    streaming="--concurrency 1,2 --frames 8 --max-batch 2",
+    limits_s={"install": 60, "build": 60, "qwen_fast": 90, "quant": 90, "streaming": 90, "queue": 120},
 )
 
 
@@ -353,6 +359,18 @@ def step_queue(suite: Suite, limit_s: float) -> dict[str, Any]:
     return figures
 
 
+def step_streaming(suite: Suite, limit_s: float) -> dict[str, Any]:
+    assert suite.checkpoint is not None
+    out = suite.work / "streaming.json"
+    command = suite.python(str(ROOT / "benchmarks" / "streaming.py"), "--engine", "qwen-fast")
+    command += ["--model", str(suite.checkpoint), "--device", suite.sizes.device, *suite.sizes.streaming.split()]
+    ran = suite.run("streaming", [*command, "--json", str(out)], limit_s)
+    if not ran.ok or not out.exists():
+        raise failure("benchmarks/streaming.py", ran)
+    figures: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    return figures
+
+
 @dataclass(frozen=True)
 class Step:
     name: str
@@ -373,6 +391,7 @@ STEPS = (
         ("build",),
         lambda: None if QUANT.exists() else "benchmarks/quant.py not present",
     ),
+    Step("streaming", "first audio and underruns at 1 and 64 streams (qwen-fast)", step_streaming, ("build",)),
     Step("queue", "Redis, a ttsq worker (qwen-fast), ttsq bench at full concurrency", step_queue, ("build",)),
 )
 
@@ -499,6 +518,18 @@ def measured_rows(name: str, record: dict[str, Any]) -> list[dict[str, Any]]:
             )
     elif name == "quant":
         rows = quant_rows(figures)
+    elif name == "streaming":
+        for r in figures.get("runs", []):
+            first, whole = r["first_audio_ms"], r["whole_clip_ms"]
+            rows.append(
+                {
+                    "engine": f"qwen-fast, {r['concurrency']} streams",
+                    "batch": r["concurrency"],
+                    "notes": f"first audio p50 {first['p50']} ms, p95 {first['p95']} ms (engine floor "
+                    f"{figures.get('floor_first_audio_ms')} ms); whole clip p50 {whole['p50']} ms; RTF {r['rtf']}; "
+                    f"underruns {r['underruns']} in {r['streams_with_underrun']} streams ({r['underrun_s']} s)",
+                }
+            )
     elif name == "queue" and "bench" in figures:
         bench = figures["bench"]
         jobs, rate, latency = bench["jobs"], bench["throughput"], bench["latency_s"]
