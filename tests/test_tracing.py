@@ -218,6 +218,7 @@ def test_one_speech_request_is_one_trace_from_the_gateway_to_the_storage_upload(
     assert all(line["node"] == worker.hostname for line in lines)
 
 
+@pytest.mark.slow  # a document through a gateway and a worker: the single-request trace is the inner loop's
 def test_a_document_fans_out_and_stitches_in_the_trace_of_its_request(
     settings: Settings,
     start_worker: Callable[..., WorkerProcess],

@@ -207,9 +207,11 @@ class SentinelTopology:
         process.kill()
         process.wait()
 
-    def wait_for_failover(self, old_port: int, timeout: float = 30.0) -> int:
+    def wait_for_failover(self, old_port: int, timeout: float = 75.0) -> int:
         """Wait until every live Sentinel names a primary other than ``old_port`` and it answers as
-        one; its port."""
+        one; its port. The default covers a Sentinel in TILT mode (30 s of no action after its timer
+        stalled for 2 s, which a loaded 2-core machine can cause) and an election retried after it;
+        on a timeout the error carries what each Sentinel saw."""
 
         def switched() -> bool:
             ports = set()
@@ -225,8 +227,24 @@ class SentinelTopology:
             except (ValueError, redis.RedisError):
                 return False
 
-        self._wait(switched, timeout, "the Sentinels to promote a replica")
+        try:
+            self._wait(switched, timeout, "the Sentinels to promote a replica")
+        except BrokerError as exc:
+            raise BrokerError(f"{exc}; the Sentinels saw: {self._views()}") from None
         return self.primary_port()
+
+    def _views(self) -> str:
+        """Each Sentinel's view of the master, for an error: its address, flags and TILT state."""
+        views = []
+        for port in self.sentinel_ports:
+            try:
+                with self.ask(port) as sentinel:
+                    state = sentinel.sentinel_master(MASTER_NAME)
+                    tilt = sentinel.info("sentinel").get("sentinel_tilt")
+                views.append(f"{port}: {state.get('ip')}:{state.get('port')} flags={state.get('flags')} tilt={tilt}")
+            except redis.RedisError as exc:
+                views.append(f"{port}: {type(exc).__name__}")
+        return "; ".join(views)
 
     def restart(self, node: RedisServer) -> None:
         """Start a node that was killed again on its data: the Sentinels turn it into a replica."""
