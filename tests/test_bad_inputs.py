@@ -40,6 +40,7 @@ def outcome(app: Any, task_id: str, timeout: float) -> tuple[str, Any]:
         return "FAILURE", exc
 
 
+@pytest.mark.slow
 def test_bad_messages_mixed_into_a_burst_do_not_affect_their_neighbours(
     settings: Settings, start_worker: StartWorker
 ) -> None:

@@ -193,6 +193,7 @@ def test_result_refuses_to_write_a_wav_result_into_an_mp3_name(
 # --- 6. only documents draw a chunks bar ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_only_a_document_draws_a_chunks_bar(settings: Settings, start_worker: StartWorker, tmp_path: Path) -> None:
     start_worker(settings)
     single = run_cli("submit", "One short job.", "-o", str(tmp_path / "one.wav"), settings=settings)
@@ -248,6 +249,7 @@ def test_stats_table_and_json_name_the_same_device(settings: Settings, start_wor
 # --- 9. ignored lists only the fields the user set -----------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_document_reports_only_the_ignored_fields_the_user_set(
     settings: Settings, start_worker: StartWorker, tmp_path: Path
 ) -> None:
@@ -292,6 +294,7 @@ def test_a_closed_stdout_pipe_ends_quietly_with_the_sigpipe_status(
 # --- 11. -o with an extension that names no format -----------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_output_name_that_names_no_format_is_a_usage_error(
     settings: Settings, start_worker: StartWorker, tmp_path: Path
 ) -> None:
@@ -319,6 +322,7 @@ def test_an_output_name_that_names_no_format_is_a_usage_error(
 # --- 12. --each-line --output-dir ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_each_line_saves_its_audio_in_the_output_dir(
     settings: Settings, start_worker: StartWorker, tmp_path: Path
 ) -> None:
@@ -353,6 +357,7 @@ def test_each_line_saves_its_audio_in_the_output_dir(
 # --- 13. ttsq cancel -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cancel_calls_off_a_queued_job_and_names_the_outcome(settings: Settings, start_worker: StartWorker) -> None:
     queued = run_cli("submit", "Never spoken.", "--no-wait", "--json", settings=settings)  # no worker yet
     job_id = json.loads(queued.stdout)["id"]
@@ -416,6 +421,7 @@ def test_ctrl_c_while_waiting_names_the_job_and_how_to_reattach_or_cancel(
 # --- 15. the job id first; plain progress lines off a terminal (issue 26) ------------------------
 
 
+@pytest.mark.slow
 def test_submit_names_the_job_on_stderr_before_its_result_and_keeps_stdout_parseable(
     settings: Settings, start_worker: StartWorker
 ) -> None:

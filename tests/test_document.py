@@ -219,6 +219,7 @@ def test_a_failed_document_resubmitted_makes_only_the_missing_chunks(
     assert len(synthesized_keys(worker)) == 3  # only the missing chunk was synthesized
 
 
+@pytest.mark.slow
 def test_status_shows_progress_rising_while_a_document_runs(
     settings: Settings,
     start_worker: StartWorker,
@@ -313,6 +314,7 @@ def test_cli_document_with_a_progress_bar_and_an_output_file(
     assert result["document"]["cached_chunks"] == result["document"]["chunks"]  # ...from the same chunks
 
 
+@pytest.mark.slow
 def test_cli_each_line_submits_one_job_per_line_with_a_summary(
     settings: Settings, start_worker: StartWorker, tmp_path: Path
 ) -> None:
@@ -352,6 +354,7 @@ def test_cli_each_line_submits_one_job_per_line_with_a_summary(
     ], numbered.stderr
 
 
+@pytest.mark.slow
 def test_flower_shows_a_document_in_progress_then_done(
     settings: Settings,
     start_worker: StartWorker,
@@ -473,6 +476,7 @@ def test_stop_listening_degrades_gracefully_if_celery_internals_change(settings:
         app.close()
 
 
+@pytest.mark.slow
 def test_progress_never_goes_backwards_when_chunks_finish_together(
     settings: Settings, start_worker: StartWorker
 ) -> None:
@@ -536,6 +540,7 @@ def test_options_given_to_submit_document_are_the_ones_sent(settings: Settings, 
     assert len(result["chunks"]) == 4 and result["key"] == job.key  # type: ignore[typeddict-item]
 
 
+@pytest.mark.slow
 def test_embedded_documents_and_line_files_are_not_held_to_one_job_limit(tmp_path: Path) -> None:
     # --embedded validates before it starts anything; a document (or a file of lines) may be
     # longer than one job's TTSQ_MAX_TEXT_CHARS, and a bad line fails alone.

@@ -181,6 +181,7 @@ def test_any_list_item_is_taken_in_or_refused_never_a_crash(item: bytes) -> None
     body=st.one_of(st.binary(max_size=60), JSON.map(lambda value: json.dumps(value).encode())),
 )
 @hypothesis_settings(max_examples=500, deadline=None)
+@pytest.mark.slow
 def test_any_headers_and_body_are_taken_in_or_refused_never_a_crash(headers: dict[str, Any], body: bytes) -> None:
     try:
         check_task(headers, body, content_type="application/json", content_encoding="utf-8", tasks=TASKS)

@@ -29,6 +29,7 @@ def flower(settings: Settings, tmp_path: Path) -> Iterator[Flower]:
     server.stop()
 
 
+@pytest.mark.slow
 def test_flower_lists_a_burst_with_workers_and_no_text(
     settings: Settings, start_worker: StartWorker, flower: Flower
 ) -> None:

@@ -177,6 +177,7 @@ def test_the_jobs_api_end_to_end(served: tuple[GatewayProcess, str], settings: S
         assert answers[2]["error"]["param"] == "requests[2].language"
 
 
+@pytest.mark.slow
 def test_a_long_text_becomes_a_document_with_progress(
     settings: Settings,
     start_worker: StartWorker,
@@ -208,6 +209,7 @@ def test_a_long_text_becomes_a_document_with_progress(
         assert api.get(f"/v1/jobs/{job['id']}").json()["result"]["document"]["chunks"] == 5
 
 
+@pytest.mark.slow
 def test_a_cancelled_job_never_reaches_a_worker_nor_do_its_document_chunks(
     settings: Settings,
     start_worker: StartWorker,
@@ -250,6 +252,7 @@ def test_a_cancelled_job_never_reaches_a_worker_nor_do_its_document_chunks(
         assert finished.status_code == 409
 
 
+@pytest.mark.slow
 def test_keys_limits_and_quota_hold_across_two_gateways(
     settings: Settings, start_worker: StartWorker, start_gateway: StartGateway
 ) -> None:
@@ -310,6 +313,7 @@ def test_a_full_queue_refuses_with_503_and_queues_nothing(settings: Settings, st
     assert queue_length(settings) == 2
 
 
+@pytest.mark.slow
 def test_the_hostile_corpus_over_http_is_a_4xx_naming_the_field_or_a_sane_result(
     served: tuple[GatewayProcess, str],
 ) -> None:

@@ -75,6 +75,7 @@ def test_a_worker_in_process_is_live_and_ready_then_not_live_once_its_batcher_th
         runtime.close()
 
 
+@pytest.mark.slow
 def test_liveness_goes_false_when_the_engine_hangs_and_true_again_after_the_restart(
     settings: Settings,
     tmp_path: Path,
@@ -165,6 +166,7 @@ def test_readiness_follows_redis_and_liveness_rides_out_the_outage(
         server.stop()
 
 
+@pytest.mark.slow
 def test_outstanding_jobs_count_what_workers_hold_as_well_as_what_waits(
     settings: Settings,
     start_worker: Callable[..., WorkerProcess],

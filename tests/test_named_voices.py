@@ -196,6 +196,7 @@ def test_a_voice_without_a_seed_gets_one_that_stays() -> None:
     assert speaker.fields() == {"mode": "custom_voice", "language": "auto", "seed": 1, "speaker": "ryan"}
 
 
+@pytest.mark.slow
 def test_the_command_line_round_trip(settings: Settings, start_gateway: StartGateway) -> None:
     added = run_cli(
         "voices", "named", "add", "narrator-kim", "--instruct", str(KIM["instruct"]), "--language", "ko", "--json",

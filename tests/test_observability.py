@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 from support import SECRET, GatewayProcess, WorkerProcess, api_key, missing_tool, scrape, stop_process, value
 
@@ -454,6 +455,7 @@ def wait_for(prometheus: Prometheus, condition: Callable[[], bool], what: str, t
         time.sleep(0.5)
 
 
+@pytest.mark.slow
 def test_every_panel_and_alert_reads_data_from_a_real_prometheus(
     settings: Settings, start_worker: StartWorker, start_gateway: StartGateway, tmp_path: Path
 ) -> None:

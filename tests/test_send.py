@@ -93,6 +93,7 @@ def outgoing(settings: Settings, text: str = "One job, sent once.") -> Outgoing:
 # -- ttsq retry: one send path, withdrawn when the send fails -------------------------------------
 
 
+@pytest.mark.slow
 def test_a_retry_the_broker_refuses_keeps_the_job_parked_and_leaves_nothing_to_send(
     settings: Settings, owner: RedisOwner, app: Any
 ) -> None:
@@ -167,6 +168,7 @@ def test_send_job_records_then_sends_and_withdraws_what_it_could_not_send(
     assert queue_length(settings) == 0
 
 
+@pytest.mark.slow
 def test_the_sweeper_sends_a_lost_job_again_and_drops_the_record_of_a_finished_one(
     settings: Settings, owner: RedisOwner, app: Any
 ) -> None:

@@ -27,6 +27,7 @@ def stats_json(settings: Settings) -> dict[str, Any]:
     return snap
 
 
+@pytest.mark.slow
 def test_stats_are_consistent_during_and_after_a_burst(settings: Settings, start_worker: StartWorker) -> None:
     start_worker(settings, name="w1")
     start_worker(settings, name="w2")
