@@ -90,6 +90,18 @@ if TYPE_CHECKING:
     default=None,
     help="Drop the job unsynthesized if it has not started within this many seconds.",
 )
+@click.option(
+    "--lane",
+    type=click.Choice(["interactive", "bulk"]),
+    default=None,
+    help="The lane the job waits in (docs/scheduling.md). Default: interactive for a job or a stream, "
+    "bulk for a document (-f) or --each-line.",
+)
+@click.option(
+    "--tenant",
+    default=None,
+    help="Whose work this is, for fair shares between tenants (a name: letters, digits, . _ : @ -).",
+)
 @click.option("--wait/--no-wait", default=True, show_default=True, help="Wait for the result.")
 @click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds to wait.")
 @click.option(
@@ -137,6 +149,8 @@ def submit(
     repetition_penalty: float | None,
     max_new_tokens: int | None,
     deadline_s: float | None,
+    lane: str | None,
+    tenant: str | None,
     wait: bool,
     timeout: float,
     output: Path | None,
@@ -178,6 +192,9 @@ def submit(
         },
     )
     kind = "lines" if each_line else "document" if text_file is not None else "job"
+    # Many short clips at once are bulk work, like a document (which is bulk unless streamed: its default).
+    lane = lane or ("bulk" if each_line else None)
+    fields.update({name: value for name, value in (("lane", lane), ("tenant", tenant)) if value is not None})
     settings = settings_of(ctx)
     try:
         if embedded:

@@ -3,9 +3,10 @@
 One explicit app per settings object (no ``shared_task``, no ``current_app``). Producers send through
 it by task name; a worker registers ttsq's tasks on it (``ttsq.worker.tasks``). Nothing here runs a job.
 
-Each mode has its own queue (``queue_for``): ``ttsq`` for voice_design, the default, and
+Each mode has its own queues (``queue_for``): ``ttsq`` for voice_design, the default, and
 ``ttsq.custom_voice`` / ``ttsq.voice_clone`` for the others, because a worker serves the mode of the
-checkpoint it loaded and consumes only that mode's queue.
+checkpoint it loaded and consumes only that mode's queues; and each mode's queue has a bulk lane
+beside it, ``ttsq.bulk`` and so on, which workers give a guaranteed share (docs/scheduling.md).
 
 ``stored_result`` reads what the result backend holds for a job, through ttsq's one reader
 (``ttsq.results.read_result``): producers and the worker's sweeper read a job's state that way.
@@ -14,6 +15,7 @@ checkpoint it loaded and consumes only that mode's queue.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -30,6 +32,7 @@ from ttsq.constants import (
     TASK_NAME,
 )
 from ttsq.errors import BrokerError, CorruptRecord
+from ttsq.job import LANES, MODES, Lane
 from ttsq.records.connection import SentinelConnection, sentinel_kwargs, unreachable
 from ttsq.results import StoredResult, read_result
 
@@ -37,10 +40,33 @@ if TYPE_CHECKING:
     from ttsq.config import Settings
 
 
-def queue_for(base: str, mode: str) -> str:
-    """The queue of one mode. voice_design, the default mode, keeps the plain name, so a bare
-    ``send_task(..., queue="ttsq")`` from a web backend keeps working."""
-    return base if mode == "voice_design" else f"{base}.{mode}"
+#: The suffix of a bulk lane's queue.
+BULK_SUFFIX = ".bulk"
+
+
+def queue_for(base: str, mode: str, lane: str = "interactive") -> str:
+    """The queue of one mode and lane. voice_design, the default mode, keeps the plain name, and the
+    interactive lane the mode's name, so a bare ``send_task(..., queue="ttsq")`` from a web backend
+    keeps working."""
+    queue = base if mode == "voice_design" else f"{base}.{mode}"
+    return queue + BULK_SUFFIX if lane == "bulk" else queue
+
+
+def queues_for(base: str, modes: Iterable[str] = MODES) -> list[str]:
+    """Every queue of these modes, interactive lanes first (the order a worker consumes them in)."""
+    modes = list(modes)
+    return [queue_for(base, mode, lane) for lane in LANES for mode in modes]
+
+
+def lane_of(queue: str) -> Lane:
+    """The lane a queue belongs to."""
+    return "bulk" if queue.endswith(BULK_SUFFIX) else "interactive"
+
+
+def default_lane(task: str, *, stream: bool = False) -> Lane:
+    """The lane of a job whose request names none: a document is bulk work unless someone listens to it
+    as it is made (streamed); a single job is interactive."""
+    return "bulk" if task == DOCUMENT_TASK_NAME and not stream else "interactive"
 
 
 def make_app(settings: Settings, *, worker: bool = False) -> Celery:
@@ -139,8 +165,15 @@ def _route_by_mode(
 ) -> dict[str, str] | None:
     if name not in (TASK_NAME, DOCUMENT_TASK_NAME):
         return None
-    mode = kwargs.get("mode") if isinstance(kwargs, dict) else None
-    return {"queue": queue_for(base, mode if isinstance(mode, str) else "voice_design")}
+    fields = kwargs if isinstance(kwargs, dict) else {}
+    mode, lane = fields.get("mode"), fields.get("lane")
+    return {
+        "queue": queue_for(
+            base,
+            mode if isinstance(mode, str) else "voice_design",
+            lane if lane in LANES else default_lane(name, stream=fields.get("stream") is True),
+        )
+    }
 
 
 class ResultBackend(RedisBackend):  # type: ignore[misc]

@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from celery import states
 
 import ttsq.tracing as tracing
-from ttsq.app import make_app, queue_for, stored_result
+from ttsq.app import default_lane, make_app, queue_for, queues_for, stored_result
 from ttsq.constants import (
     CLAIM_HEADER,
+    DEFAULT_TENANT,
     DOCUMENT_TASK_NAME,
     IDENTITY_TTL_S,
     SENT_AT_HEADER,
@@ -35,7 +36,7 @@ from ttsq.constants import (
 from ttsq.document import Document, DocumentJoin, Options
 from ttsq.engines.base import EngineIdentity
 from ttsq.errors import BrokerError, InvalidRequest, JobFailed, JobTimeout, StreamBroken, TTSQError, UnknownJob
-from ttsq.job import MODES, JobResult, Limits, RequestFields, SynthesisRequest
+from ttsq.job import JobResult, Limits, RequestFields, SynthesisRequest
 from ttsq.keys import content_key
 from ttsq.records.attempts import ParkedJob
 from ttsq.records.connection import patiently
@@ -384,6 +385,8 @@ class Client:
             **{name: value for name, value in document.fields.items() if value is not None and value != ""},
             "options": asdict(document.options),
             **({"stream": True} if document.stream else {}),
+            **({"lane": document.lane} if document.lane else {}),
+            **({"tenant": document.tenant} if document.tenant else {}),
         }  # what it was validated and keyed with
         job = self._enqueue(
             DOCUMENT_TASK_NAME,
@@ -431,6 +434,7 @@ class Client:
             "ttsq.mode": mode,
             "ttsq.language": kwargs.get("language"),
             "ttsq.engine": serving.engine if serving is not None else None,
+            "ttsq.lane": kwargs.get("lane") or default_lane(task, stream=kwargs.get("stream") is True),
         }
         with tracing.span("ttsq.submit", attributes) as traced:
             job = self._send_or_join(task, kwargs, mode=mode, key=key, kwargsrepr=kwargsrepr, cached=cached)
@@ -448,7 +452,9 @@ class Client:
         cached: Callable[[str], Job | None],
     ) -> Job:
         task_id = str(uuid.uuid4())
-        queue = queue_for(self.settings.queue, mode)
+        lane = kwargs.get("lane") or default_lane(task, stream=kwargs.get("stream") is True)
+        kwargs = {**kwargs, "lane": lane} if lane != "interactive" else kwargs  # the batcher orders rows by it
+        queue = queue_for(self.settings.queue, mode, lane)
         if key is not None:
             with tracing.span("ttsq.cache_check") as checked:
                 hit = cached(key)
@@ -461,12 +467,18 @@ class Client:
         if key is not None and task == TASK_NAME:
             headers[CLAIM_HEADER] = key
         outgoing = Outgoing(
-            task_id=task_id, task=task, queue=queue, kwargs=kwargs, headers=headers, kwargsrepr=kwargsrepr
+            task_id=task_id,
+            task=task,
+            queue=queue,
+            kwargs=kwargs,
+            headers=headers,
+            kwargsrepr=kwargsrepr,
+            tenant=kwargs.get("tenant") or DEFAULT_TENANT,
         )
         # Recorded before it is claimed and sent: a job that owns a claim always has a record until it
         # finishes, and a message lost on its way to a worker is sent again from it (``ttsq.records.accepted``).
         # Joined, answered from the cache, or not sent (also on Ctrl-C): the record is withdrawn.
-        with sending(self.app, self.accepted, outgoing) as send:
+        with sending(self.app, self.accepted, outgoing, window=self.settings.release_window) as send:
             claimed = False
             try:
                 if key is not None:
@@ -562,7 +574,7 @@ class Client:
         if self._state(task_id) != states.PENDING or self.accepted.exists(task_id):
             return True
         try:
-            queues = [queue_for(self.settings.queue, mode) for mode in MODES]
+            queues = queues_for(self.settings.queue)
             return message_held(self.redis.broker, task_id, queues)
         except Exception as exc:
             raise BrokerError(f"cannot reach the broker: {type(exc).__name__}: {exc}") from exc

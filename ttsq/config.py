@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote, unquote, urlsplit
 
-from ttsq.constants import DEFAULT_QUEUE
+from ttsq.constants import DEFAULT_QUEUE, TENANT_PATTERN
 from ttsq.errors import ConfigError
 
 T = TypeVar("T")
@@ -88,6 +88,16 @@ class Settings:
     #: Queue of voice_design jobs; custom_voice and voice_clone jobs use ``<queue>.custom_voice`` and
     #: ``<queue>.voice_clone``.
     queue: str = DEFAULT_QUEUE
+    #: Lanes and fair shares (docs/scheduling.md). Jobs of one queue a producer lets wait in Redis's list
+    #: at once; while it holds this many, a new job waits in its tenant's place and workers release the
+    #: tenants' jobs into the list in round robin. 0: every job goes straight to the list (no fair shares).
+    release_window: int = 64
+    #: The share of messages, in percent, a worker takes from the bulk lane while both lanes have work:
+    #: interactive work goes first, and bulk work never starves.
+    bulk_share_percent: int = 20
+    #: Jobs each tenant releases per turn of the round robin, as ``name=weight,name=weight``; a tenant
+    #: not named has weight 1.
+    tenant_weights: str = ""
     #: Largest batch (1..256); worker concurrency (task threads) is twice this.
     max_batch: int = 8
     #: The longest a batch waits to fill after its first job, in milliseconds; it waits that long only
@@ -198,6 +208,9 @@ class Settings:
 
     def __post_init__(self) -> None:
         _check(self.max_batch >= 1 and self.max_batch <= 256, "max_batch", "must be 1..256")
+        _check(0 <= self.release_window <= 100_000, "release_window", "must be 0..100000 (0: no fair shares)")
+        _check(1 <= self.bulk_share_percent <= 100, "bulk_share_percent", "must be 1..100")
+        self.weights  # noqa: B018  # parsed once here, so a typo stops the process at start
         _check(0 <= self.max_wait_ms <= 10_000, "max_wait_ms", "must be 0..10000")
         _check(
             1 <= self.url_expiry_s <= MAX_URL_EXPIRY_S,
@@ -312,6 +325,20 @@ class Settings:
         )
         object.__setattr__(self, "log_level", self.log_level.upper())  # logging wants "INFO", not "info"
         _check(self.log_format in ("text", "json"), "log_format", "must be text or json")
+
+    @property
+    def weights(self) -> dict[str, int]:
+        """``tenant_weights`` parsed: tenant -> jobs per turn."""
+        weights: dict[str, int] = {}
+        for item in filter(None, (part.strip() for part in self.tenant_weights.split(","))):
+            name, _, number = item.partition("=")
+            _check(
+                bool(TENANT_PATTERN.fullmatch(name.strip())) and number.strip().isdigit() and 1 <= int(number) <= 1000,
+                "tenant_weights",
+                f"{item!r}: expected name=weight, a tenant name and a whole number 1..1000",
+            )
+            weights[name.strip()] = int(number)
+        return weights
 
     @property
     def concurrency(self) -> int:

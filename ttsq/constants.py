@@ -5,6 +5,8 @@ Everything that lands in Redis is namespaced ``ttsq:``. Changing any of these is
 
 from __future__ import annotations
 
+import re
+
 #: ttsq's own version (``ttsq.__version__``, ``ttsq --version``, the gateway's OpenAPI document).
 VERSION = "0.1.0"
 
@@ -104,6 +106,17 @@ ACCEPTED_TTL_S = 7 * 24 * 3600
 
 #: Message header with the job's place in its queue's acceptance order (``ttsq.records.accepted``).
 SEQ_HEADER = "ttsq_seq"
+
+# Fair shares (the cache database; docs/scheduling.md): while a queue's list is full, an accepted job
+# waits in its tenant's place, and workers release the tenants' jobs into the list in round robin.
+DEFERRED_PREFIX = "ttsq:deferred:"  # + queue + ":" + tenant -> list: task ids in the order accepted
+TENANTS_PREFIX = "ttsq:tenants:"  # + queue -> list: tenants with deferred jobs, the next to release first
+TENANT_SET_PREFIX = "ttsq:tenant-set:"  # + queue -> set: the same tenants, to add each once
+TURNS_PREFIX = "ttsq:turns:"  # + queue -> hash: tenant -> jobs released in its current turn (its weight)
+#: A tenant's name: what ``ttsq stats`` and metrics show, so an identifier, never a secret.
+TENANT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,63}")
+#: The tenant of a job that names none: one more tenant, sharing the fleet with the others.
+DEFAULT_TENANT = "default"
 
 #: Which worker process holds which unacknowledged message (the broker database; ``ttsq.records.holders``).
 HOLDERS_KEY = "ttsq:holders"  # set: incarnations (node#pid) that held messages

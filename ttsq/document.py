@@ -18,7 +18,16 @@ from typing import TYPE_CHECKING, Any, TypedDict, cast
 from ttsq.constants import DOCUMENT_PREFIX, DOCUMENT_SCHEMA_VERSION
 from ttsq.engines.base import FRAMES_PER_SECOND
 from ttsq.errors import InvalidRequest
-from ttsq.job import FORMATS, JobResult, Limits, SynthesisRequest, check_characters, speakable
+from ttsq.job import (
+    FORMATS,
+    SCHEDULING_FIELDS,
+    JobResult,
+    Lane,
+    Limits,
+    SynthesisRequest,
+    check_characters,
+    speakable,
+)
 from ttsq.keys import canonical_json
 from ttsq.splitter import SPLITTER_VERSION, Chunk, normalize, split
 
@@ -109,6 +118,9 @@ class Document:
     chunks: list[Chunk]
     #: Whether its chunks stream (``SynthesisRequest.stream``): not one of ``fields``, so not in its key.
     stream: bool = False
+    #: The lane and tenant its chunks are sent with (``SynthesisRequest``): not in its key either.
+    lane: Lane | None = None
+    tenant: str = ""
 
     @classmethod
     def parse(
@@ -142,11 +154,21 @@ class Document:
         # The fields are checked once, with a stand-in text; each chunk is checked again below.
         template = SynthesisRequest.from_dict({**other, "text": "x"}, limits)
         fields = {
-            name: value for name, value in template.to_dict().items() if name not in ("text", "deadline", "stream")
+            name: value
+            for name, value in template.to_dict().items()
+            if name != "text" and name not in SCHEDULING_FIELDS
         }
         most = options.chunk_max(limits, identity, str(fields.get("instruct") or ""))
         chunks = split(text, target_chars=min(options.target_chars, most), max_chars=most)
-        document = cls(text=text, fields=fields, options=options, chunks=chunks, stream=template.stream)
+        document = cls(
+            text=text,
+            fields=fields,
+            options=options,
+            chunks=chunks,
+            stream=template.stream,
+            lane=template.lane,
+            tenant=template.tenant,
+        )
         requests = document.requests(seed=0, limits=limits)
         if all(request is None for request in requests):
             raise InvalidRequest("text", "has nothing to speak (no letter, digit or ideograph)")
@@ -191,10 +213,10 @@ class Document:
         """One ordinary request per chunk. Chunks are WAV (lossless, and the default format, so shared
         with ordinary submits); the document's own format applies to the stitched file. A chunk with
         nothing to speak (a paragraph of dashes or asterisks) has None: the stitch keeps only its pause."""
-        streams = {"stream": True} if self.stream else {}
+        scheduling = {"stream": self.stream, "lane": self.lane, "tenant": self.tenant}
         return [
             SynthesisRequest.from_dict(
-                {**self.fields, "text": chunk.text, "format": "wav", "seed": seed, **streams}, limits
+                {**self.fields, "text": chunk.text, "format": "wav", "seed": seed, **scheduling}, limits
             )
             if speakable(chunk.text)
             else None

@@ -4,6 +4,9 @@ Both are plain JSON on the wire (the kwargs and the return value of the ``ttsq.s
 web backend can build them without importing ttsq. ``SynthesisRequest.from_dict`` is the one place
 where input is validated; producers call it before anything is queued and workers call it again on
 every message, because a raw ``send_task`` bypasses the producer.
+
+Why one file over 400 lines: the request, its one validation point and the result types are the task
+contract, and are read together.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast, get_args
 
+from ttsq.constants import TENANT_PATTERN
 from ttsq.errors import InvalidRequest
 
 if TYPE_CHECKING:
@@ -23,9 +27,16 @@ if TYPE_CHECKING:
 
 Mode = Literal["voice_design", "custom_voice", "voice_clone"]
 AudioFormat = Literal["wav", "flac", "ogg", "mp3"]
+#: Which of a mode's queues a job waits in (docs/scheduling.md): workers take interactive work first,
+#: and give bulk work a guaranteed share.
+Lane = Literal["interactive", "bulk"]
 
 MODES: tuple[str, ...] = get_args(Mode)
 FORMATS: tuple[str, ...] = get_args(AudioFormat)
+LANES: tuple[str, ...] = get_args(Lane)
+#: Request fields that say when and for whom the audio is made, not what it sounds like: no part of
+#: a content key or a document's fields, so the same audio is one cache entry whatever they were.
+SCHEDULING_FIELDS: tuple[str, ...] = ("deadline", "stream", "lane", "tenant")
 
 #: The ten languages Qwen3-TTS speaks, by the lowercase English name qwen-tts uses, plus "auto".
 LANGUAGES: tuple[str, ...] = (
@@ -121,6 +132,11 @@ class SynthesisRequest:
     #: Whether the worker also streams the audio as it is made (``ttsq.records.streams``). Not part
     #: of the content key either: a streamed clip is the same audio, stored and cached the same way.
     stream: bool = False
+    #: The lane it waits in; None for the producer's default (``default_lane``). Not in the content key.
+    lane: Lane | None = None
+    #: Whose work it is, for fair shares between tenants (at the gateway: the API key's name). Not in
+    #: the content key.
+    tenant: str = ""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], limits: Limits | None = None) -> SynthesisRequest:
@@ -167,6 +183,7 @@ class SynthesisRequest:
         stream = data.get("stream", False)
         if not isinstance(stream, bool):
             raise InvalidRequest("stream", f"expected true or false, got {type(stream).__name__}")
+        lane, tenant = scheduling(data)
 
         return cls(
             text=text,
@@ -177,6 +194,8 @@ class SynthesisRequest:
             reference=reference,
             format=cast(AudioFormat, fmt),
             stream=stream,
+            lane=lane,
+            tenant=tenant,
             **numbers,
         )
 
@@ -185,12 +204,17 @@ class SynthesisRequest:
         return self.deadline is not None and (time.time() if now is None else now) >= self.deadline
 
     def to_dict(self) -> dict[str, Any]:
-        """The task kwargs: plain JSON, accepted back by ``from_dict``. ``stream`` only when set: a
-        worker of an earlier release, which does not know the field, still takes every other job."""
+        """The task kwargs: plain JSON, accepted back by ``from_dict``. ``stream``, ``lane`` and ``tenant``
+        only when set: a worker of an earlier release, which does not know them, still takes every other job."""
         data = asdict(self)
-        if not self.stream:
-            del data["stream"]
+        for name, unset in (("stream", False), ("lane", None), ("tenant", "")):
+            if data[name] == unset:
+                del data[name]
         return data
+
+    def lane_or(self, default: Lane) -> Lane:
+        """The lane this job waits in, ``default`` when the request names none."""
+        return self.lane or default
 
     def group(self) -> tuple[Any, ...]:
         """Requests with equal groups can share one forward pass."""
@@ -219,6 +243,8 @@ class RequestFields(TypedDict, total=False):
     repetition_penalty: float
     max_new_tokens: int
     deadline: float
+    lane: Lane
+    tenant: str
 
 
 class Timings(TypedDict):
@@ -340,6 +366,19 @@ def _language(value: Any) -> str:
     if language not in LANGUAGES:
         raise InvalidRequest("language", f"unknown language {value[:40]!r}; expected one of {', '.join(LANGUAGES)}")
     return language
+
+
+def scheduling(data: Mapping[str, Any]) -> tuple[Lane | None, str]:
+    """The ``lane`` and ``tenant`` fields of untrusted input, checked; ``InvalidRequest`` naming the field."""
+    lane = data.get("lane")
+    if lane is not None:
+        lane = _choice("lane", lane, LANES)
+    tenant = data.get("tenant", "")
+    if not isinstance(tenant, str) or (tenant and not TENANT_PATTERN.fullmatch(tenant)):
+        raise InvalidRequest(
+            "tenant", "expected a name of 1-64 letters, digits and . _ : @ - (an identifier, never a secret)"
+        )
+    return cast("Lane | None", lane), tenant
 
 
 def _deadline(value: Any) -> float | None:

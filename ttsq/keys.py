@@ -15,6 +15,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from ttsq.constants import KEY_SCHEMA_VERSION, POSTPROCESS_VERSION
+from ttsq.job import SCHEDULING_FIELDS
 
 if TYPE_CHECKING:
     from ttsq.engines.base import EngineIdentity
@@ -41,9 +42,10 @@ def content_key(request: SynthesisRequest, identity: EngineIdentity) -> str:
         "sample_rate": identity.sample_rate,
         **request.to_dict(),
     }
-    # When the audio is wanted does not change how it sounds: the same audio serves any deadline.
-    del material["deadline"]
-    material.pop("stream", None)  # nor whether it is also streamed while it is made
+    # When, how and for whom the audio is wanted (deadline, streamed or not, lane, tenant) does not
+    # change how it sounds: the same audio serves them all.
+    for name in SCHEDULING_FIELDS:
+        material.pop(name, None)
     return hashlib.sha256(canonical_json(material)).hexdigest()
 
 

@@ -43,6 +43,9 @@ class JobReport:
     result: JobResult | None = None
     #: Whether this run stored a new object (False for a cache hit, or an object an earlier run stored).
     written: bool = False
+    #: The job's lane and tenant (``SynthesisRequest``); "" when its request did not validate.
+    lane: str = "interactive"
+    tenant: str = ""
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,14 @@
 """The one way a job is sent: accepted (recorded) first, then sent, and withdrawn if it was not sent.
 
-A producer's submit, ``ttsq retry`` and the worker's sweeper all send through here, so every message
+A producer's submit, ``ttsq retry``, the worker's sweeper and the release of deferred jobs all send
+through here, so every message
 carries the seq of its accepted record (``ttsq.records.accepted``), and a job whose send failed leaves
 no record behind for the sweeper to send later, behind the back of a caller who was told it failed.
 The sweeper alone keeps the record (``withdraw=False``): it re-sends a job someone was already told is
 accepted, so a failed re-send must leave it for the next sweep.
+
+A producer's job may wait instead of being sent while its queue is full (``AcceptedJobs.defer``):
+then "sent" means deferred, and a worker releases it later (``send_released``; docs/scheduling.md).
 
 Traced (``ttsq.tracing``): ``ttsq.accept`` and ``ttsq.send``, whose W3C ``traceparent`` the message
 carries to the worker that continues the trace.
@@ -26,7 +30,7 @@ from ttsq.errors import BrokerError
 if TYPE_CHECKING:
     from celery import Celery
 
-    from ttsq.records.accepted import AcceptedJobs
+    from ttsq.records.accepted import AcceptedJob, AcceptedJobs
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +49,9 @@ class Outgoing:
     kwargs: dict[str, Any]
     headers: dict[str, Any]
     kwargsrepr: str
+    #: Whose job it is, for fair shares: it may be deferred while its queue is full. None: send it now
+    #: whatever the queue holds (a job sent again: it waited its turn once).
+    tenant: str | None = None
 
 
 @contextmanager
@@ -55,13 +62,15 @@ def sending(
     *,
     withdraw: bool = True,
     patience_s: float = WITHDRAW_PATIENCE_S,
+    window: int = 0,
 ) -> Iterator[Callable[[], None]]:
     """Accept ``job``, then hand over the call that sends it; unless that call returned, withdraw the
     record on the way out (an exception, Ctrl-C, or a caller that decided not to send after all).
 
     The caller's steps between the accept and the send run inside the block: a submit claims the
     job's content key there, so a job that owns a claim always has a record until it finishes.
-    The broker's own exception propagates from the send; the caller says what failed."""
+    The broker's own exception propagates from the send; the caller says what failed. With a
+    ``window`` and a tenant, the send may defer the job instead (``AcceptedJobs.defer``)."""
     attributes = {"messaging.destination.name": job.queue, "messaging.message.id": job.task_id, "ttsq.task": job.task}
     with tracing.span("ttsq.accept", attributes):
         seq = accepted.accept(job.task_id, task=job.task, queue=job.queue, kwargs=job.kwargs, headers=job.headers)
@@ -69,6 +78,15 @@ def sending(
 
     def send() -> None:
         nonlocal sent
+        tenant = job.tenant
+        if (
+            window > 0
+            and tenant is not None
+            and accepted.defer(job.task_id, queue=job.queue, tenant=tenant, window=window)
+        ):
+            tracing.annotate({"ttsq.deferred": True})
+            sent = True  # accepted, waiting for its tenant's turn: a worker releases it
+            return
         with tracing.span("ttsq.send", {**attributes, "messaging.operation.type": "send"}, kind="producer"):
             headers = {**job.headers, SEQ_HEADER: seq}
             tracing.inject(headers)  # the message carries the send span: the worker's task continues it
@@ -93,6 +111,19 @@ def send_job(app: Celery, accepted: AcceptedJobs, job: Outgoing, *, withdraw: bo
     """Accept, send, and withdraw the record if the send fails (``sending`` with nothing in between)."""
     with sending(app, accepted, job, withdraw=withdraw) as send:
         send()
+
+
+def send_released(app: Celery, job: AcceptedJob) -> None:
+    """Send a job a worker released from its tenant's place, with its new seq (``AcceptedJobs.release``).
+    If this send fails, the job is unseen and the sweeper sends it again: it is never lost."""
+    app.send_task(
+        job.task,
+        kwargs=job.kwargs,
+        task_id=job.task_id,
+        queue=job.queue,
+        headers={**job.headers, SEQ_HEADER: job.seq},
+        kwargsrepr=f"released job {job.task_id}",
+    )
 
 
 def _withdraw(accepted: AcceptedJobs, task_id: str, patience_s: float) -> None:

@@ -8,6 +8,7 @@ halves. When a batch leaves, and why: docs/development.md, "The batcher".
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -177,7 +178,10 @@ class BatchScheduler:
         pending = self.intake.pending
         group = pending.pop(key)
         if len(group) > self.max_batch:
-            pending[key] = group[self.max_batch :]
+            # More than a batch waits: interactive rows first, then the nearest deadline, then arrival
+            # (the sort is stable). What stays waits in arrival order, as the bounds above read it.
+            group = sorted(group, key=_urgency)
+            pending[key] = sorted(group[self.max_batch :], key=lambda w: w.arrived)
         # A future cancelled while waiting, or a job past its deadline, is dropped here, before any
         # work is done for it.
         now = time.time()
@@ -291,6 +295,11 @@ class BatchScheduler:
             (output, len(outputs), seconds, seconds * length / audio_s if audio_s > 0 else seconds / len(outputs))
             for output, length in zip(outputs, lengths, strict=True)
         ]
+
+
+def _urgency(waiting: Waiting) -> tuple[int, float]:
+    request = waiting.request
+    return (1 if request.lane == "bulk" else 0, request.deadline if request.deadline is not None else math.inf)
 
 
 def length_bucket(requests: Sequence[SynthesisRequest]) -> int:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ttsq.constants import APIKEY_IDS_KEY, APIKEY_PREFIX, QUOTA_PREFIX, RATE_PREFIX
 from ttsq.errors import InvalidRequest
+from ttsq.job import LANES
 
 if TYPE_CHECKING:
     import redis
@@ -78,6 +79,8 @@ class ApiKey:
     rate_per_min: int
     #: Seconds of audio per UTC day (0: no quota).
     quota_audio_s: float
+    #: The lane of this key's jobs that name none ("": each kind of request's own default).
+    lane: str = ""
 
     def summary(self, used_today_s: float = 0.0) -> dict[str, Any]:
         return {
@@ -87,6 +90,7 @@ class ApiKey:
             "revoked_at": self.revoked_at,
             "rate_per_min": self.rate_per_min,
             "quota_audio_s": self.quota_audio_s,
+            "lane": self.lane or None,
             "used_today_s": round(used_today_s, 3),
         }
 
@@ -97,12 +101,16 @@ class ApiKeys:
     def __init__(self, client: redis.Redis) -> None:
         self._redis = client
 
-    def add(self, name: str, *, rate_per_min: int = 0, quota_audio_s: float = 0.0) -> tuple[str, ApiKey]:
+    def add(
+        self, name: str, *, rate_per_min: int = 0, quota_audio_s: float = 0.0, lane: str = ""
+    ) -> tuple[str, ApiKey]:
         """A new key; return its token (shown once, never stored) and its record."""
         if not name or len(name) > 64 or not name.isprintable():
             raise InvalidRequest("name", "must be 1-64 printable characters")
         if rate_per_min < 0 or quota_audio_s < 0:
             raise InvalidRequest("limits", "must be 0 (none) or more")
+        if lane and lane not in LANES:
+            raise InvalidRequest("lane", f"expected one of {', '.join(LANES)}")
         if any(key.name == name and key.revoked_at is None for key in self.list()):
             raise InvalidRequest("name", f"a key named {name!r} exists; revoke it first or choose another name")
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
@@ -114,6 +122,7 @@ class ApiKeys:
             revoked_at=None,
             rate_per_min=rate_per_min,
             quota_audio_s=float(quota_audio_s),
+            lane=lane,
         )
         with self._redis.pipeline() as pipe:
             pipe.hset(
@@ -124,6 +133,7 @@ class ApiKeys:
                     "created_at": key.created_at,
                     "rate_per_min": rate_per_min,
                     "quota_audio_s": quota_audio_s,
+                    "lane": lane,
                 },
             )
             pipe.hset(APIKEY_IDS_KEY, key.id, digest)
@@ -161,6 +171,7 @@ class ApiKeys:
             revoked_at=float(raw["revoked_at"]) if raw.get("revoked_at") else None,
             rate_per_min=int(float(raw.get("rate_per_min", 0))),
             quota_audio_s=float(raw.get("quota_audio_s", 0)),
+            lane=raw.get("lane", ""),
         )
 
 

@@ -73,6 +73,15 @@ class _RequestFields(BaseModel):
     options: SkipValidation[Options | None] = Field(
         None, description="A text longer than one job is a document: how it is cut and joined."
     )
+    lane: SkipValidation[str | None] = Field(
+        None,
+        description="interactive or bulk (docs/scheduling.md); absent: the API key's lane, else interactive for a "
+        "job and bulk for a document.",
+    )
+    tenant: SkipValidation[str] = Field(
+        "",
+        description="Whose work this is, for fair shares. With API keys it is the key's id, and may be left out.",
+    )
     stream: SkipValidation[bool] = Field(
         False,
         description="Also write the audio to the job's Redis stream as it is made (docs/streaming.md). The speech "

@@ -6,6 +6,8 @@ The routes sit on ``router``; ``ttsq.gateway.app`` includes it. Each body is a d
 in OpenAI's error shape); a route submits through the gateway's ``Client`` (``ttsq.gateway.state``) and,
 where it answers with audio, waits for it asynchronously and sends the stored bytes as they are read from
 storage.
+
+Why one file over 400 lines: every route of the API in one place, in the order ``/openapi.json`` lists them.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from fastapi import APIRouter, Depends, File, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 
+from ttsq.errors import InvalidRequest
 from ttsq.gateway import openai
 from ttsq.gateway.bodies import (
     BatchRequest,
@@ -70,8 +73,16 @@ def key_of(request: Request) -> str:
     return cast(str, request.state.key_id)
 
 
+def scheduling_of(request: Request) -> dict[str, str]:
+    """The request fields its API key sets: the tenant (the key's id: fair shares are per key) and the
+    key's default lane (``ttsq keys add --lane``)."""
+    found = {"tenant": cast(str, request.state.key_id), "lane": getattr(request.state, "key_lane", "")}
+    return {name: value for name, value in found.items() if value}
+
+
 GatewayDep = Annotated[Gateway, Depends(gateway_of)]
 KeyId = Annotated[str, Depends(key_of)]
+Scheduling = Annotated[dict[str, str], Depends(scheduling_of)]
 
 #: Every error is OpenAI's shape (FastAPI would otherwise document its own 422, which the gateway never sends).
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -81,25 +92,35 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 router = APIRouter(route_class=KeyedRoute, responses=_ERRORS)
 
 
-def send(gateway: Gateway, job_fields: dict[str, Any], text: str) -> Job:
-    """One job, or a document when the text is longer than one job may be."""
+def send(gateway: Gateway, job_fields: dict[str, Any], text: str, scheduling: dict[str, str]) -> Job:
+    """One job, or a document when the text is longer than one job may be; ``scheduling`` is what the
+    API key sets (``scheduling_of``): its tenant, and its lane unless the body names one."""
+    tenant = scheduling.get("tenant")
+    if tenant is not None and job_fields.get("tenant") not in (None, "", tenant):
+        raise InvalidRequest("tenant", "is your API key's id at the gateway (fair shares are per key); leave it out")
+    job_fields = {**job_fields, **({"tenant": tenant} if tenant else {})}
+    if "lane" in scheduling and job_fields.get("lane") is None:
+        job_fields["lane"] = scheduling["lane"]
     if len(text) > gateway.settings.max_text_chars:
         return gateway.client.submit_document(text, **job_fields)
     return gateway.client.submit(text, **job_fields)
 
 
-def _submit(gateway: Gateway, fields: dict[str, Any]) -> Job:
+def _submit(gateway: Gateway, fields: dict[str, Any], scheduling: dict[str, str]) -> Job:
     """A job from a checked body's fields, ``text`` among them."""
-    return send(gateway, {name: value for name, value in fields.items() if name != "text"}, fields["text"])
+    job_fields = {name: value for name, value in fields.items() if name != "text"}
+    return send(gateway, job_fields, fields["text"], scheduling)
 
 
-def _submit_request(gateway: Gateway, item: Any) -> Job:
+def _submit_request(gateway: Gateway, item: Any, scheduling: dict[str, str]) -> Job:
     """One of a batch's requests, checked on its own: a wrong one is its own answer, not the batch's."""
-    return _submit(gateway, JobRequest.model_validate(item).fields())
+    return _submit(gateway, JobRequest.model_validate(item).fields(), scheduling)
 
 
 @router.post("/v1/audio/speech", tags=["OpenAI"], responses={200: {"content": {"audio/mpeg": {}}}})
-async def create_speech(speech: SpeechRequest, request: Request, gateway: GatewayDep, key_id: KeyId) -> Response:
+async def create_speech(
+    speech: SpeechRequest, request: Request, gateway: GatewayDep, key_id: KeyId, scheduling: Scheduling
+) -> Response:
     """OpenAI's ``audio.speech.create``: the audio of ``input``, in ``response_format``, sent as the worker
     makes it (``stream_format: sse``: in ``speech.audio.delta`` events). ttsq's own request fields
     (``language``, ``seed``, ``mode``, sampling) may be added."""
@@ -113,7 +134,7 @@ async def create_speech(speech: SpeechRequest, request: Request, gateway: Gatewa
     fields = {name: value for name, value in parsed.fields.items() if name != "stream"}
     if streamed:
         fields["stream"] = True
-    job = await gateway.submit(partial(send, gateway, fields, parsed.text))
+    job = await gateway.submit(partial(send, gateway, fields, parsed.text, scheduling))
     document = len(parsed.text) > gateway.settings.max_text_chars
     audio = SpeechAudio(gateway, job, parsed, streamed=streamed, document=document, arrived=arrived)
     try:
@@ -142,20 +163,20 @@ async def create_speech(speech: SpeechRequest, request: Request, gateway: Gatewa
 
 
 @router.post("/v1/jobs", tags=["jobs"], status_code=202)
-async def create_job(job: JobRequest, gateway: GatewayDep) -> Response:
+async def create_job(job: JobRequest, gateway: GatewayDep, scheduling: Scheduling) -> Response:
     """Submit one job (any text length: a long text becomes a document). 202 with its id and
     ``Location``; 200 with the result when it is already in the cache."""
-    submitted = await gateway.submit(partial(_submit, gateway, job.fields()))
+    submitted = await gateway.submit(partial(_submit, gateway, job.fields(), scheduling))
     return _job_response(submitted)
 
 
 @router.post("/v1/jobs/batch", tags=["jobs"])
-async def create_jobs(batch: BatchRequest, gateway: GatewayDep) -> Response:
+async def create_jobs(batch: BatchRequest, gateway: GatewayDep, scheduling: Scheduling) -> Response:
     """Submit up to 100 jobs: ``{"requests": [...]}``; each is answered (or refused) on its own."""
     answers: list[dict[str, Any]] = []
     for index, item in enumerate(batch.requests):
         try:
-            answers.append(_job_body(await gateway.submit(partial(_submit_request, gateway, item))))
+            answers.append(_job_body(await gateway.submit(partial(_submit_request, gateway, item, scheduling))))
         except ApiError as exc:
             param = f"requests[{index}].{exc.param}" if exc.param else f"requests[{index}]"
             answers.append({"error": {"message": exc.message, "type": exc.type, "param": param, "code": exc.code}})
@@ -253,9 +274,9 @@ async def delete_voice(name: str, gateway: GatewayDep) -> Response:
 
 
 @router.post("/generate", tags=["design documents"])
-async def generate(body: GenerateRequest, gateway: GatewayDep, key_id: KeyId) -> Response:
+async def generate(body: GenerateRequest, gateway: GatewayDep, key_id: KeyId, scheduling: Scheduling) -> Response:
     """``{"text", "language" (default korean), "instruction"}``: synthesize and return the result JSON."""
-    job = await gateway.submit(partial(_submit, gateway, body.job_fields()))
+    job = await gateway.submit(partial(_submit, gateway, body.job_fields(), scheduling))
     result = await result_of(gateway, job)
     await gateway.charge(key_id, float(result["duration_s"]))
     return JSONResponse(result)

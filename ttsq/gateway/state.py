@@ -42,6 +42,7 @@ from ttsq.gateway.errors import ApiError, invalid
 from ttsq.gateway.middleware import BodyLimit, Observe, TooLarge
 from ttsq.gateway.streams import StreamReader
 from ttsq.gateway.waiter import ResultWaiter
+from ttsq.job import LANES
 from ttsq.records.owner import RedisOwner
 from ttsq.records.queues import queue_depth
 from ttsq.records.scripts import register_async
@@ -110,7 +111,8 @@ class Gateway:
     def _admit(self, queue: str) -> None:
         """Admission control, from the submit thread: a queue at its limit takes nothing more."""
         limit = self.settings.gateway_max_queue
-        if limit and queue_depth(self.redis.broker, queue) >= limit:
+        # What waits in the list and what waits in tenants' places for release (fair shares) alike.
+        if limit and queue_depth(self.redis.broker, queue) + sum(self.redis.accepted.deferred(queue).values()) >= limit:
             raise ApiError(
                 503,
                 f"the queue {queue} holds {limit} or more waiting jobs; try again shortly",
@@ -136,7 +138,7 @@ class Gateway:
             )
         now = time.time()
         try:
-            verdict, retry_after, key_id = await self._authorize(
+            verdict, retry_after, key_id, *lane = await self._authorize(
                 keys=[APIKEY_PREFIX + token_hash(token.strip())], args=authorize_args(now)
             )
         except Exception as exc:
@@ -165,6 +167,7 @@ class Gateway:
                 headers={"Retry-After": str(retry_after)},
                 cause="quota",
             )
+        request.state.key_lane = str(lane[0]) if lane and lane[0] in LANES else ""
         return str(key_id)
 
     async def charge(self, key_id: str, audio_s: float) -> None:

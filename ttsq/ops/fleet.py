@@ -13,11 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from ttsq.app import make_app, queue_for
+from ttsq.app import lane_of, make_app, queues_for
 from ttsq.errors import BrokerError
-from ttsq.job import MODES
 from ttsq.records.owner import RedisOwner
-from ttsq.records.queues import queue_depth, unacked
+from ttsq.records.queues import queue_depth, unacked, unacked_by_queue
 
 if TYPE_CHECKING:
     from ttsq.config import Settings
@@ -34,10 +33,21 @@ def snapshot(
     answered a Celery ping within ``ping_timeout`` (0 skips the ping).
     """
     now = time.time() if now is None else now
-    queues = [queue_for(settings.queue, mode) for mode in MODES]
+    queues = queues_for(settings.queue)
     owner = RedisOwner(settings, role="stats")
     try:
-        depths = [{"queue": queue, "depth": queue_depth(owner.broker, queue)} for queue in queues]
+        in_flight = unacked_by_queue(owner.broker)
+        depths = [
+            {
+                "queue": queue,
+                "lane": lane_of(queue),
+                "depth": queue_depth(owner.broker, queue),
+                "in_flight": in_flight.get(queue, 0),
+                # Jobs waiting in their tenants' places for release into the queue (fair shares).
+                "deferred": owner.accepted.deferred(queue),
+            }
+            for queue in queues
+        ]
         unacked_messages = unacked(owner.broker)
         totals = owner.stats.window(minutes, now=now)
         workers = owner.stats.workers()
@@ -78,9 +88,15 @@ def snapshot(
 
 def format_table(snap: dict[str, Any]) -> str:
     """``snapshot`` as the table ``ttsq stats`` prints."""
-    lines = ["QUEUE                         DEPTH"]
-    lines += [f"{q['queue']:<29} {q['depth']:>5}" for q in snap["queues"]]
-    lines.append(f"{'(unacked, all queues)':<29} {snap['unacked']:>5}")
+    lines = [f"{'QUEUE':<29} {'LANE':<11} {'DEPTH':>5} {'DEFERRED':>8} {'IN FLIGHT':>9}"]
+    for q in snap["queues"]:
+        deferred = q.get("deferred") or {}
+        lines.append(
+            f"{q['queue']:<29} {q.get('lane', ''):<11} {q['depth']:>5} {sum(deferred.values()):>8} "
+            f"{q.get('in_flight', 0):>9}"
+        )
+        lines += [f"  tenant {tenant:<20} {'':<11} {'':>5} {count:>8}" for tenant, count in sorted(deferred.items())]
+    lines.append(f"{'(unacked, all queues)':<29} {'':<11} {snap['unacked']:>5}")
     lines.append("")
     workers = snap["workers"]
     lines.append(f"WORKERS ONLINE: {len(workers)}")

@@ -4,6 +4,9 @@ kombu can lose a message between popping it and recording it as unacknowledged, 
 notices; this record, in the cache database and timed by Redis's own clock, is what the sweeper sends
 lost jobs again from. What each step records and when a job counts as lost: docs/guarantees.md, "Lost
 jobs".
+
+While a queue's list is full, an accepted job may wait in its tenant's place instead of being sent
+(``defer``), until a worker releases it in round robin between tenants (``release``; docs/scheduling.md).
 """
 
 from __future__ import annotations
@@ -17,8 +20,12 @@ from ttsq.constants import (
     ACCEPTED_PREFIX,
     ACCEPTED_TTL_S,
     CANCELLED_PREFIX,
+    DEFERRED_PREFIX,
     RECEIVED_KEY,
     SEQ_PREFIX,
+    TENANT_SET_PREFIX,
+    TENANTS_PREFIX,
+    TURNS_PREFIX,
     UNSEEN_PREFIX,
     WATERMARK_PREFIX,
 )
@@ -66,6 +73,8 @@ class AcceptedJobs:
         self._received = register(client, "received")
         self._finish = register(client, "finish")
         self._touch = register(client, "touch")
+        self._defer = register(client, "defer")
+        self._release = register(client, "release")
 
     def accept(
         self, task_id: str, *, task: str, queue: str, kwargs: Mapping[str, Any], headers: Mapping[str, Any]
@@ -81,6 +90,56 @@ class AcceptedJobs:
             self.ttl_s,
         ]
         return int(patiently(lambda: self._accept(keys=keys, args=args), self.url, self.patience_s))
+
+    def defer(self, task_id: str, *, queue: str, tenant: str, window: int) -> bool:
+        """Keep an accepted job in its tenant's place instead of sending it, if ``queue`` already has
+        ``window`` jobs no worker has received or ``tenant`` has jobs waiting there; True if it waits."""
+        keys = [
+            ACCEPTED_PREFIX + task_id,
+            UNSEEN_PREFIX + queue,
+            f"{DEFERRED_PREFIX}{queue}:{tenant}",
+            TENANTS_PREFIX + queue,
+            TENANT_SET_PREFIX + queue,
+        ]
+        args: list[str | int] = [task_id, tenant, window]
+        return bool(patiently(lambda: self._defer(keys=keys, args=args), self.url, self.patience_s))
+
+    def release(
+        self, queues: list[str], *, window: int, most: int, weights: Mapping[str, int] | None = None
+    ) -> list[AcceptedJob]:
+        """Take up to ``most`` deferred jobs of ``queues`` into the room their lists have (``window``
+        unseen jobs each), in round robin between tenants (``weights``: jobs per turn, 1 by default);
+        each has a new seq and is to be sent now. A job cancelled while it waited is not released."""
+        prefixes = [ACCEPTED_PREFIX, DEFERRED_PREFIX, TENANTS_PREFIX, TENANT_SET_PREFIX, TURNS_PREFIX]
+        args: list[str | int] = [
+            window,
+            most,
+            json.dumps(dict(weights or {})),
+            *prefixes,
+            UNSEEN_PREFIX,
+            SEQ_PREFIX,
+            *queues,
+        ]
+        flat = cast("list[Any]", self._release(keys=[], args=args))
+        released = []
+        for at in range(0, len(flat), 6):
+            queue, task_id, task, kwargs, headers, seq = (str(value) for value in flat[at : at + 6])
+            job = _job(task_id, {"task": task, "queue": queue, "kwargs": kwargs, "headers": headers, "seq": seq})
+            if job is not None:
+                released.append(job)
+        return released
+
+    def deferred(self, queue: str) -> dict[str, int]:
+        """Jobs waiting to be released from ``queue``, per tenant (a job cancelled while it waits counts
+        until its turn comes)."""
+        tenants = [str(t) for t in self._redis.lrange(TENANTS_PREFIX + queue, 0, -1)]
+        if not tenants:
+            return {}
+        with self._redis.pipeline(transaction=False) as pipe:
+            for tenant in tenants:
+                pipe.llen(f"{DEFERRED_PREFIX}{queue}:{tenant}")
+            counts = pipe.execute()
+        return {tenant: int(count) for tenant, count in zip(tenants, counts, strict=True) if count}
 
     def received(
         self, task_id: str, *, task: str, queue: str, seq: int | None, plain: bool, document: str | None = None
@@ -158,7 +217,7 @@ def _job(task_id: str, raw: Mapping[str, str]) -> AcceptedJob | None:
             kwargs=json.loads(raw["kwargs"]),
             headers=json.loads(raw["headers"]),
             seq=int(raw["seq"]),
-            accepted_at=float(raw["accepted_at"]),
+            accepted_at=float(raw.get("accepted_at", 0.0)),
             seen_at=float(raw["seen_at"]) if "seen_at" in raw else None,
         )
     except (KeyError, ValueError, TypeError):

@@ -23,11 +23,12 @@ import numpy as np
 import numpy.typing as npt
 
 import ttsq.tracing as tracing
-from ttsq.app import queue_for
+from ttsq.app import default_lane, queue_for
 from ttsq.audio import EncodedFile, Joiner, StreamEncoder, decode, join, resample
 from ttsq.constants import (
     DOCUMENT_HEADER,
     DOCUMENT_PREFIX,
+    DOCUMENT_TASK_NAME,
     PROGRESS_PREFIX,
     PROGRESS_STATE,
     SENT_AT_HEADER,
@@ -54,7 +55,7 @@ from ttsq.records.attempts import ParkedJob
 from ttsq.records.plans import SENDING, chord_group_id, chunk_task_ids
 from ttsq.records.queues import held
 from ttsq.records.scripts import register
-from ttsq.results import checked_key, read_result
+from ttsq.results import checked_key
 from ttsq.sending import send_chord_part
 from ttsq.worker.pipeline import store_file
 
@@ -129,7 +130,8 @@ class Documents:
         # A chunk that repeats (a refrain, a stock phrase) is one job; the stitch places it every time.
         unique = list({k: r for k, r in zip(keys, requests, strict=True) if r is not None}.values())
         total = len(unique)
-        queue = queue_for(self.settings.queue, document.fields["mode"])
+        lane = document.lane or default_lane(DOCUMENT_TASK_NAME, stream=document.stream)
+        queue = queue_for(self.settings.queue, document.fields["mode"], lane)  # the chunks' queue
         plan = {
             "key": key,
             "format": document.fields["format"],
@@ -244,17 +246,27 @@ class Documents:
         return bool(backend.client.exists(backend.get_key_for_group(group_id, ".s")))
 
     def _send_missing(self, header: list[Any], body: Any, group_id: str, queue: str) -> int:
-        """Send the chunks of a half-sent chord that are nowhere: not finished, not queued, not held by a
-        worker (a dead worker's are on their way back, ``ttsq.worker.recovery``). Each joins the chord's
-        count as the first fan-out would have sent it; none runs twice. Return how many were sent."""
+        """Send the chunks of a half-sent chord that are nowhere: no worker ever had them (no result record
+        of any state), not queued, not held by a worker (a dead worker's are on their way back,
+        ``ttsq.worker.recovery``). Each joins the chord's count as the first fan-out would have sent it;
+        none runs twice. Return how many were sent.
+
+        The records are read again after the broker is looked at: a chunk recovery gives back meanwhile
+        (recovery marks it ``REQUEUED`` before it pushes it) may be popped by a worker that has not yet
+        recorded it as unacked, in no list and not in the hash while ``held`` looks; its record is there."""
         ids = [str(signature.id) for signature in header]
         backend = self.app.backend
-        stored = backend.client.mget([backend.get_key_for_task(task_id) for task_id in ids])
-        finished = {task_id for task_id, raw in zip(ids, stored, strict=True) if _succeeded(raw, task_id)}
-        somewhere = held(self.runtime.redis.broker, set(ids) - finished, [queue], unacked_too=True)
+        keys = [backend.get_key_for_task(task_id) for task_id in ids]
+
+        def had() -> set[str]:  # finished, started, or given back by recovery: sent, whatever its state
+            return {task_id for task_id, raw in zip(ids, backend.client.mget(keys), strict=True) if raw is not None}
+
+        seen = had()
+        somewhere = held(self.runtime.redis.broker, set(ids) - seen, [queue], unacked_too=True)
+        seen |= had()
         sent = 0
         for index, signature in enumerate(header):
-            if ids[index] in finished or ids[index] in somewhere:
+            if ids[index] in seen or ids[index] in somewhere:
                 continue
             send_chord_part(signature, group_id=group_id, group_index=index, body=body)
             sent += 1
@@ -580,14 +592,6 @@ def stop_listening(backend: Any, task_ids: Sequence[str], *, unless_waited: bool
                 consumer.cancel_for(task_id)
         except Exception as exc:  # a lost subscription is harmless; failing the job is not
             logger.debug("could not unsubscribe from a result: %s", type(exc).__name__)
-
-
-def _succeeded(raw: bytes | str | None, task_id: str) -> bool:
-    """Whether a result record read back says the job succeeded (one that cannot be read: not)."""
-    try:
-        return read_result(raw, task_id).state == "SUCCESS"
-    except CorruptRecord:
-        return False
 
 
 def _entry_rate(entry: Mapping[str, Any]) -> int:

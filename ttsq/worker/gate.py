@@ -27,6 +27,7 @@ from ttsq.records.accepted import AcceptedJobs, Receipt
 from ttsq.records.connection import SentinelConnection
 from ttsq.redaction import printable
 from ttsq.worker.envelope import MAX_MESSAGE_BYTES, Refused, check_raw, check_task
+from ttsq.worker.lanes import LaneCycle
 
 if TYPE_CHECKING:
     from ttsq.observer import Observer
@@ -36,6 +37,8 @@ logger = logging.getLogger(__name__)
 
 #: The transport option that carries a worker's ``Gate`` to its channels.
 GATE_OPTION = "ttsq_gate"
+#: The transport option carrying ``TTSQ_BULK_SHARE_PERCENT`` to the channel's ``LaneCycle``.
+BULK_SHARE_OPTION = "ttsq_bulk_share_percent"
 
 
 class Gate:
@@ -198,6 +201,13 @@ class GatedChannel(kombu_redis.Channel):
 
     QoS = HeldQoS
     _sync_client: redis.Redis | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        # Interactive queues first, bulk its guaranteed share (``ttsq.worker.lanes``).
+        share = self.connection.client.transport_options.get(BULK_SHARE_OPTION)
+        if share is not None:
+            self._queue_cycle = LaneCycle(int(share))
 
     def _create_client(self, asynchronous: bool = False) -> redis.Redis:
         """kombu builds a new ``redis.Redis`` around the same pool for every publish and ack (its

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ttsq.constants import DEFAULT_TENANT
 from ttsq.observer import OUTCOMES, BatchReport, JobReport, Observer
 from ttsq.records.queues import queue_depth, unacked_by_queue
 from ttsq.worker.envelope import REASONS
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+#: Tenants a worker labels its queue-wait series with; more are counted as "other" (bounded series).
+MAX_TENANT_LABELS = 64
 _SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _RTF_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 5)
 
@@ -50,7 +53,9 @@ class Metrics(Observer):
         broker: redis.Redis | None = None,
         stats: FleetStats | None = None,
         gpus: Sequence[str] | None = None,
+        deferred: Callable[[str], dict[str, int]] | None = None,
     ) -> None:
+        """``deferred`` reads a queue's deferred jobs per tenant (``AcceptedJobs.deferred``)."""
         self.node = node
         self.registry = CollectorRegistry()
         r = self.registry
@@ -60,10 +65,13 @@ class Metrics(Observer):
         )
         self.queue_wait_seconds = Histogram(
             "ttsq_queue_wait_seconds",
-            "From the producer's send to the worker's start, per job.",
+            "From the producer's send to the worker's start, per job, by lane and tenant (time deferred counts).",
+            ["lane", "tenant"],
             buckets=_SECONDS_BUCKETS,
             registry=r,
         )
+        #: Tenants this worker has labelled a series with: past ``MAX_TENANT_LABELS``, "other".
+        self._tenants: set[str] = set()
         self.real_time_factor = Histogram(
             "ttsq_real_time_factor",
             "Engine seconds per second of audio, per batch (lower is faster).",
@@ -111,7 +119,7 @@ class Metrics(Observer):
         ProcessCollector(registry=r)
         self._queues: _QueueCollector | None = None
         if broker is not None:
-            self._queues = _QueueCollector(broker, list(queues))
+            self._queues = _QueueCollector(broker, list(queues), deferred)
             r.register(self._queues)
         if stats is not None and node:
             r.register(_RestartCollector(stats, node))
@@ -174,7 +182,17 @@ class Metrics(Observer):
         self.in_progress.dec()
         self.jobs.labels(outcome=report.outcome if report.outcome in OUTCOMES else "failed").inc()
         if report.queue_wait_s is not None:
-            self.queue_wait_seconds.observe(report.queue_wait_s)
+            self.queue_wait_seconds.labels(lane=report.lane, tenant=self._tenant(report.tenant)).observe(
+                report.queue_wait_s
+            )
+
+    def _tenant(self, tenant: str) -> str:
+        """A tenant's label: its name (validated, never a secret) for the first ``MAX_TENANT_LABELS``."""
+        name = tenant or DEFAULT_TENANT
+        if name not in self._tenants and len(self._tenants) >= MAX_TENANT_LABELS:
+            return "other"
+        self._tenants.add(name)
+        return name
 
     # Serving -----------------------------------------------------------------------------------
 
@@ -221,15 +239,19 @@ class _QuietHandler(WSGIRequestHandler):
 class _QueueCollector(Collector):
     """Queue depth per queue and unacked messages, read from the broker at scrape time."""
 
-    def __init__(self, broker: redis.Redis, queues: list[str]) -> None:
+    def __init__(
+        self, broker: redis.Redis, queues: list[str], deferred: Callable[[str], dict[str, int]] | None
+    ) -> None:
         self.queues = queues
         self._redis = broker
+        self._deferred = deferred
 
     def collect(self) -> Iterable[Metric]:
         try:
             # Held first: a message taken between the two reads is then missed once, never counted twice.
             held = unacked_by_queue(self._redis)
             depths = {queue: queue_depth(self._redis, queue) for queue in self.queues}
+            deferred = {queue: self._deferred(queue) if self._deferred else {} for queue in self.queues}
         except redis.exceptions.RedisError as exc:  # a scrape must not fail because Redis blinked
             logger.debug("queue depth unavailable: %s", type(exc).__name__)
             yield _broker_up(0)
@@ -238,15 +260,24 @@ class _QueueCollector(Collector):
         depth = GaugeMetricFamily("ttsq_queue_depth", "Messages waiting in the queue.", labels=["queue"])
         outstanding = GaugeMetricFamily(
             "ttsq_outstanding_jobs",
-            "Jobs of the queue not yet done: waiting in Redis plus delivered to a worker and unacked. "
+            "Jobs of the queue not yet done: waiting in Redis (in the list or deferred) plus delivered to a worker "
+            "and unacked. "
             "The series to scale workers on (every worker exports the same value: aggregate with max).",
             labels=["queue"],
         )
+        waiting = GaugeMetricFamily(
+            "ttsq_deferred_jobs",
+            "Accepted jobs waiting in their tenant's place for release into the queue (fair shares).",
+            labels=["queue", "tenant"],
+        )
         for queue, value in depths.items():
             depth.add_metric([queue], value)
-            outstanding.add_metric([queue], value + held.get(queue, 0))
+            outstanding.add_metric([queue], value + held.get(queue, 0) + sum(deferred[queue].values()))
+            for tenant, count in sorted(deferred[queue].items()):
+                waiting.add_metric([queue, tenant], count)
         yield depth
         yield outstanding
+        yield waiting
         yield GaugeMetricFamily(
             "ttsq_unacked_messages",
             "Messages delivered to a worker and not yet acknowledged (all queues).",

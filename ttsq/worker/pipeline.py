@@ -14,6 +14,8 @@ order of the stages is the delivery guarantee:
 
 A worker killed anywhere in 3-5 has its message redelivered, and the rerun is harmless. The document
 stitch (``ttsq.worker.documents``) stores its file the same way, piece by piece (``store_file``).
+
+Why one file over 400 lines: the stages above are one path, read top to bottom in their order.
 """
 
 from __future__ import annotations
@@ -226,6 +228,7 @@ class Pipeline:
         key = claimed_key
         started = time.perf_counter()
         outcome, result, written = "failed", None, False
+        request: SynthesisRequest | None = None
         self.observer.job_started(task_id)
         # A batch that is not full may wait for this job while it is checked (cache, ledger).
         expected = self.batcher.expect()
@@ -288,7 +291,15 @@ class Pipeline:
         finally:
             expected.done()  # it never reached the batcher (a cache hit, a refusal): nothing to wait for
             self.observer.job_finished(
-                JobReport(task_id=task_id, outcome=outcome, queue_wait_s=queue_wait_s, result=result, written=written)
+                JobReport(
+                    task_id=task_id,
+                    outcome=outcome,
+                    queue_wait_s=queue_wait_s,
+                    result=result,
+                    written=written,
+                    lane="bulk" if kwargs.get("lane") == "bulk" else "interactive",
+                    tenant=request.tenant if request is not None else "",
+                )
             )
             # Success or failure, this job no longer produces the key: let the next submit try.
             for claimed in {k for k in (key, claimed_key) if k is not None}:
@@ -308,7 +319,8 @@ class Pipeline:
             f"job {task_id} was in {attempts} engine calls that never returned (it crashed or hung its "
             f"worker each time); parked: `ttsq failed` lists it, `ttsq retry {task_id}` re-queues it"
         )
-        queue = queue_for(self.settings.queue, request.mode)  # where `ttsq retry` sends it back
+        # Where `ttsq retry` sends it back.
+        queue = queue_for(self.settings.queue, request.mode, request.lane_or("interactive"))
         self.ledger.park(
             ParkedJob(id=task_id, queue=queue, kwargs=kwargs, attempts=attempts, error=error, parked_at=time.time())
         )

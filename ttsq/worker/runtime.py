@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 import ttsq.tracing as tracing
-from ttsq.app import queue_for
+from ttsq.app import queue_for, queues_for
 from ttsq.batching.batcher import Batcher
 from ttsq.constants import HEARTBEAT_INTERVAL_S, STORAGE_CHECK_INTERVAL_S, WORKER_REDIS_PATIENCE_S
 from ttsq.engines import create_engine
@@ -36,6 +36,7 @@ from ttsq.redaction import redact_task_logs
 from ttsq.results import Results
 from ttsq.storage import open_storage
 from ttsq.worker.health import Health, Recheck
+from ttsq.worker.lanes import Releaser
 from ttsq.worker.metrics import Metrics
 from ttsq.worker.pipeline import Pipeline
 from ttsq.worker.sweeper import Sweeper
@@ -82,7 +83,9 @@ class WorkerRuntime:
         self.accepted = self.redis.accepted
         self.stats = self.redis.stats
         self.results = Results(settings, lambda: self.storage, worker=self.node)
-        self.metrics = Metrics(node=self.node, broker=self.redis.broker, stats=self.stats, gpus=gpus)
+        self.metrics = Metrics(
+            node=self.node, broker=self.redis.broker, stats=self.stats, gpus=gpus, deferred=self.redis.accepted.deferred
+        )
         self.fleet = FleetObserver(self.stats)
         #: Everything that counts or exports what happens to a job listens here (``ttsq.observer``).
         self.observer = Observers([self.metrics, self.fleet, *([tracing.TraceObserver()] if tracing.enabled() else [])])
@@ -113,6 +116,7 @@ class WorkerRuntime:
         self.watchdog = Watchdog(self.batcher, limit_s=settings.batch_limit_s)
         #: Sends lost jobs again through the worker's own app, once it has one (``sweep``).
         self.sweeper: Sweeper | None = None
+        self.releaser: Releaser | None = None
         self._stopping = threading.Event()
         #: Set once the engine is loaded and warm and the worker is about to consume.
         self._warm = threading.Event()
@@ -190,8 +194,8 @@ class WorkerRuntime:
 
     @property
     def queues(self) -> list[str]:
-        """The queues of the modes this worker's model serves."""
-        return [queue_for(self.settings.queue, mode) for mode in self.engine.identity.modes]
+        """The queues of the modes this worker's model serves, every lane, interactive first."""
+        return queues_for(self.settings.queue, self.engine.identity.modes)
 
     def _backlog(self) -> int:
         """Jobs waiting in this worker's queues in Redis, for the batcher; 0 when Redis does not answer
@@ -255,10 +259,13 @@ class WorkerRuntime:
         self.redis.close()
 
     def sweep(self, app: Celery) -> None:
-        """Start the sweeper (``ttsq.worker.sweeper``): lost jobs go out again through ``app``, the
-        worker's own."""
+        """Start the sweeper (``ttsq.worker.sweeper``) and the releaser (``ttsq.worker.lanes``): lost jobs
+        and released ones go out through ``app``, the worker's own."""
         self.sweeper = Sweeper(app, self.settings, self.redis, self.observer, node=self.node)
         self.sweeper.start()
+        # Tenants' deferred jobs go into this worker's queues as they have room (``ttsq.worker.lanes``).
+        self.releaser = Releaser(app, self.settings, self.accepted, self.queues)
+        self.releaser.start()
 
     def close(self) -> None:
         """Finish queued batches, release the engine and connections."""
@@ -266,6 +273,8 @@ class WorkerRuntime:
         self.watchdog.stop()
         if self.sweeper is not None:
             self.sweeper.stop()
+        if self.releaser is not None:
+            self.releaser.stop()
         self.batcher.stop()
         self._quietly(self.ledger.flush_refunds)
         if self._stats_beat.is_alive():

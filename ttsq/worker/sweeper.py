@@ -20,10 +20,9 @@ from typing import TYPE_CHECKING
 
 from celery import states
 
-from ttsq.app import queue_for, stored_result
+from ttsq.app import queues_for, stored_result
 from ttsq.constants import DOCUMENT_TASK_NAME, PROGRESS_PREFIX, SWEEPER_LOCK_PREFIX
 from ttsq.errors import CorruptRecord
-from ttsq.job import MODES
 from ttsq.records.plans import SENDING, SENT, chunk_task_ids
 from ttsq.records.queues import held, queue_depth
 from ttsq.sending import Outgoing, send_job
@@ -58,7 +57,7 @@ class Sweeper:
         self.observer = observer
         self.node = node
         self.grace_s = float(settings.lost_job_grace_s)
-        self.queues = [queue_for(settings.queue, mode) for mode in MODES]
+        self.queues = queues_for(settings.queue)
         self._broker = redis.broker
         self._lease = redis.lease(SWEEPER_LOCK_PREFIX + settings.queue, node, ttl_s=LOCK_TTL_S)
         self._app = app

@@ -19,12 +19,12 @@ from celery.exceptions import Reject
 from celery.signals import task_postrun, task_success
 
 import ttsq.tracing as tracing
-from ttsq.app import make_app
+from ttsq.app import lane_of, make_app
 from ttsq.constants import CLAIM_HEADER, DOCUMENT_TASK_NAME, SENT_AT_HEADER, STITCH_TASK_NAME, TASK_NAME
 from ttsq.errors import InvalidRequest
 from ttsq.records.holders import held_key, incarnation
 from ttsq.worker.documents import Documents
-from ttsq.worker.gate import GATE_OPTION, Gate, GatedConsumer, gated_transport
+from ttsq.worker.gate import BULK_SHARE_OPTION, GATE_OPTION, Gate, GatedConsumer, gated_transport
 from ttsq.worker.recovery import Recovery
 
 if TYPE_CHECKING:
@@ -65,7 +65,11 @@ def worker_app(settings: Settings, runtime: WorkerRuntime) -> Celery:
     )
     # The transport checks each popped list item, the consumer (``ttsq.worker.gate``) each message.
     app.conf.broker_transport = gated_transport(settings.broker_url)
-    app.conf.broker_transport_options = {**app.conf.broker_transport_options, GATE_OPTION: gate}
+    app.conf.broker_transport_options = {
+        **app.conf.broker_transport_options,
+        GATE_OPTION: gate,
+        BULK_SHARE_OPTION: settings.bulk_share_percent,
+    }
     # Any worker made from this app gets the gated consumer, not only those that name it.
     app.conf.worker_consumer = f"{GatedConsumer.__module__}:{GatedConsumer.__qualname__}"
     app.ttsq_gate = gate
@@ -96,6 +100,10 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> Documents:
         sent_at = self.request.get(SENT_AT_HEADER)
         queue_wait = max(0.0, time.time() - float(sent_at)) if isinstance(sent_at, (int, float)) else None
         claim = self.request.get(CLAIM_HEADER)
+        routing_key = (self.request.delivery_info or {}).get("routing_key")
+        if "lane" not in kwargs and isinstance(routing_key, str) and lane_of(routing_key) == "bulk":
+            # A raw send_task to a bulk queue: its rows wait behind interactive ones too.
+            kwargs = {**kwargs, "lane": "bulk"}
         if (self.request.delivery_info or {}).get("redelivered"):
             # A worker died holding it (or it outlived the visibility timeout): the rerun is harmless.
             logger.info("job %s: redelivered", self.request.id)

@@ -1,0 +1,106 @@
+"""Lanes and fair shares on the worker: which queue it takes its next message from, and the release of
+tenants' deferred jobs into their queues (docs/scheduling.md).
+
+``LaneCycle`` orders the queues of kombu's ``BRPOP``: interactive queues first, except that every Nth
+message is offered to the bulk lane first (``TTSQ_BULK_SHARE_PERCENT``), so a bulk backlog never starves
+and never holds up interactive work for more than the batch a worker is already running. Each lane is
+still FIFO, which the lost-job sweeper relies on (a job is suspect once its queue moved past it);
+priorities inside one queue would break that, which is why lanes are queues.
+
+``Releaser`` is the other half of fair shares: producers defer a job while its queue's list is full
+(``AcceptedJobs.defer``), and every worker, a few times a second, releases deferred jobs into the room
+its queues' lists have, tenant by tenant in round robin (``AcceptedJobs.release``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from ttsq.app import lane_of
+from ttsq.sending import send_released
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from ttsq.config import Settings
+    from ttsq.records.accepted import AcceptedJobs
+
+logger = logging.getLogger(__name__)
+
+#: How often a worker releases deferred jobs into the room its queues have (seconds): a list of 64 jobs
+#: lasts a busy fleet far longer, so the lists never run dry between two releases.
+RELEASE_INTERVAL_S = 0.05
+#: After a release that failed (Redis restarting), the next try waits this long (seconds).
+RELEASE_RETRY_S = 1.0
+
+
+class LaneCycle:
+    """kombu's queue cycle (the interface of ``kombu.utils.scheduling.round_robin_cycle``) for lanes:
+    ``consume`` gives the order ``BRPOP`` tries the queues in, ``rotate`` hears which queue a message
+    came from. Round robin between the queues of one lane (the modes a worker serves)."""
+
+    def __init__(self, bulk_share_percent: int) -> None:
+        self.items: list[str] = []
+        #: Every ``every``-th message, the bulk lane is asked first.
+        self.every = max(1, round(100 / bulk_share_percent))
+        self.taken = 0
+
+    def update(self, it: list[str]) -> None:
+        self.items[:] = it
+
+    def consume(self, n: int) -> list[str]:
+        items = self.items[:n]
+        interactive = [queue for queue in items if lane_of(queue) == "interactive"]
+        bulk = [queue for queue in items if lane_of(queue) == "bulk"]
+        return bulk + interactive if self.taken % self.every == self.every - 1 else interactive + bulk
+
+    def rotate(self, last_used: str) -> str:
+        self.taken += 1
+        items = self.items
+        if last_used in items:
+            items.append(items.pop(items.index(last_used)))
+        return last_used
+
+
+class Releaser:
+    """Releases deferred jobs of this worker's queues and sends them, a few times a second, on a thread.
+    Every worker runs one: a release is one atomic script, so several never release more than the room."""
+
+    def __init__(self, app: Celery, settings: Settings, accepted: AcceptedJobs, queues: list[str]) -> None:
+        """``app`` is the worker's own: released jobs are sent through it."""
+        self._app = app
+        self._accepted = accepted
+        self._queues = queues
+        self._window = settings.release_window
+        self._weights = settings.weights
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ttsq-releaser", daemon=True)
+
+    def start(self) -> None:
+        if self._window > 0 and self._queues:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=RELEASE_RETRY_S + 10)
+
+    def release(self) -> int:
+        """One round: release what the room allows and send it; return how many were sent."""
+        released = self._accepted.release(self._queues, window=self._window, most=self._window, weights=self._weights)
+        for job in released:
+            # A send that fails leaves the job unseen with its new seq: the sweeper sends it again.
+            send_released(self._app, job)
+        return len(released)
+
+    def _run(self) -> None:
+        wait = RELEASE_INTERVAL_S
+        while not self._stop.wait(wait):
+            try:
+                self.release()
+                wait = RELEASE_INTERVAL_S
+            except Exception as exc:  # Redis or the broker restarting, most likely: try again shortly
+                logger.warning("releasing deferred jobs failed: %s: %s", type(exc).__name__, exc)
+                wait = RELEASE_RETRY_S
