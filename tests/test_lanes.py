@@ -92,9 +92,7 @@ def test_tenants_are_released_in_round_robin_and_a_cancelled_waiting_job_never_r
 
 
 @pytest.mark.slow
-def test_no_deferred_job_is_lost_or_run_twice_when_a_worker_dies(
-    settings: Settings, start_worker: StartWorker
-) -> None:
+def test_no_deferred_job_is_lost_or_run_twice_when_a_worker_dies(settings: Settings, start_worker: StartWorker) -> None:
     settings = settings.replace(max_batch=2, release_window=4, lost_job_grace_s=2)
     client = Client(settings)
     jobs = [client.submit(f"Tenant {i % 3} says sentence {i}.", tenant=f"t{i % 3}") for i in range(60)]
