@@ -8,10 +8,14 @@ while it waits never runs; and nothing that waits is lost when a worker dies.
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 import redis
@@ -118,3 +122,16 @@ def _queued_ids(settings: Settings, queue: str) -> list[str]:
         return [json.loads(raw)["headers"]["id"] for raw in broker.lrange(queue, 0, -1)]
     finally:
         broker.close()
+
+
+@pytest.mark.slow
+def test_the_lanes_benchmark_runs(tmp_path: Path) -> None:
+    script = Path(__file__).parent.parent / "benchmarks" / "lanes.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TTSQ_")}
+    args = ["--capacity-jobs", "24", "--seconds", "3", "--backlog", "120", "--tenants", "150,40,10", "--stagger", "1"]
+    out = subprocess.run([sys.executable, str(script), *args], capture_output=True, timeout=600, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr.decode()[-2000:]
+    report = json.loads(out.stdout.decode()[out.stdout.decode().index("{\n") :])
+    assert report["idle"]["jobs"] == report["backlog"]["jobs"] > 0
+    for run in ("together_fair", "together_fifo", "staggered_fair", "staggered_fifo"):
+        assert report[f"tenants_{run}"]["small_last_s"] > 0
