@@ -42,6 +42,7 @@ import redis
 from ttsq.client import Client, Job
 from ttsq.config import Settings
 from ttsq.constants import FLEET_NODES_PREFIX, FLEET_PREFIX
+from ttsq.job import Lane
 from ttsq.ops.redis_server import RedisServer
 
 # Run as a script, this folder is on the path, not the repository: compare.py's process helpers are
@@ -100,7 +101,7 @@ def finished_at(settings: Settings, ids: list[str]) -> dict[str, float]:
     return done
 
 
-def submit_many(settings: Settings, count: int, *, tenant: str, lane: str, label: str) -> list[str]:
+def submit_many(settings: Settings, count: int, *, tenant: str, lane: Lane, label: str) -> list[str]:
     """``count`` distinct jobs as fast as one producer sends them; their ids."""
     with Client(settings) as client:
         return [

@@ -92,14 +92,16 @@ def keys() -> None:
 @click.option(
     "--lane",
     type=click.Choice(["interactive", "bulk"]),
-    default="",
+    default=None,
     help="The lane of this key's jobs that name none (docs/scheduling.md). Default: interactive for a job, "
     "bulk for a document.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the key as JSON.")
 @click.pass_context
 @one_line_errors
-def keys_add(ctx: click.Context, name: str, rate_per_min: int, quota_audio_s: float, lane: str, as_json: bool) -> None:
+def keys_add(
+    ctx: click.Context, name: str, rate_per_min: int, quota_audio_s: float, lane: str | None, as_json: bool
+) -> None:
     """Create a key named NAME and print its token, once: it is not stored, only its hash."""
     from ttsq.gateway.apikeys import ApiKeys
     from ttsq.records.connection import redis_errors
@@ -108,7 +110,7 @@ def keys_add(ctx: click.Context, name: str, rate_per_min: int, quota_audio_s: fl
     settings = settings_of(ctx)
     with redis_errors(settings.cache_url):
         token, key = ApiKeys(RedisOwner(settings, role="cli").cache).add(
-            name, rate_per_min=rate_per_min, quota_audio_s=quota_audio_s, lane=lane
+            name, rate_per_min=rate_per_min, quota_audio_s=quota_audio_s, lane=lane or ""
         )
     click.echo(json.dumps({"token": token, **key.summary()}) if as_json else token)
 
