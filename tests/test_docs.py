@@ -39,6 +39,7 @@ DOC_PAGES = {
     "guarantees.md",
     "security.md",
     "benchmarks.md",
+    "scheduling.md",
     "development.md",
     "high-availability.md",
     "observability.md",

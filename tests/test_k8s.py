@@ -449,9 +449,11 @@ def test_workers_scale_on_outstanding_jobs(rendered: dict[str, list[Doc]], overl
     assert spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] > 0
     (trigger,) = [t for t in spec["triggers"] if t["type"] == "prometheus"]
     query = trigger["metadata"]["query"]
-    queue = queue_for(config(docs)["TTSQ_QUEUE"], "voice_design")
-    # Every worker exports the same value, so max() and not sum().
-    assert re.fullmatch(rf'max\(ttsq_outstanding_jobs\{{queue="{re.escape(queue)}"\}}\)', query), query
+    interactive = queue_for(config(docs)["TTSQ_QUEUE"], "voice_design")
+    bulk = queue_for(config(docs)["TTSQ_QUEUE"], "voice_design", "bulk")
+    # Every worker exports the same value, so max() per queue; the mode's two lanes are summed.
+    lanes = rf"{re.escape(interactive)}\|{re.escape(bulk)}"
+    assert re.fullmatch(rf'sum\(max by \(queue\) \(ttsq_outstanding_jobs\{{queue=~"{lanes}"\}}\)\)', query), query
     assert trigger["metricType"] == "AverageValue"
     assert int(trigger["metadata"]["threshold"]) == 2 * int(config(docs)["TTSQ_MAX_BATCH"])
 

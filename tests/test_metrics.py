@@ -74,7 +74,8 @@ def test_metrics_after_a_burst_add_up(settings: Settings, start_worker: StartWor
     assert value(samples, "ttsq_device_seconds_total") == pytest.approx(
         sum(r["timings"]["device_s"] for r in synthesized), abs=0.01
     )
-    assert value(samples, "ttsq_queue_wait_seconds_count") == 13  # the raw sends carry no send time
+    # The raw sends carry no send time; the rest waited in the interactive lane, as the default tenant.
+    assert value(samples, "ttsq_queue_wait_seconds_count", lane="interactive", tenant="default") == 13
     assert value(samples, "ttsq_jobs_in_progress") == 0
     assert value(samples, "ttsq_queue_depth", queue=settings.queue) == 0
     assert value(samples, "ttsq_unacked_messages") == 0

@@ -267,8 +267,22 @@ def script_runs(owner: RedisOwner, gateway: Gateway, admin: redis.Redis, results
         rival = owner.identities.claim("q", "qwen@test", {**espeak, "engine": "qwen"})
         assert rival is not None and rival.node == "espeak@test"
 
+    def defer() -> None:
+        waiting = f"deferred-{time.monotonic_ns()}"
+        accepted.accept(waiting, task="ttsq.synthesize", queue="dq", kwargs={"text": "x"}, headers={})
+        # Window 0: the list counts as full, so the job waits in its tenant's place.
+        assert accepted.defer(waiting, queue="dq", tenant="t", window=0)
+        assert accepted.deferred("dq") == {"t": 1}
+
+    def release_deferred() -> None:
+        (job,) = accepted.release(["dq"], window=1, most=10)
+        assert job.queue == "dq" and job.kwargs == {"text": "x"} and accepted.deferred("dq") == {}
+        accepted.finish(job.task_id)
+
     runs: dict[str, Run] = {
         "claim_identity": claim_identity,
+        "defer": defer,
+        "release": release_deferred,
         "accept": accept,
         "received": received,
         "touch": touch,
