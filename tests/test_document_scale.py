@@ -12,7 +12,7 @@ import pytest
 import redis
 from support import WorkerProcess, wait_until
 
-from ttsq.app import make_app
+from ttsq.app import make_app, queue_for
 from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.constants import DOCUMENT_TASK_NAME
@@ -108,17 +108,19 @@ def test_a_document_behind_a_backlog_is_waiting_not_lost(
     client = Client(small)
     text = " ".join(f"Backlog document sentence {n}." for n in range(3))
     document = client.submit_document(text, options={"target_chars": 1, "max_chars": 40})
-    backlog = [client.submit(f"[slow] Backlog job number {n}.") for n in range(30)]
+    # In the document's lane (bulk), behind it: its chunks then queue behind the backlog.
+    backlog = [client.submit(f"[slow] Backlog job number {n}.", lane="bulk") for n in range(30)]
     worker = start_worker(small, name="w1")  # takes the document first (FIFO), fans it out behind the backlog
     doc_id = document.id or ""
     broker = redis.Redis.from_url(small.broker_url)
+    queue = queue_for(small.queue, "voice_design", "bulk")
     ids = [f'"id": "{task_id}"'.encode() for task_id in chunk_task_ids(doc_id, 3)]
     wait_until(
-        lambda: any(needle in item for item in broker.lrange(small.queue, 0, -1) for needle in ids),
+        lambda: any(needle in item for item in broker.lrange(queue, 0, -1) for needle in ids),
         30,
         "the document's chunks queued behind the backlog",
     )
-    chunk_messages = [item for item in broker.lrange(small.queue, 0, -1) if any(n in item for n in ids)]
+    chunk_messages = [item for item in broker.lrange(queue, 0, -1) if any(n in item for n in ids)]
     assert chunk_messages and all(len(item) < 8_000 for item in chunk_messages), [len(m) for m in chunk_messages]
     assert all(b"sentences" not in item for item in chunk_messages)  # the plan is not in them
     started = time.monotonic()

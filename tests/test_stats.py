@@ -38,11 +38,14 @@ def test_stats_are_consistent_during_and_after_a_burst(settings: Settings, start
     during = stats_json(settings)
     window = during["window"]
     depth = sum(q["depth"] for q in during["queues"])
-    # one queue per mode; voice_design keeps the plain name
-    assert [q["queue"] for q in during["queues"]] == [
-        settings.queue,
-        f"{settings.queue}.custom_voice",
-        f"{settings.queue}.voice_clone",
+    # one queue per mode and lane, interactive first; voice_design's interactive lane keeps the plain name
+    assert [(q["queue"], q["lane"]) for q in during["queues"]] == [
+        (settings.queue, "interactive"),
+        (f"{settings.queue}.custom_voice", "interactive"),
+        (f"{settings.queue}.voice_clone", "interactive"),
+        (f"{settings.queue}.bulk", "bulk"),
+        (f"{settings.queue}.custom_voice.bulk", "bulk"),
+        (f"{settings.queue}.voice_clone.bulk", "bulk"),
     ]
     assert {w["node"] for w in during["workers"]} == {"w1@test", "w2@test"}
     # A job is waiting, held by a worker, or done: never two of these at once, never more than sent.
@@ -83,7 +86,7 @@ def test_stats_are_consistent_during_and_after_a_burst(settings: Settings, start
     text = table.stdout.decode()
     assert "WORKERS ONLINE: 2" in text and "w1@test" in text and "w2@test" in text
     assert f"synthesized      {BURST:>8}" in text
-    assert f"{settings.queue:<29}     0" in text
+    assert f"{settings.queue:<29} {'interactive':<11}     0        0         0" in text
     client.close()
 
 
