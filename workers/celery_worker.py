@@ -38,6 +38,8 @@ _M_TRIM_THRESHOLD = -1
 TRIM_THRESHOLD_BYTES = 2 * MMAP_THRESHOLD_BYTES
 #: glibc reads this at start and fixes the threshold itself: the operator's choice, kept.
 _GLIBC_VARIABLE = "MALLOC_MMAP_THRESHOLD_"
+#: The worker process's GIL switch interval (seconds); Python's default is 0.005 (see ``run_worker``).
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def tune_heap(engine: Engine) -> str:
@@ -93,6 +95,11 @@ def run_worker(settings: Settings, *, hostname: str | None = None) -> int:
     gpus = None if visible is None else [d.strip() for d in visible.split(",") if d.strip()]
     # Load and warm the engine first: a model that cannot load stops the process here, with one
     # clear error, before the worker takes a single message off the queue.
+    # The consumer's event loop takes messages in on its own thread, which waits for the GIL behind
+    # busy task threads: at Python's default 5 ms switch interval an interactive message bound for a
+    # free slot waited tens of ms in a saturated worker (benchmarks/lanes.py: queue wait p95 0.13-0.23 s
+    # over a bulk backlog, 0.10-0.11 s at 0.5 ms), with no loss of throughput (docs/benchmarks.md#lanes).
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     runtime = WorkerRuntime(settings, node=node, device=visible or "", gpus=gpus)
     if settings.metrics_port:
         # Before the engine loads: a port already taken stops the process at once, not after a

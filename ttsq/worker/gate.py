@@ -22,12 +22,13 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.json import dumps
 
+from ttsq.app import lane_of
 from ttsq.constants import DOCUMENT_HEADER, SEQ_HEADER
 from ttsq.records.accepted import AcceptedJobs, Receipt
 from ttsq.records.connection import SentinelConnection
 from ttsq.redaction import printable
 from ttsq.worker.envelope import MAX_MESSAGE_BYTES, Refused, check_raw, check_task
-from ttsq.worker.lanes import LaneCycle
+from ttsq.worker.lanes import CAPPED_BRPOP_TIMEOUT_S, LaneCycle
 
 if TYPE_CHECKING:
     from ttsq.observer import Observer
@@ -37,8 +38,10 @@ logger = logging.getLogger(__name__)
 
 #: The transport option that carries a worker's ``Gate`` to its channels.
 GATE_OPTION = "ttsq_gate"
-#: The transport option carrying ``TTSQ_BULK_SHARE_PERCENT`` to the channel's ``LaneCycle``.
+#: The transport options carrying ``TTSQ_BULK_SHARE_PERCENT``, and the most bulk messages a worker holds
+#: while interactive work is coming, to the channel's ``LaneCycle``.
 BULK_SHARE_OPTION = "ttsq_bulk_share_percent"
+BULK_CAP_OPTION = "ttsq_bulk_cap"
 
 
 class Gate:
@@ -205,9 +208,28 @@ class GatedChannel(kombu_redis.Channel):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
         # Interactive queues first, bulk its guaranteed share (``ttsq.worker.lanes``).
-        share = self.connection.client.transport_options.get(BULK_SHARE_OPTION)
+        options = self.connection.client.transport_options
+        share = options.get(BULK_SHARE_OPTION)
         if share is not None:
-            self._queue_cycle = LaneCycle(int(share))
+            self._queue_cycle = LaneCycle(
+                int(share), bulk_cap=int(options.get(BULK_CAP_OPTION, 0)), bulk_held=self._bulk_held
+            )
+
+    def _bulk_held(self) -> int:
+        """Bulk messages this channel holds (delivered, not yet acknowledged)."""
+        qos = self.qos
+        dirty = qos._dirty
+        return sum(
+            1
+            for tag, message in list(qos._delivered.items())
+            if tag not in dirty and lane_of(str(message.delivery_info.get("routing_key", ""))) == "bulk"
+        )
+
+    def _brpop_start(self, timeout: Any = None) -> None:
+        cycle = self._queue_cycle
+        if isinstance(cycle, LaneCycle) and cycle.bulk_capped:
+            timeout = CAPPED_BRPOP_TIMEOUT_S  # a bulk slot may free meanwhile: look again soon
+        super()._brpop_start(timeout)  # type: ignore[no-untyped-call]
 
     def _create_client(self, asynchronous: bool = False) -> redis.Redis:
         """kombu builds a new ``redis.Redis`` around the same pool for every publish and ack (its

@@ -24,7 +24,7 @@ from ttsq.constants import CLAIM_HEADER, DOCUMENT_TASK_NAME, SENT_AT_HEADER, STI
 from ttsq.errors import InvalidRequest
 from ttsq.records.holders import held_key, incarnation
 from ttsq.worker.documents import Documents
-from ttsq.worker.gate import BULK_SHARE_OPTION, GATE_OPTION, Gate, GatedConsumer, gated_transport
+from ttsq.worker.gate import BULK_CAP_OPTION, BULK_SHARE_OPTION, GATE_OPTION, Gate, GatedConsumer, gated_transport
 from ttsq.worker.recovery import Recovery
 
 if TYPE_CHECKING:
@@ -69,6 +69,8 @@ def worker_app(settings: Settings, runtime: WorkerRuntime) -> Celery:
         **app.conf.broker_transport_options,
         GATE_OPTION: gate,
         BULK_SHARE_OPTION: settings.bulk_share_percent,
+        # Half a batch of prefetch slots kept for interactive work while it is coming (``ttsq.worker.lanes``).
+        BULK_CAP_OPTION: settings.concurrency - max(1, settings.max_batch // 2),
     }
     # Any worker made from this app gets the gated consumer, not only those that name it.
     app.conf.worker_consumer = f"{GatedConsumer.__module__}:{GatedConsumer.__qualname__}"
