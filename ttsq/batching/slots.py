@@ -1,9 +1,9 @@
 """Continuous batching for a ``ContinuousEngine`` (qwen-fast): jobs join free slots between frames.
 
-Every job joins as soon as a slot is free, in arrival order, and leaves when it is done; an isolated job
-runs alone. Each job is charged its own prefill and an even share of every frame it was in, so the
-shares add up to the engine's busy time. Failures, cancellation and the accounting: docs/development.md,
-"The batcher".
+Every job joins as soon as a slot is free, interactive jobs first, then in arrival order, and leaves when
+it is done; an isolated job runs alone. Each job is charged its own prefill and an even share of every
+frame it was in, so the shares add up to the engine's busy time. Failures, cancellation and the
+accounting: docs/development.md, "The batcher".
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ class SlotScheduler:
                 if intake.pending or waiting:  # arrival order across groups: groups only matter to batch engines
                     waiting.extend(w for group in intake.pending.values() for w in group)
                     intake.pending.clear()
-                    waiting.sort(key=lambda w: w.deadline)
+                    # Interactive rows take a free slot before bulk ones (docs/scheduling.md), then arrival.
+                    waiting.sort(key=lambda w: (w.request.lane == "bulk", w.deadline))
                 if alone is not None and alone.done():
                     alone = None
                 while waiting and alone is None and engine.free_slots() > 0:
