@@ -332,27 +332,43 @@ class GatewayProcess:
     """``ttsq serve`` as a subprocess on a free loopback port, the way an operator runs it."""
 
     def __init__(self, settings: Settings, log_path: Path) -> None:
+        self.log_path = log_path
+        # A free port may be taken by another copy of the suite before this gateway binds it; then a
+        # healthy answer on it is that copy's gateway. Only this process's own "running on" line counts,
+        # and a gateway that could not bind tries another port.
+        for _ in range(3):
+            if self._start(settings):
+                return
+        raise RuntimeError(f"gateway did not start:\n{self.log()}")
+
+    def _start(self, settings: Settings) -> bool:
+        import httpx
+
         self.port = free_port()
         self.settings = settings.replace(gateway_port=self.port)
-        self.log_path = log_path
         self.url = f"http://127.0.0.1:{self.port}"
-        with open(log_path, "ab") as log:
+        logged = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "ttsq.cli.main", "serve"],
                 env=settings_env(self.settings),
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        import httpx
-
+        running = f"running on {self.url}".encode()
         deadline = time.monotonic() + 60
         while True:
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
-                    return
+                with open(self.log_path, "rb") as log:
+                    log.seek(logged)
+                    mine = running in log.read()
+                if mine and httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                    return True
             except httpx.HTTPError:
                 pass
-            if self.process.poll() is not None or time.monotonic() > deadline:
+            if self.process.poll() is not None:
+                return False  # most likely the port was taken: another one
+            if time.monotonic() > deadline:
                 raise RuntimeError(f"gateway did not start:\n{self.log()}")
             time.sleep(0.1)
 
