@@ -134,7 +134,7 @@ class SynthesisRequest:
     stream: bool = False
     #: The lane it waits in; None for the producer's default (``default_lane``). Not in the content key.
     lane: Lane | None = None
-    #: Whose work it is, for fair shares between tenants (at the gateway: the API key's name). Not in
+    #: Whose work it is, for fair shares between tenants (at the gateway: the API key's id). Not in
     #: the content key.
     tenant: str = ""
 

@@ -43,7 +43,8 @@ class JobReport:
     result: JobResult | None = None
     #: Whether this run stored a new object (False for a cache hit, or an object an earlier run stored).
     written: bool = False
-    #: The job's lane and tenant (``SynthesisRequest``); "" when its request did not validate.
+    #: The job's lane (from its kwargs, "interactive" unless they say bulk) and tenant ("" when its
+    #: request did not validate, or named none).
     lane: str = "interactive"
     tenant: str = ""
 
