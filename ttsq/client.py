@@ -428,13 +428,15 @@ class Client:
         already producing its key (single flight), or claimed and sent; a claim never outlives a send
         that failed. Without a key (no worker announced yet) it is simply sent."""
         serving = self._identities[1].get(mode)  # what ``_serving`` just read
+        lane = kwargs.get("lane") or default_lane(task, stream=kwargs.get("stream") is True)
+        kwargs = {**kwargs, "lane": lane} if lane != "interactive" else kwargs  # the batcher orders rows by it
         attributes = {
             "ttsq.task": task,
             "ttsq.content_key": key,
             "ttsq.mode": mode,
             "ttsq.language": kwargs.get("language"),
             "ttsq.engine": serving.engine if serving is not None else None,
-            "ttsq.lane": kwargs.get("lane") or default_lane(task, stream=kwargs.get("stream") is True),
+            "ttsq.lane": lane,
         }
         with tracing.span("ttsq.submit", attributes) as traced:
             job = self._send_or_join(task, kwargs, mode=mode, key=key, kwargsrepr=kwargsrepr, cached=cached)
@@ -452,9 +454,7 @@ class Client:
         cached: Callable[[str], Job | None],
     ) -> Job:
         task_id = str(uuid.uuid4())
-        lane = kwargs.get("lane") or default_lane(task, stream=kwargs.get("stream") is True)
-        kwargs = {**kwargs, "lane": lane} if lane != "interactive" else kwargs  # the batcher orders rows by it
-        queue = queue_for(self.settings.queue, mode, lane)
+        queue = queue_for(self.settings.queue, mode, kwargs.get("lane", "interactive"))
         if key is not None:
             with tracing.span("ttsq.cache_check") as checked:
                 hit = cached(key)

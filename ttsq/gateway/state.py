@@ -111,8 +111,14 @@ class Gateway:
     def _admit(self, queue: str) -> None:
         """Admission control, from the submit thread: a queue at its limit takes nothing more."""
         limit = self.settings.gateway_max_queue
-        # What waits in the list and what waits in tenants' places for release (fair shares) alike.
-        if limit and queue_depth(self.redis.broker, queue) + sum(self.redis.accepted.deferred(queue).values()) >= limit:
+        if not limit:
+            return
+        # What waits in the list and what waits in tenants' places for release (fair shares) alike; the
+        # second read only when the first leaves room.
+        waiting = queue_depth(self.redis.broker, queue)
+        if waiting < limit:
+            waiting += sum(self.redis.accepted.deferred(queue).values())
+        if waiting >= limit:
             raise ApiError(
                 503,
                 f"the queue {queue} holds {limit} or more waiting jobs; try again shortly",
