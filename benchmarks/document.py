@@ -61,7 +61,7 @@ def main() -> int:
         figures: dict[str, list[float]] = {"baseline": [], "document": [], "cached": []}
         audio_s = 0.0
         with Embedded(settings) as stack:
-            client = Client(stack.settings, app=stack.app)
+            client = Client(stack.settings, redis=stack.owner)
             for round_number in range(args.rounds):
                 seed = 1000 + 2 * round_number
                 started = time.perf_counter()

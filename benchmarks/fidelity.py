@@ -98,7 +98,7 @@ def measure(
     figures: dict[str, Any] = {"engine": engine}
     with Embedded(settings) as stack:
         assert stack.runtime is not None
-        client = Client(stack.settings, app=stack.app)
+        client = Client(stack.settings, redis=stack.owner)
         figures["model"] = stack.runtime.engine.identity.model
         started = time.perf_counter()
         results = [job.wait(timeout=1800) for job in [client.submit(s, language=name, **fields) for s in sentences]]

@@ -464,7 +464,7 @@ def _submit_embedded(
         )
     with Embedded(settings.replace(engine="espeak")) as stack:
         _submit(
-            Client(stack.settings, app=stack.app, redis=stack.owner),
+            Client(stack.settings, redis=stack.owner),
             kind,
             text,
             fields,

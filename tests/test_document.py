@@ -14,9 +14,11 @@ import json
 import os
 import re
 import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -26,7 +28,7 @@ from support import Flower, WorkerProcess, published_states, run_cli, wait_until
 
 from ttsq.client import Client
 from ttsq.config import Settings
-from ttsq.constants import DOCUMENT_TASK_NAME
+from ttsq.constants import DOCUMENT_TASK_NAME, TASK_NAME
 from ttsq.document import Document, Options
 from ttsq.engines.base import EngineIdentity
 from ttsq.errors import InvalidRequest
@@ -116,11 +118,13 @@ def test_a_20000_character_multilingual_document_becomes_one_file(
         assert again.result["chunks"] == chunks  # type: ignore[typeddict-item]
         assert client.status(job.id)["state"] == "SUCCESS"
     # The worker does not keep listening for the results of the chunk and stitch jobs it sent.
-    subscribed = redis.Redis.from_url(settings.result_backend).pubsub_channels("celery-task-meta-*")
+    results = redis.Redis.from_url(settings.result_backend)
+    subscribed = results.pubsub_channels("celery-task-meta-*")
     wait_until(
-        lambda: not redis.Redis.from_url(settings.result_backend).pubsub_channels("celery-task-meta-*"),
+        lambda: not results.pubsub_channels("celery-task-meta-*"),
         30,
-        f"no result subscriptions left (there were {len(subscribed)})",
+        f"no result subscriptions left (there were {subscribed}, document {job.id}; the worker's log ends: "
+        f"{worker.log()[-3000:]})",
     )
     log = worker.log()
     assert "document" in log and "stitched" in log
@@ -455,25 +459,38 @@ def test_cli_usage_errors_are_one_line_and_queue_nothing(settings: Settings, tmp
     assert queue_length(settings) == 0
 
 
-def test_stop_listening_degrades_gracefully_if_celery_internals_change(settings: Settings) -> None:
-    # stop_listening reaches into private attributes of Celery's result backend (a workaround for
-    # celery#3812). If a Celery release reshapes them, it must do nothing rather than fail the
-    # document task after its chord was sent.
-    from celery import Celery
+def test_a_workers_app_never_listens_for_the_results_it_sends(settings: Settings) -> None:
+    # Celery's Redis backend subscribes to the result of every task its process sends, and of every
+    # header task of a group or chord, until it reads it (celery#3812). A worker sends chunks, stitches,
+    # released and swept jobs and waits for none: each would stay subscribed for the life of the process.
+    from celery import group
 
-    from ttsq.worker.documents import stop_listening
+    from ttsq.app import make_app
 
-    app = Celery(broker=settings.broker_url, backend=settings.result_backend)
-    backend = app.backend
+    results = redis.Redis.from_url(settings.result_backend)
+    worker_app = make_app(settings, worker=True)
+    producer = make_app(settings)
     try:
-        for pending in ({"some-id": object()}, ["some-id"], None, 42):
-            backend._pending_results = pending
-            stop_listening(backend, ["some-id", "other-id"])
-            stop_listening(backend, ["some-id"], unless_waited=True)
-        backend.result_consumer = object()  # no cancel_for
-        stop_listening(backend, ["some-id"])
+        # Held: Celery stops listening for a result whose handle is garbage collected. From threads of
+        # their own, as a worker's task threads send: Celery makes a backend per thread.
+        sent: list[Any] = []
+        for send in (
+            lambda: worker_app.send_task(TASK_NAME, kwargs={}, task_id="sent-by-a-worker", queue=settings.queue),
+            lambda: group(worker_app.signature(TASK_NAME, queue=settings.queue) for _ in range(3)).apply_async(),
+        ):
+            thread = threading.Thread(target=lambda send=send: sent.append(send()))
+            thread.start()
+            thread.join()
+        assert len(sent) == 2
+        assert results.pubsub_channels("celery-task-meta-*") == []
+        # A producer does listen: it waits for its jobs (the check above could not pass by accident).
+        sent.append(producer.send_task(TASK_NAME, kwargs={}, task_id="sent-by-a-producer", queue=settings.queue))
+        assert results.pubsub_channels("celery-task-meta-*") == [b"celery-task-meta-sent-by-a-producer"]
     finally:
-        app.close()
+        worker_app.close()
+        producer.backend.result_consumer.stop()
+        producer.close()
+        redis.Redis.from_url(settings.broker_url).delete(settings.queue)
 
 
 @pytest.mark.slow

@@ -76,6 +76,10 @@ def make_app(settings: Settings, *, worker: bool = False) -> Celery:
     return app
 
 
+#: ttsq's own Celery setting: whether the app's result backend listens for what it sends (``ResultBackend``).
+LISTENS_OPTION = "ttsq_listens_for_results"
+
+
 def celery_config(settings: Settings, *, worker: bool) -> dict[str, Any]:
     """Every Celery setting ttsq depends on, in one place."""
     visibility = settings.visibility_timeout_s
@@ -99,6 +103,7 @@ def celery_config(settings: Settings, *, worker: bool) -> dict[str, Any]:
         **transport,
         # Celery's Redis backend, through ``ResultBackend`` (``class+url``: Celery's own form for a backend class).
         "result_backend": f"{__name__}:{backend}+{_for_celery(settings.result_backend)}",
+        LISTENS_OPTION: not worker,
         # JSON only: a pickled message would be code execution for anyone who can write to Redis.
         "task_serializer": "json",
         "result_serializer": "json",
@@ -179,7 +184,28 @@ def _route_by_mode(
 class ResultBackend(RedisBackend):  # type: ignore[misc]
     """Celery's Redis result backend, except that a failure is stored with its type and message only:
     the worker's traceback (its file paths, its frames) is for the worker's log, not for every client
-    that reads the result."""
+    that reads the result; and a worker's does not listen for results.
+
+    Celery's Redis backend subscribes to the result channel of every task its process sends, and of
+    every header task of a chord it sends, until it reads that result (celery/celery#3812, #4824). A
+    worker sends chunks, stitches, released and swept jobs and never waits for any of them: each would
+    stay subscribed, and referenced, for the life of the process. Producers (``ttsq.client``) listen.
+    """
+
+    @property
+    def listens(self) -> bool:
+        """Whether this app listens for the results of the tasks it sends (not a worker's). From the app's
+        configuration: Celery makes a backend per thread, and a worker's task threads send."""
+        return bool(self.app.conf.get(LISTENS_OPTION, True))
+
+    def on_task_call(self, producer: Any, task_id: str) -> None:
+        if self.listens:
+            super().on_task_call(producer, task_id)
+
+    def add_pending_result(self, result: Any, weak: bool = False, start_drainer: bool = True) -> Any:
+        if not self.listens:
+            return result  # a chord's barrier over its header results: nobody in a worker waits on it
+        return super().add_pending_result(result, weak=weak, start_drainer=start_drainer)
 
     def mark_as_failure(
         self, task_id: str, exc: BaseException, traceback: Any = None, *args: Any, **kwargs: Any

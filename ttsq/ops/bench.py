@@ -224,7 +224,8 @@ def measure(
                 settings = settings.replace(storage_url=folder)
             # Quiet worker: the bench prints its own figures, per-job log lines would only cost time.
             deployment = stack.enter_context(Embedded(settings.replace(log_level="WARNING")))
-            settings, app, owner = deployment.settings, deployment.app, deployment.owner
+            # The client's own (producer) app: a worker's app does not listen for results.
+            settings, owner = deployment.settings, deployment.owner
             target = (
                 f"embedded: private Redis, in-process {settings.engine} worker "
                 f"(max batch {settings.max_batch}, max wait {settings.max_wait_ms} ms), "
@@ -232,8 +233,8 @@ def measure(
             )
         else:
             target = f"broker {redact_url(settings.broker_url)}, queue {settings.queue}, engine {settings.engine}"
-            app, owner = None, None
-        client = Client(settings, app=app, redis=owner)
+            owner = None
+        client = Client(settings, redis=owner)
         stack.callback(client.close)
         if not embedded and not client.identities():
             logger.warning(

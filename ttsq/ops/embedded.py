@@ -94,7 +94,10 @@ class InProcessWorker:
 
 
 class Embedded:
-    """Private Redis + in-process worker + the given storage, as one context manager."""
+    """Private Redis + in-process worker + the given storage, as one context manager.
+
+    ``app`` is the worker's, which does not listen for results (``ttsq.app.ResultBackend``): a client in
+    this process makes its own, and shares ``owner``, the worker's Redis owner."""
 
     def __init__(self, settings: Settings) -> None:
         self.base_settings = settings

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import IO, TYPE_CHECKING, Any, cast
 
@@ -233,10 +233,6 @@ class Documents:
         except BaseException:
             plans.forget_fan_out(task_id)  # not sent: the next delivery (a Celery retry, the sweeper) tries again
             raise
-        finally:
-            # Nobody here waits for these results; Celery would listen for them forever otherwise.
-            stop_listening(self.app.backend, ids)
-            stop_listening(self.app.backend, [task_id], unless_waited=True)
         plans.fanned_out(task_id)
         return replaced
 
@@ -291,13 +287,6 @@ class Documents:
             self._chunk_done(header["id"], header["total"], header["index"], float(result["duration_s"]))
         except Exception as exc:  # progress is for watching: the chunk itself is done and stored
             logger.warning("document %s: could not record progress: %s", header["id"], type(exc).__name__)
-
-    def chunk_ended(self, task_id: str = "", task: Any = None, **_: Any) -> None:
-        """Celery's ``task_postrun`` for ``ttsq.synthesize``: the worker that finishes a document's last
-        chunk sends the stitch job (Celery's chord join), and would then listen for its result forever."""
-        header = task.request.get(DOCUMENT_HEADER) if task is not None and task.request is not None else None
-        if isinstance(header, dict) and isinstance(header.get("id"), str):
-            stop_listening(self.app.backend, [header["id"]], unless_waited=True)
 
     def _chunk_done(self, doc_id: str, total: int, index: int, duration_s: float) -> None:
         node = self.runtime.node
@@ -561,37 +550,6 @@ class Documents:
     def stored(self, key: str) -> dict[str, Any] | None:
         """The index record of a stitched document, if there is one."""
         return read_document(self._redis, key)
-
-
-def stop_listening(backend: Any, task_ids: Sequence[str], *, unless_waited: bool = False) -> None:
-    """Stop this process listening for the results of tasks it sent but never waits for.
-
-    Celery's Redis backend subscribes to the result channel of every task a process sends, and the
-    group result of a chord keeps each header task waited on until its result is read; a worker
-    never reads them, so every document would leave its chunk ids subscribed and referenced for
-    the life of the process (celery/celery#3812, #4824). ``unless_waited`` keeps an id someone in
-    this process does wait for (the embedded mode's client waits on its document in-process).
-    """
-    # Private Celery internals: a release that reshapes them must cost a subscription, never the job
-    # (this runs after the chord is sent: raising here would fail a document that is running).
-    try:
-        consumer = getattr(backend, "result_consumer", None)
-        pending = getattr(backend, "_pending_results", None)  # Celery 5.7: (concrete, weak) waiters by task id
-        known = isinstance(pending, tuple) and all(isinstance(m, MutableMapping) for m in pending)
-        mappings = list(cast("tuple[MutableMapping[str, Any], ...]", pending)) if known else []
-    except Exception as exc:
-        logger.debug("cannot read Celery's pending results: %s", type(exc).__name__)
-        return
-    for task_id in task_ids:
-        try:
-            if unless_waited and (not known or any(task_id in mapping for mapping in mappings)):
-                continue  # someone here may wait for it: keep listening
-            for mapping in mappings:
-                mapping.pop(task_id, None)
-            if consumer is not None:
-                consumer.cancel_for(task_id)
-        except Exception as exc:  # a lost subscription is harmless; failing the job is not
-            logger.debug("could not unsubscribe from a result: %s", type(exc).__name__)
 
 
 def _entry_rate(entry: Mapping[str, Any]) -> int:

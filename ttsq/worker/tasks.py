@@ -140,7 +140,6 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> Documents:
 
     # A chunk of a document is an ordinary job; the document side counts it once it has succeeded.
     task_success.connect(documents.chunk_succeeded, sender=synthesize, weak=False)
-    task_postrun.connect(documents.chunk_ended, sender=synthesize, weak=False)
 
     def finished(task_id: str = "", state: str | None = None, **_: Any) -> None:
         # A final result is stored: the job leaves the accepted-job ledger. (A document is replaced by its
