@@ -63,8 +63,10 @@ class Sweeper:
         self._app = app
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ttsq-sweeper", daemon=True)
-        #: Task id -> Redis time it was first found suspect (lost once it stays so for the grace).
+        #: Task id -> Redis time it was first found suspect (lost once it stays so for the grace): jobs
+        #: no worker received, and received jobs that made no progress for a stale period.
         self._suspects: dict[str, float] = {}
+        self._stale: dict[str, float] = {}
 
     def start(self) -> None:
         """Start sweeping (whenever this worker holds the lock)."""
@@ -86,7 +88,9 @@ class Sweeper:
                 if self._hold_lock():
                     self.sweep()
                 else:
-                    self._suspects.clear()  # another worker sweeps: start afresh if this one takes over
+                    # Another worker sweeps: start afresh if this one takes over.
+                    self._suspects.clear()
+                    self._stale.clear()
             except Exception as exc:  # Redis restarting, most likely: the next round tries again
                 logger.warning("sweep failed: %s: %s", type(exc).__name__, exc)
 
@@ -138,6 +142,7 @@ class Sweeper:
     def _sweep_received(self, now: float) -> int:
         stale_s = self.settings.visibility_timeout_s + self.grace_s
         sent = 0
+        stale = set()
         for task_id in self.accepted.received_before(now - stale_s):
             job = self.accepted.get(task_id)
             if job is None:
@@ -145,7 +150,15 @@ class Sweeper:
             elif job.task == DOCUMENT_TASK_NAME and self._document_waiting(task_id):
                 self.accepted.touch(task_id)  # waiting behind others: look again after another stale period
             else:
-                sent += self._send_again(job, why="a worker received it, and it made no progress since", stale=True)
+                # Lost once it is found so in two sweeps: a message a worker is popping right now is in
+                # no list and not yet in the unacked hash, and the look above misses it.
+                stale.add(task_id)
+                first = self._stale.setdefault(task_id, now)
+                if now - first >= min(self.grace_s, 2.0):
+                    sent += self._send_again(job, why="a worker received it, and it made no progress since", stale=True)
+                    self._stale.pop(task_id, None)
+        for task_id in set(self._stale) - stale:
+            self._stale.pop(task_id, None)
         return sent
 
     def _document_waiting(self, doc_id: str) -> bool:
