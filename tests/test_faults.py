@@ -26,7 +26,7 @@ from ttsq.client import Client, Job
 from ttsq.config import Settings
 from ttsq.constants import EXIT_ENGINE_STUCK
 from ttsq.engines.base import EngineIdentity
-from ttsq.errors import BrokerError, DeadlineExceeded, InvalidRequest, JobParked, StorageError
+from ttsq.errors import BrokerError, DeadlineExceeded, InvalidRequest, JobError, JobParked, StorageError
 from ttsq.job import SynthesisRequest
 from ttsq.keys import content_key
 from ttsq.ops.redis_server import RedisServer, free_port
@@ -160,7 +160,10 @@ def test_a_job_that_kills_every_worker_is_parked_and_can_be_retried(
     armed.unlink()  # the operator fixes the engine, then retries the job
     retried = run_cli("retry", poison.id or "", settings=settings)
     assert retried.returncode == 0 and poison.id in retried.stdout.decode(), retried.stderr
-    assert client.wait(poison.id or "", timeout=SLACK_S)["duration_s"] > 0
+    try:
+        assert client.wait(poison.id or "", timeout=SLACK_S)["duration_s"] > 0
+    except JobError as exc:  # what the worker did with it says why
+        raise AssertionError(f"the retried job failed: {exc}; the worker's log ends: {worker.log()[-5000:]}") from exc
     assert json.loads(run_cli("failed", "--json", settings=settings).stdout) == []
     assert worker.process is not None and worker.process.poll() is None
     client.close()
