@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -399,6 +400,37 @@ def test_short_jobs_leave_while_a_long_one_decodes(fast: Any) -> None:
     assert order.index("long") == len(order) - 1
     assert [item.output.samples.size for item in items] == [(4 + i) * 1920 for i in range(5)]
     assert all(item.output.truncated for item in items)
+
+
+def test_an_idle_engine_waits_for_a_burst_on_its_way_and_a_lone_job_starts_at_once(fast: Any) -> None:
+    """Rows that start together end together and refill their slots together: an idle engine does not
+    start a burst one row a frame while more of it is on its way (a task thread checking a job), and
+    never holds a job nothing is coming after."""
+    from ttsq.batching.batcher import Batcher
+    from ttsq.job import SynthesisRequest
+
+    batcher = Batcher(fast, max_batch=2, max_wait_s=60.0)  # the engine's two slots
+    batcher.start()
+    entered: list[int] = []
+
+    def job(i: int) -> Any:
+        request = SynthesisRequest.from_dict({"text": f"Burst {i}.", "max_new_tokens": 6, "seed": 1})
+        return batcher.submit(request, on_enter=lambda: entered.append(i))
+
+    try:
+        on_its_way = batcher.expect()
+        burst = [job(0)]
+        time.sleep(1.0)
+        assert entered == []  # one row, one more coming: it did not start alone
+        burst.append(job(1))
+        on_its_way.done()
+        assert all(future.result(120).output.samples.size == 6 * 1920 for future in burst)
+        assert sorted(entered) == [0, 1]
+        started = time.monotonic()
+        job(2).result(120)  # nothing on its way: no wait for company (the window is a minute)
+        assert time.monotonic() - started < 30
+    finally:
+        batcher.stop()
 
 
 def test_an_isolated_job_decodes_alone(fast: Any) -> None:

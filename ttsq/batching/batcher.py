@@ -67,7 +67,13 @@ class Batcher:
 
     def _scheduler(self) -> Scheduler:
         if is_continuous(self.engine):
-            return SlotScheduler(self.engine, self.intake, self.observer)  # type: ignore[arg-type]
+            return SlotScheduler(
+                self.engine,  # type: ignore[arg-type]
+                self.intake,
+                self.observer,
+                max_wait_s=self.max_wait_s,
+                backlog=self.backlog,
+            )
         return BatchScheduler(
             self.engine,
             self.intake,

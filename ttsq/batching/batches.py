@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import ttsq.tracing as tracing
-from ttsq.batching.jobs import BatchItem, Intake, Waiting, audio_seconds, bookkeep, late, recent_mean
+from ttsq.batching.jobs import BatchItem, Coming, Intake, Waiting, audio_seconds, bookkeep, late, recent_mean
 from ttsq.engines.base import streams_audio
 from ttsq.errors import DeadlineExceeded, EngineError, EngineOutOfMemory, TTSQError
 from ttsq.observer import BatchReport, Observer
@@ -30,20 +30,11 @@ logger = logging.getLogger(__name__)
 #: output's share of them (apportioned by generated audio length).
 _Ran = tuple["EngineOutput | Exception", int, float, float]
 
-#: How long a lone job waits for company when no arrival stream is known (the old fixed window).
-MIN_PAUSE_S = 0.02
-#: A pause of this many mean arrival gaps means the stream has stopped...
-PAUSE_GAPS = 3.0
-#: ... and never a pause shorter than this share of the bound: a thread scheduled late on a busy
-#: machine is not the end of a burst.
-PAUSE_SHARE = 0.25
 #: A group waits at most this share of a recent engine call's time: past it, a bigger batch later
 #: costs its waiting jobs more than the fuller pass saves.
 FILL_SHARE = 0.5
 #: While jobs are on their way, the batcher looks again this often (their arrival wakes it sooner).
 _POLL_S = 0.005
-#: How often a waiting batch asks the broker how many jobs are queued.
-_BACKLOG_EVERY_S = 0.05
 
 
 class BatchScheduler:
@@ -59,8 +50,7 @@ class BatchScheduler:
         max_wait_s: float,
         backlog: Callable[[], int] | None = None,
     ) -> None:
-        self._backlog = backlog
-        self._backlog_read: tuple[float, int] = (-1.0, 0)  # (when, what) the broker last said
+        self.coming = Coming(intake.incoming, backlog)
         self.engine = engine
         #: Whether the engine hands streaming rows their audio while it makes them.
         self.streams = streams_audio(engine)
@@ -155,24 +145,7 @@ class BatchScheduler:
         since = max(oldest.arrived, self.idle_since)
         if recent is not None:
             due = min(due, since + FILL_SHARE * recent)
-        arrivals = self.intake.arrivals
-        gap = arrivals.mean_gap
-        floor = max(MIN_PAUSE_S, PAUSE_SHARE * self.max_wait_s)
-        pause = min(self.max_wait_s, floor if gap is None else max(floor, PAUSE_GAPS * gap))
-        return min(due, max(since, arrivals.last or 0.0) + pause)
-
-    def coming(self, now: float) -> bool:
-        """Whether jobs are known to be on their way: a task thread is checking one, or the broker
-        holds some for this worker (asked at most every ``_BACKLOG_EVERY_S``)."""
-        if self.intake.incoming.count:
-            return True
-        if self._backlog is None:
-            return False
-        when, queued = self._backlog_read
-        if now - when >= _BACKLOG_EVERY_S:
-            queued = self._backlog()
-            self._backlog_read = (now, queued)
-        return queued > 0
+        return min(due, self.intake.arrivals.paused_at(since, self.max_wait_s))
 
     def _take(self, key: tuple[Any, ...]) -> list[Waiting]:
         pending = self.intake.pending

@@ -66,6 +66,13 @@ class BatchItem:
 
 #: A gap between two arrivals longer than this starts a new stream: its rate says nothing of the next.
 STREAM_GAP_S = 1.0
+#: How long a lone job waits for company when no arrival stream is known (the old fixed window).
+MIN_PAUSE_S = 0.02
+#: A pause of this many mean arrival gaps means the stream has stopped...
+PAUSE_GAPS = 3.0
+#: ... and never a pause shorter than this share of the bound: a thread scheduled late on a busy
+#: machine is not the end of a burst.
+PAUSE_SHARE = 0.25
 
 
 def recent_mean(mean: float | None, value: float) -> float:
@@ -89,6 +96,15 @@ class Arrivals:
             self.mean_gap = None if gap > STREAM_GAP_S else recent_mean(self.mean_gap, gap)
         self.last = now
 
+    def paused_at(self, since: float, max_wait_s: float) -> float:
+        """When the stream counts as paused, for a job waiting since ``since`` (monotonic seconds): a
+        few mean gaps after the last arrival, at least ``PAUSE_SHARE`` of the window (and
+        ``MIN_PAUSE_S``), never more than the window."""
+        floor = max(MIN_PAUSE_S, PAUSE_SHARE * max_wait_s)
+        gap = self.mean_gap
+        pause = min(max_wait_s, floor if gap is None else max(floor, PAUSE_GAPS * gap))
+        return max(since, self.last or 0.0) + pause
+
 
 class Incoming:
     """Jobs a worker has taken from the queue that are on their way to the batcher (the task thread
@@ -110,6 +126,32 @@ class Incoming:
     def _arrived(self) -> None:
         with self._lock:
             self._count -= 1
+
+
+#: How often a waiting scheduler asks the broker how many jobs are queued (seconds).
+BACKLOG_EVERY_S = 0.05
+
+
+class Coming:
+    """Whether jobs are known to be on their way to the batcher: a task thread is checking one, or the
+    broker holds some for this worker (``backlog``, asked at most every ``BACKLOG_EVERY_S``; it must
+    answer fast and never raise). Batcher thread only."""
+
+    def __init__(self, incoming: Incoming, backlog: Callable[[], int] | None) -> None:
+        self._incoming = incoming
+        self._backlog = backlog
+        self._read: tuple[float, int] = (-1.0, 0)  # (when, what) the broker last said
+
+    def __call__(self, now: float) -> bool:
+        if self._incoming.count:
+            return True
+        if self._backlog is None:
+            return False
+        when, queued = self._read
+        if now - when >= BACKLOG_EVERY_S:
+            queued = self._backlog()
+            self._read = (now, queued)
+        return queued > 0
 
 
 class Expected:

@@ -1,9 +1,13 @@
 """Continuous batching for a ``ContinuousEngine`` (qwen-fast): jobs join free slots between frames.
 
 Every job joins as soon as a slot is free, interactive jobs first, then in arrival order, and leaves when
-it is done; an isolated job runs alone. Each job is charged its own prefill and an even share of every
-frame it was in, so the shares add up to the engine's busy time. Failures, cancellation and the
-accounting: docs/development.md, "The batcher".
+it is done; an isolated job runs alone. Only an idle engine waits before it starts: while more jobs
+are known to be on their way (a burst), up to the batch window, so that they start together instead of
+one a frame; rows that start together end together, their slots refill together, and the burst's last
+rows do not trail off in ever smaller batches (a streaming job waits for no one).
+
+Each job is charged its own prefill and an even share of every frame it was in, so the shares add up to
+the engine's busy time. Failures, cancellation and the accounting: docs/development.md, "The batcher".
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import ttsq.tracing as tracing
-from ttsq.batching.jobs import BatchItem, Intake, Waiting, audio_seconds, bookkeep, claim, late
+from ttsq.batching.jobs import BatchItem, Coming, Intake, Waiting, audio_seconds, bookkeep, claim, late
 from ttsq.engines.base import streams_audio
 from ttsq.errors import DeadlineExceeded, EngineError, SharedFailure, TTSQError
 from ttsq.observer import BatchReport, Observer
@@ -28,15 +32,30 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: While an idle engine waits for the rest of a burst, it looks again this often (an arrival wakes it sooner).
+_POLL_S = 0.005
+
 
 class SlotScheduler:
     """Feeds a ``ContinuousEngine`` from the intake (batcher thread; ``done`` may fire on the engine's
     codec thread, and ``abandon`` on any thread)."""
 
-    def __init__(self, engine: ContinuousEngine, intake: Intake, observer: Observer) -> None:
+    def __init__(
+        self,
+        engine: ContinuousEngine,
+        intake: Intake,
+        observer: Observer,
+        *,
+        max_wait_s: float = 0.0,
+        backlog: Callable[[], int] | None = None,
+    ) -> None:
+        """``max_wait_s``: the longest an idle engine's first rows wait for the rest of a burst;
+        ``backlog``: how many jobs wait in the broker for this worker (``Batcher``)."""
         self.engine = engine
         self.intake = intake
         self.observer = observer
+        self.max_wait_s = max_wait_s
+        self.coming = Coming(intake.incoming, backlog)
         #: Whether the engine hands streaming rows their audio while it makes them.
         self.streams = streams_audio(engine)
         self.busy_since: float | None = None
@@ -69,6 +88,10 @@ class SlotScheduler:
                     waiting.sort(key=lambda w: (w.request.lane == "bulk", w.deadline))
                 if alone is not None and alone.done():
                     alone = None
+                fill_until = self._filling(waiting) if alone is None else None
+                if fill_until is not None:
+                    intake.drain(block_until=min(fill_until, time.monotonic() + _POLL_S))
+                    continue
                 while waiting and alone is None and engine.free_slots() > 0:
                     isolated = waiting[0].isolated
                     if isolated and (engine.active or self._charges):
@@ -85,6 +108,21 @@ class SlotScheduler:
         finally:  # whatever ends the loop, no job it holds is lost: the batcher answers these
             for job in [*waiting, *self._take_retries()]:
                 intake.pending.setdefault(job.group, []).append(job)
+
+    def _filling(self, waiting: list[Waiting]) -> float | None:
+        """Until when an idle engine waits before it admits ``waiting`` (monotonic seconds), for the
+        rest of a burst; None: start now. It starts once the waiting jobs fill its free slots, or the
+        oldest has waited the batch window, or, with none known to be coming (none in the broker or
+        in a task thread), once the arrival stream pauses (as a batch engine's group does)."""
+        if self.engine.active or not waiting or len(waiting) >= self.engine.free_slots():
+            return None
+        if waiting[0].isolated or any(w.on_piece is not None for w in waiting):
+            return None  # someone is listening, or it runs alone anyway
+        now = time.monotonic()
+        until = min(w.deadline for w in waiting)
+        if not self.coming(now):
+            until = min(until, self.intake.arrivals.paused_at(min(w.arrived for w in waiting), self.max_wait_s))
+        return until if until > now else None
 
     def _drop_abandoned(self) -> None:
         while self._abandoned:
