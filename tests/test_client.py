@@ -131,7 +131,9 @@ def test_burst_fills_batches_and_bad_items_fail_alone(
     # Queue the whole burst first, so the worker finds 4 x max_batch jobs waiting. One of them is
     # valid, rides in a batch and fails inside the engine. Another never gets that far: a raw
     # send_task with a language ttsq does not know.
-    texts = [f"Burst sentence number {i}." for i in range(15)]
+    # Each batch takes a second ([slow]): the next batch's jobs reach the batcher while it runs, so
+    # every batch leaves full however late a busy machine schedules the task threads.
+    texts = [f"Burst sentence number {i} [slow]." for i in range(15)]
     texts.insert(6, "A sentence the device fails on [flaky].")
     jobs = [client.submit(text, language="english") for text in texts]
     invalid = app.send_task("ttsq.synthesize", kwargs={"text": "fine", "language": "klingon"}, queue=settings.queue)
