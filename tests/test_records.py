@@ -151,3 +151,24 @@ def test_a_refused_request_is_one_warning_line_and_its_result_holds_no_traceback
     assert lines and all(" WARNING " in line for line in lines), lines
     assert "Traceback" not in worker.log()
     app.close()
+
+
+def test_a_charge_writes_the_refunds_handed_over_before_it(settings: Settings) -> None:
+    """The batcher hands refunds to a thread (``refund_soon``) and goes on to the next engine call. A
+    call that kills the worker must not find a job whose call returned before it still charged: that
+    job, redelivered, would count an attempt it never had (an innocent neighbour of a poison job was
+    parked so). Right after the next charge returns, every earlier refund is in Redis."""
+    from ttsq.records.owner import RedisOwner
+
+    owner = RedisOwner(settings, role="test")
+    ledger = owner.attempts
+    try:
+        for _ in range(200):
+            returned, crashing = str(uuid.uuid4()), str(uuid.uuid4())
+            assert ledger.charge(returned) == 1
+            ledger.refund_soon(returned)
+            assert ledger.charge(crashing) == 1
+            assert ledger.attempts(returned) == 0
+    finally:
+        ledger.flush_refunds()
+        owner.close()

@@ -67,8 +67,10 @@ class Ledger:
         self.patience_s = patience_s
         self._redis = client
         self._lock = threading.Lock()
-        #: Refunds the batcher handed over (``refund_soon``), written by ``_refunder``.
+        #: Refunds the batcher handed over (``refund_soon``), written by ``_refunder`` or by the next charge.
         self._refunds: list[str] = []
+        #: Held while refunds taken from the list are being written: a charge waits for them.
+        self._writing = threading.Lock()
         self._wake = threading.Event()
         self._refunder: threading.Thread | None = None
 
@@ -77,15 +79,29 @@ class Ledger:
         return int(patiently(lambda: self._redis.get(ATTEMPTS_PREFIX + task_id), self.url, self.patience_s) or 0)
 
     def charge(self, task_id: str) -> int:
-        """Count one more attempt (called just before the engine runs the job); return the total."""
+        """Count one more attempt (called just before the engine runs the job); return the total.
 
-        def incr() -> int:
-            pipe = self._redis.pipeline()
-            pipe.incr(ATTEMPTS_PREFIX + task_id)
-            pipe.expire(ATTEMPTS_PREFIX + task_id, self.ttl_s)
-            return int(pipe.execute()[0])
+        The refunds handed over before it (``refund_soon``) are written first, in the same round trip:
+        an engine call that kills its worker must not find a job whose call returned before it still
+        charged. Left to the refund thread, a job that ran alone and returned, then lost its worker
+        (and its upload) to the next job's crash, came back with that attempt counted and was parked."""
+        with self._writing:
+            with self._lock:
+                refunds, self._refunds = self._refunds, []
 
-        return patiently(incr, self.url, self.patience_s)
+            def incr() -> int:
+                pipe = self._redis.pipeline()
+                _decrements(pipe, refunds, self.ttl_s)
+                pipe.incr(ATTEMPTS_PREFIX + task_id)
+                pipe.expire(ATTEMPTS_PREFIX + task_id, self.ttl_s)
+                return int(pipe.execute()[2 * len(refunds)])
+
+            try:
+                return patiently(incr, self.url, self.patience_s)
+            except BaseException:
+                with self._lock:  # not written: the refund thread tries them again
+                    self._refunds[:0] = refunds
+                raise
 
     def refund(self, task_id: str) -> None:
         """The engine call returned: this attempt does not count against the job."""
@@ -101,9 +117,10 @@ class Ledger:
     def refund_soon(self, task_id: str) -> None:
         """``refund``, written by a thread of the ledger's own within milliseconds, several in one round
         trip: the batcher's thread, which calls this as an engine call returns, goes straight back to the
-        engine instead of waiting on Redis (and on the interpreter lock behind busy task threads). A
-        worker killed in those milliseconds leaves the attempt charged, as if it had died a moment
-        earlier, inside the call."""
+        engine instead of waiting on Redis (and on the interpreter lock behind busy task threads). The
+        next charge writes whatever is still pending first, so an engine call never starts with a
+        returned job still charged; only a worker killed from outside in those milliseconds leaves the
+        attempt charged, as if it had died a moment earlier, inside the call."""
         with self._lock:
             self._refunds.append(task_id)
             if self._refunder is None:
@@ -113,22 +130,21 @@ class Ledger:
 
     def flush_refunds(self) -> None:
         """Write the refunds handed over and not yet written (a worker stopping cleanly)."""
-        with self._lock:
-            task_ids, self._refunds = self._refunds, []
-        if not task_ids:
-            return
+        with self._writing:
+            with self._lock:
+                task_ids, self._refunds = self._refunds, []
+            if not task_ids:
+                return
 
-        def decr() -> None:
-            pipe = self._redis.pipeline(transaction=False)
-            for task_id in task_ids:
-                pipe.decr(ATTEMPTS_PREFIX + task_id)
-                pipe.expire(ATTEMPTS_PREFIX + task_id, self.ttl_s)
-            pipe.execute()
+            def decr() -> None:
+                pipe = self._redis.pipeline(transaction=False)
+                _decrements(pipe, task_ids, self.ttl_s)
+                pipe.execute()
 
-        try:
-            patiently(decr, self.url, self.patience_s)
-        except Exception as exc:  # bookkeeping: the jobs ran; an attempt left charged only isolates a rerun
-            logger.warning("could not refund %d attempt(s): %s", len(task_ids), type(exc).__name__)
+            try:
+                patiently(decr, self.url, self.patience_s)
+            except Exception as exc:  # bookkeeping: the jobs ran; an attempt left charged only isolates a rerun
+                logger.warning("could not refund %d attempt(s): %s", len(task_ids), type(exc).__name__)
 
     def _refund_pending(self) -> None:
         while True:
@@ -169,6 +185,13 @@ class Ledger:
 
         record = patiently(take, self.url, self.patience_s)
         return None if record is None else _parked(task_id, record)
+
+
+def _decrements(pipe: Any, task_ids: list[str], ttl_s: int) -> None:
+    """Queue one refund per task id on ``pipe``."""
+    for task_id in task_ids:
+        pipe.decr(ATTEMPTS_PREFIX + task_id)
+        pipe.expire(ATTEMPTS_PREFIX + task_id, ttl_s)
 
 
 def _parked(task_id: str, record: str) -> ParkedJob:
