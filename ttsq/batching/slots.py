@@ -1,10 +1,12 @@
 """Continuous batching for a ``ContinuousEngine`` (qwen-fast): jobs join free slots between frames.
 
 Every job joins as soon as a slot is free, interactive jobs first, then in arrival order, and leaves when
-it is done; an isolated job runs alone. Only an idle engine waits before it starts: while more jobs
-are known to be on their way (a burst), up to the batch window, so that they start together instead of
-one a frame; rows that start together end together, their slots refill together, and the burst's last
-rows do not trail off in ever smaller batches (a streaming job waits for no one).
+it is done; an isolated job runs alone. Only an idle engine waits before it starts, for the rest of a
+burst: while more jobs are known to be on their way or keep arriving, within the batch window (a lone
+job waits out a pause in the arrival stream, a quarter of the window by default, as a batch engine's
+group does), so that they start together instead of one a frame; rows that start together end
+together, their slots refill together, and the burst's last rows do not trail off in ever smaller
+batches. A streaming job waits for no one.
 
 Each job is charged its own prefill and an even share of every frame it was in, so the shares add up to
 the engine's busy time. Failures, cancellation and the accounting: docs/development.md, "The batcher".
