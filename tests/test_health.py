@@ -10,6 +10,7 @@ queue's ``ttsq_outstanding_jobs`` counts what workers hold, not only what waits 
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -33,14 +35,22 @@ SLACK_S = 60
 
 
 def probe(port: int, path: str) -> tuple[int, dict[str, object]]:
-    """(status, body) of one probe; (0, {}) when nothing answers on the port."""
+    """(status, body) of one probe; (0, {}) when nothing answers on the port, and an empty body when the
+    answer was cut short (a process the watchdog ends mid-answer sends its status line and no body)."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
-            return response.status, json.loads(response.read())
+            return response.status, _body(response)
     except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+        return exc.code, _body(exc)
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         return 0, {}
+
+
+def _body(answer: Any) -> dict[str, object]:
+    try:
+        return dict(json.loads(answer.read()))
+    except (ValueError, http.client.IncompleteRead, ConnectionError):
+        return {}
 
 
 def test_a_worker_in_process_is_live_and_ready_then_not_live_once_its_batcher_thread_ends(
