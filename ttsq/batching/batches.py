@@ -15,7 +15,17 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import ttsq.tracing as tracing
-from ttsq.batching.jobs import BatchItem, Coming, Intake, Waiting, audio_seconds, bookkeep, late, recent_mean
+from ttsq.batching.jobs import (
+    POLL_S,
+    BatchItem,
+    Coming,
+    Intake,
+    Waiting,
+    audio_seconds,
+    bookkeep,
+    late,
+    recent_mean,
+)
 from ttsq.engines.base import streams_audio
 from ttsq.errors import DeadlineExceeded, EngineError, EngineOutOfMemory, TTSQError
 from ttsq.observer import BatchReport, Observer
@@ -33,8 +43,6 @@ _Ran = tuple["EngineOutput | Exception", int, float, float]
 #: A group waits at most this share of a recent engine call's time: past it, a bigger batch later
 #: costs its waiting jobs more than the fuller pass saves.
 FILL_SHARE = 0.5
-#: While jobs are on their way, the batcher looks again this often (their arrival wakes it sooner).
-_POLL_S = 0.005
 
 
 class BatchScheduler:
@@ -122,7 +130,7 @@ class BatchScheduler:
                 return self._take(due)
             wake = float("inf") if due is None else due_at[due]
             if coming:
-                wake = min(wake, now + _POLL_S)  # a job on its way may also leave without arriving
+                wake = min(wake, now + POLL_S)  # a job on its way may also leave without arriving
             intake.drain(block_until=wake)
 
     def _due_at(self, group: list[Waiting], now: float, coming: bool) -> float:

@@ -130,6 +130,8 @@ class Incoming:
 
 #: How often a waiting scheduler asks the broker how many jobs are queued (seconds).
 BACKLOG_EVERY_S = 0.05
+#: While jobs are on their way, a waiting scheduler looks again this often (their arrival wakes it sooner).
+POLL_S = 0.005
 
 
 class Coming:

@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import ttsq.tracing as tracing
-from ttsq.batching.jobs import BatchItem, Coming, Intake, Waiting, audio_seconds, bookkeep, claim, late
+from ttsq.batching.jobs import POLL_S, BatchItem, Coming, Intake, Waiting, audio_seconds, bookkeep, claim, late
 from ttsq.engines.base import streams_audio
 from ttsq.errors import DeadlineExceeded, EngineError, SharedFailure, TTSQError
 from ttsq.observer import BatchReport, Observer
@@ -33,9 +33,6 @@ if TYPE_CHECKING:
     from ttsq.engines.base import ContinuousEngine, EngineOutput
 
 logger = logging.getLogger(__name__)
-
-#: While an idle engine waits for the rest of a burst, it looks again this often (an arrival wakes it sooner).
-_POLL_S = 0.005
 
 
 class SlotScheduler:
@@ -92,7 +89,7 @@ class SlotScheduler:
                     alone = None
                 fill_until = self._filling(waiting) if alone is None else None
                 if fill_until is not None:
-                    intake.drain(block_until=min(fill_until, time.monotonic() + _POLL_S))
+                    intake.drain(block_until=min(fill_until, time.monotonic() + POLL_S))
                     continue
                 while waiting and alone is None and engine.free_slots() > 0:
                     isolated = waiting[0].isolated

@@ -63,7 +63,7 @@ class Sweeper:
         self._app = app
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ttsq-sweeper", daemon=True)
-        #: Task id -> Redis time it was first found suspect (lost once it stays so for the grace): jobs
+        #: Task id -> Redis time it was first found suspect (lost once it stays so, ``_confirmed``): jobs
         #: no worker received, and received jobs that made no progress for a stale period.
         self._suspects: dict[str, float] = {}
         self._stale: dict[str, float] = {}
@@ -124,8 +124,7 @@ class Sweeper:
                 continue
             if (seq < watermark or depth == 0) and now - job.accepted_at > self.grace_s:
                 suspects.add(task_id)
-                first = self._suspects.setdefault(task_id, now)
-                if now - first >= min(self.grace_s, 2.0):  # suspect in two sweeps at least
+                if self._confirmed(self._suspects, task_id, now):
                     lost.append(job)
             else:
                 self._suspects.pop(task_id, None)
@@ -150,16 +149,20 @@ class Sweeper:
             elif job.task == DOCUMENT_TASK_NAME and self._document_waiting(task_id):
                 self.accepted.touch(task_id)  # waiting behind others: look again after another stale period
             else:
-                # Lost once it is found so in two sweeps: a message a worker is popping right now is in
-                # no list and not yet in the unacked hash, and the look above misses it.
+                # Lost once it is found so in two sweeps: a chunk a worker is popping right now is in no
+                # list and not yet in the unacked hash, and a document's look above misses it.
                 stale.add(task_id)
-                first = self._stale.setdefault(task_id, now)
-                if now - first >= min(self.grace_s, 2.0):
+                if self._confirmed(self._stale, task_id, now):
                     sent += self._send_again(job, why="a worker received it, and it made no progress since", stale=True)
                     self._stale.pop(task_id, None)
         for task_id in set(self._stale) - stale:
             self._stale.pop(task_id, None)
         return sent
+
+    def _confirmed(self, suspects: dict[str, float], task_id: str, now: float) -> bool:
+        """Whether ``task_id`` has been suspect (in ``suspects``, from when) long enough to count as lost:
+        in two sweeps at least, and never longer than the grace."""
+        return now - suspects.setdefault(task_id, now) >= min(self.grace_s, 2.0)
 
     def _document_waiting(self, doc_id: str) -> bool:
         """Whether a stale document is still on its way: its fan-out under way, or a message of its own,
