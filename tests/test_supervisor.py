@@ -16,11 +16,14 @@ import pytest
 import redis
 from support import FAULTY, Launcher, queue_length, scrape, value
 
+from ttsq.app import queues_for
 from ttsq.client import Client, Job
 from ttsq.config import Settings
-from ttsq.constants import RESTARTS_KEY
+from ttsq.constants import ACCEPTED_PREFIX, RECEIVED_KEY, RESTARTS_KEY, UNSEEN_PREFIX
+from ttsq.errors import JobError
 from ttsq.ops.redis_server import free_port
 from ttsq.records.owner import RedisOwner
+from ttsq.records.queues import held
 
 #: Whole-file: real engines or processes, minutes on two cores; `pytest -m "not slow"` skips it.
 pytestmark = pytest.mark.slow
@@ -49,6 +52,27 @@ def texts(n: int, tag: str) -> list[str]:
 def wait_all(client: Client, jobs: list[Job], timeout: float = 120.0) -> list[dict[str, object]]:
     deadline = time.monotonic() + timeout
     return [dict(job.wait(timeout=max(1.0, deadline - time.monotonic()))) for job in jobs]
+
+
+def unfinished(settings: Settings, client: Client, jobs: list[Job]) -> str:
+    """The jobs without a final result: their state, their ledger record, and where their messages are."""
+    cache = redis.Redis.from_url(settings.cache_url, decode_responses=True)
+    broker = redis.Redis.from_url(settings.broker_url)
+    lines = []
+    for job in jobs:
+        task_id = job.id or ""
+        state = client.async_result(task_id).state
+        if state == "SUCCESS":
+            continue
+        record = cache.hgetall(ACCEPTED_PREFIX + task_id)
+        record.pop("kwargs", None)
+        unseen = [queue for queue in queues_for(settings.queue) if cache.zscore(UNSEEN_PREFIX + queue, task_id)]
+        found = held(broker, {task_id}, queues_for(settings.queue))
+        lines.append(
+            f"{task_id}: {state}, record {record}, unseen {unseen}, received {cache.zscore(RECEIVED_KEY, task_id)},"
+            f" message queued or held: {bool(found)}"
+        )
+    return f"{len(lines)} unfinished: " + "; ".join(lines)
 
 
 def done_ids(client: Client, jobs: list[Job]) -> set[str]:
@@ -110,7 +134,11 @@ def test_two_workers_share_a_burst_and_a_killed_one_loses_nothing(
     broker.close()
     assert waiting > 0 and unacked > 0, "the burst ended before the kill; the test proves nothing"
 
-    results = wait_all(client, jobs)
+    try:
+        results = wait_all(client, jobs)
+    except JobError as exc:  # what the ledger and the workers did with the unfinished jobs says why
+        seen = unfinished(settings, client, jobs)
+        raise AssertionError(f"{exc}; {seen}; the log ends: {launcher.log()[-20000:]}") from exc
     assert len(results) == 48 and all(r["duration_s"] > 0 for r in results)  # type: ignore[operator]
     assert {r["worker"] for r in results} == {"cpu0@test", "cpu1@test"}
     log = launcher.log()
