@@ -174,19 +174,22 @@ def test_the_sweeper_sends_a_lost_job_again_and_drops_the_record_of_a_finished_o
 ) -> None:
     settings = settings.replace(lost_job_grace_s=1)
     lost, finished = outgoing(settings, "Lost on its way."), outgoing(settings, "Finished, record left.")
-    for job in (lost, finished):
+    # Given back once (its worker died before it took the message in), then lost: REQUEUED is no worker's.
+    requeued = outgoing(settings, "Given back, then lost.")
+    for job in (lost, finished, requeued):
         send_job(app, owner.accepted, job)
     first = owner.accepted.get(lost.task_id)
-    redis.Redis.from_url(settings.broker_url).delete(settings.queue)  # both messages lost
+    redis.Redis.from_url(settings.broker_url).delete(settings.queue)  # every message lost
     app.backend.store_result(finished.task_id, {"key": "done"}, "SUCCESS")
+    app.backend.store_result(requeued.task_id, {"reason": "its worker w1 died; waiting to run again"}, "REQUEUED")
 
-    assert sweep_for_a_while(settings, owner, app) == 1
+    assert sweep_for_a_while(settings, owner, app) == 2
     again = owner.accepted.get(lost.task_id)
     assert first is not None and again is not None and again.seq > first.seq  # accepted again, then sent
     assert not owner.accepted.exists(finished.task_id)
-    (message,) = redis.Redis.from_url(settings.broker_url).lrange(settings.queue, 0, -1)
-    headers = json.loads(message)["headers"]
-    assert (headers["id"], headers["ttsq_seq"]) == (lost.task_id, again.seq)
+    messages = redis.Redis.from_url(settings.broker_url).lrange(settings.queue, 0, -1)
+    sent = {json.loads(message)["headers"]["id"]: json.loads(message)["headers"]["ttsq_seq"] for message in messages}
+    assert sent.keys() == {lost.task_id, requeued.task_id} and sent[lost.task_id] == again.seq
 
 
 # -- the one reader ---------------------------------------------------------------------------------

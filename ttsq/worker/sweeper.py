@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from celery import states
 
 from ttsq.app import queues_for, stored_result
-from ttsq.constants import DOCUMENT_TASK_NAME, PROGRESS_PREFIX, SWEEPER_LOCK_PREFIX
+from ttsq.constants import DOCUMENT_TASK_NAME, PROGRESS_PREFIX, REQUEUED_STATE, SWEEPER_LOCK_PREFIX
 from ttsq.errors import CorruptRecord
 from ttsq.records.plans import SENDING, SENT, chunk_task_ids
 from ttsq.records.queues import held, queue_depth
@@ -193,7 +193,9 @@ class Sweeper:
             self.accepted.finish(job.task_id)
             self._suspects.pop(job.task_id, None)
             return 0
-        if state != states.PENDING and not stale:  # STARTED or PROGRESS: a worker has it; its mark went missing
+        if state not in (states.PENDING, REQUEUED_STATE) and not stale:
+            # STARTED or PROGRESS: a worker has it; its mark went missing. (REQUEUED says only that its
+            # message went back to the queue once: found nowhere since, it is lost.)
             self._suspects.pop(job.task_id, None)
             return 0
         if job.task == DOCUMENT_TASK_NAME:
