@@ -181,12 +181,28 @@ def _configure(service: str, env: Mapping[str, str]) -> _Tracing | None:
     named = env.get("OTEL_SERVICE_NAME") or "service.name=" in env.get("OTEL_RESOURCE_ATTRIBUTES", "")
     # Sampling (OTEL_TRACES_SAMPLER), the batch processor's delays (OTEL_BSP_*) and the exporter's
     # endpoint, headers and timeout are read by OpenTelemetry itself. The provider flushes at exit.
-    provider = TracerProvider(resource=Resource.create({} if named else {SERVICE_NAME: service}))
+    provider = TracerProvider(resource=_hashed_once(Resource.create({} if named else {SERVICE_NAME: service})))
     for exporter in exporters:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     logger.info("traces on: exporting through %s", ", ".join(names))
     return _Tracing(provider)
+
+
+def _hashed_once(resource: Any) -> Any:
+    """``resource``, hashed once. The OTLP exporter groups every span it sends by its resource, and an SDK
+    resource hashes by writing its attributes out as JSON: a tenth of a span's exporting, once a span."""
+    from opentelemetry.sdk.resources import Resource
+
+    class HashedOnce(Resource):
+        def __init__(self, attributes: Any, schema_url: str | None = None) -> None:
+            super().__init__(attributes, schema_url)
+            self._hash = super().__hash__()
+
+        def __hash__(self) -> int:
+            return self._hash
+
+    return HashedOnce(resource.attributes, resource.schema_url)
 
 
 def _application_provider() -> Any:

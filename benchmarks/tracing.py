@@ -1,0 +1,182 @@
+"""What traces cost: ``ttsq bench --embedded`` with tracing off and on, side by side, in one run.
+
+    python benchmarks/tracing.py [--pairs 8] [--jobs 300] [--warmup 16] [--json out.json]
+
+Starts an OTLP/HTTP receiver (a process of its own that accepts every export and drops it, counting the
+requests and bytes), then runs the same closed-loop bench (espeak unless ``--engine``, every job a cache
+miss, the same seed within a pair) ``--pairs`` times off and on. The order alternates between pairs
+(off-on, on-off, ...) so that a machine that slows down or speeds up during the run weighs on both
+sides alike. On: ``OTEL_EXPORTER_OTLP_ENDPOINT`` points at the receiver, with the SDK's default batch
+export; off: no ``OTEL_*`` at all. Each run is a process of its own (the embedded Redis, worker and
+producer in one: every span of a job is made and exported there), so its CPU seconds are its own.
+
+Printed: each pair's jobs/s off and on and their ratio, the CPU seconds per job of each, and the median
+of the paired ratios (the figure: a pair shares the machine's state of the moment) beside the ratio of
+the medians. ``--tiny`` is the CI smoke test: one pair of a few jobs, figures meaningless.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from ttsq.ops.redis_server import free_port
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    """Accepts an OTLP/HTTP export and drops it; its server counts the requests and bytes."""
+
+    def do_POST(self) -> None:
+        size = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(size)
+        server: Any = self.server
+        with server.lock:
+            server.requests += 1
+            server.bytes += size
+            server.counts.write_text(json.dumps({"requests": server.requests, "bytes": server.bytes}))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+def receive(port: int, counts: Path) -> None:
+    """Run the receiver until killed, its counts in ``counts`` after every export."""
+    server: Any = ThreadingHTTPServer(("127.0.0.1", port), _Receiver)
+    server.requests, server.bytes, server.counts, server.lock = 0, 0, counts, threading.Lock()
+    server.serve_forever()
+
+
+@contextmanager
+def receiver(folder: Path) -> Iterator[tuple[str, Path]]:
+    """A receiver process on a free loopback port: its endpoint, and the file of its counts."""
+    port, counts = free_port(), folder / "receiver.json"
+    process = subprocess.Popen([sys.executable, __file__, "--receive", str(port), "--counts", str(counts)])
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise SystemExit("the OTLP receiver did not start") from None
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}", counts
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def bench(args: argparse.Namespace, seed: int, endpoint: str | None, folder: Path) -> dict[str, Any]:
+    """One ``ttsq bench --embedded`` run in a process of its own: its report, with its CPU seconds."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    if endpoint is not None:
+        env.update(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_SERVICE_NAME="ttsq-bench")
+    out = folder / f"seed{seed}-{'on' if endpoint else 'off'}.json"
+    command = [sys.executable, "-m", "ttsq.cli.main", "bench", "--embedded", "--engine", args.engine]
+    command += ["-n", str(args.jobs), "--warmup", str(args.warmup), "--seed", str(seed), "--json", str(out)]
+    command += ["--max-batch", str(args.max_batch)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(command, env=env, capture_output=True, timeout=args.timeout)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise SystemExit(f"ttsq bench failed ({done.returncode}): {done.stderr.decode()[-3000:]}")
+    report = json.loads(out.read_text())
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"jobs_per_s": report["throughput"]["jobs_per_s"], "cpu_s": cpu_s, "jobs": args.jobs + args.warmup}
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    pairs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="ttsq-tracing-") as tmp, receiver(Path(tmp)) as (endpoint, counts):
+        for n in range(args.pairs):
+            seed = args.seed + n
+            runs: dict[str, dict[str, Any]] = {}
+            for side in ("off", "on") if n % 2 == 0 else ("on", "off"):
+                runs[side] = bench(args, seed, endpoint if side == "on" else None, Path(tmp))
+            pair = {
+                "seed": seed,
+                "off": runs["off"],
+                "on": runs["on"],
+                "ratio": runs["on"]["jobs_per_s"] / runs["off"]["jobs_per_s"],
+            }
+            pairs.append(pair)
+            print(_row(pair), flush=True)
+        exported = json.loads(counts.read_text()) if counts.exists() else {"requests": 0, "bytes": 0}
+    off = [p["off"]["jobs_per_s"] for p in pairs]
+    on = [p["on"]["jobs_per_s"] for p in pairs]
+    cpu = {side: sum(p[side]["cpu_s"] for p in pairs) / sum(p[side]["jobs"] for p in pairs) for side in ("off", "on")}
+    return {
+        "engine": args.engine,
+        "jobs": args.jobs,
+        "warmup": args.warmup,
+        "max_batch": args.max_batch,
+        "pairs": pairs,
+        "median_paired_ratio": statistics.median(p["ratio"] for p in pairs),
+        "ratio_of_medians": statistics.median(on) / statistics.median(off),
+        "jobs_per_s_median": {"off": statistics.median(off), "on": statistics.median(on)},
+        "cpu_ms_per_job": {side: 1000 * value for side, value in cpu.items()},
+        "exported": exported,
+    }
+
+
+def _row(pair: dict[str, Any]) -> str:
+    off, on = pair["off"], pair["on"]
+    return (
+        f"seed {pair['seed']:>3}: off {off['jobs_per_s']:6.2f} jobs/s, on {on['jobs_per_s']:6.2f} jobs/s, "
+        f"on/off {pair['ratio']:.3f}; CPU ms/job off {1000 * off['cpu_s'] / off['jobs']:.1f}, "
+        f"on {1000 * on['cpu_s'] / on['jobs']:.1f}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pairs", type=int, default=8)
+    parser.add_argument("--jobs", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=16)
+    parser.add_argument("--max-batch", type=int, default=8)
+    parser.add_argument("--engine", default="espeak")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--tiny", action="store_true", help="CI smoke test: one pair of a few jobs")
+    parser.add_argument("--receive", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--counts", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.receive:
+        receive(args.receive, args.counts)
+        return
+    if args.tiny:
+        args.pairs, args.jobs, args.warmup, args.max_batch = 1, 6, 0, 2
+    figures = measure(args)
+    print(
+        f"tracing on / off: {figures['median_paired_ratio']:.3f} by the median of {len(figures['pairs'])} paired "
+        f"ratios, {figures['ratio_of_medians']:.3f} by the medians ({figures['jobs_per_s_median']['on']:.2f} / "
+        f"{figures['jobs_per_s_median']['off']:.2f} jobs/s); CPU ms per job on {figures['cpu_ms_per_job']['on']:.2f}, "
+        f"off {figures['cpu_ms_per_job']['off']:.2f}; {figures['exported']['requests']} exports, "
+        f"{figures['exported']['bytes']} bytes"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()
