@@ -1,25 +1,28 @@
-"""What traces cost: ``ttsq bench --embedded`` with tracing off and on, side by side, in one run.
+"""What traces cost: ``ttsq bench`` with tracing off and on, side by side, in one run.
 
-    python benchmarks/tracing.py [--pairs 8] [--jobs 300] [--warmup 16] [--json out.json]
+    python benchmarks/tracing.py [--pairs 8] [--jobs 300] [--warmup 16] [--embedded] [--json out.json]
 
 Starts an OTLP/HTTP receiver (a process of its own that accepts every export and drops it, counting the
-requests and bytes), then runs the same closed-loop bench (espeak unless ``--engine``, every job a cache
-miss, the same seed within a pair) ``--pairs`` times off and on. The order alternates between pairs
-(off-on, on-off, ...) so that a machine that slows down or speeds up during the run weighs on both
-sides alike. On: ``OTEL_EXPORTER_OTLP_ENDPOINT`` points at the receiver, with the SDK's default batch
-export; off: no ``OTEL_*`` at all. Each run is a process of its own (the embedded Redis, worker and
-producer in one: every span of a job is made and exported there), so its CPU seconds are its own.
+requests and bytes) and a private Redis, then runs the same closed-loop bench (espeak unless
+``--engine``; a qwen engine on CPU with a tiny checkpoint built for the run unless ``--model``, at most
+``--frames`` codec frames a job; every job a cache miss, the same seed within a pair) ``--pairs`` times off and on, each
+against a ``ttsq worker`` process started for the run (local storage): a deployment's shape, the
+producer's spans in the bench's process and the worker's in the worker's. ``--embedded`` runs
+``ttsq bench --embedded`` instead: producer and worker in one process, every span of a job made and
+exported there. The order alternates between pairs (off-on, on-off, ...) so that a machine that slows
+down or speeds up during the run weighs on both sides alike. On: ``OTEL_EXPORTER_OTLP_ENDPOINT`` points
+at the receiver for every process of the run, with the SDK's default batch export; off: no ``OTEL_*``
+at all. CPU seconds are those of the run's processes (worker and bench), start-up included.
 
-Printed: each pair's jobs/s off and on and their ratio, the CPU seconds per job of each, and the median
-of the paired ratios (the figure: a pair shares the machine's state of the moment) beside the ratio of
-the medians. ``--tiny`` is the CI smoke test: one pair of a few jobs, figures meaningless.
+Printed: each pair's jobs/s off and on and their ratio, the CPU milliseconds per job of each, and the
+median of the paired ratios (the figure: a pair shares the machine's state of the moment) beside the
+ratio of the medians. ``--tiny`` is the CI smoke test: one pair of a few jobs, figures meaningless.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import socket
 import statistics
@@ -29,12 +32,21 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from ttsq.ops.redis_server import free_port
+import redis
+
+from ttsq.config import Settings
+from ttsq.constants import FLEET_NODES_PREFIX, FLEET_PREFIX
+from ttsq.ops.redis_server import RedisServer, free_port
+
+# Run as a script, this folder is on the path, not the repository: compare.py's process helpers are
+# imported from beside it.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.compare import _env, _process
 
 
 class _Receiver(BaseHTTPRequestHandler):
@@ -65,6 +77,16 @@ def receive(port: int, counts: Path) -> None:
 
 
 @contextmanager
+def _redis() -> Iterator[str]:
+    server = RedisServer()
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@contextmanager
 def receiver(folder: Path) -> Iterator[tuple[str, Path]]:
     """A receiver process on a free loopback port: its endpoint, and the file of its counts."""
     port, counts = free_port(), folder / "receiver.json"
@@ -85,17 +107,41 @@ def receiver(folder: Path) -> Iterator[tuple[str, Path]]:
         process.wait(timeout=10)
 
 
-def bench(args: argparse.Namespace, seed: int, endpoint: str | None, folder: Path) -> dict[str, Any]:
-    """One ``ttsq bench --embedded`` run in a process of its own: its report, with its CPU seconds."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+def bench(args: argparse.Namespace, seed: int, endpoint: str | None, folder: Path, redis_url: str) -> dict[str, Any]:
+    """One ``ttsq bench`` run (and its worker, unless ``--embedded``), processes of their own: the
+    bench's report, with their CPU seconds."""
+    side = "on" if endpoint else "off"
+    settings = Settings().replace(
+        broker_url=f"{redis_url}/0",
+        result_backend=f"{redis_url}/1",
+        cache_url=f"{redis_url}/2",
+        storage_url=str(folder / "audio"),
+        queue=f"tracing-{seed}-{side}",
+        engine=args.engine,
+        max_batch=args.max_batch,
+        metrics_port=0,
+    )
+    if args.engine.startswith("qwen"):
+        settings = settings.replace(qwen_model=str(args.model), qwen_device="cpu", qwen_max_frames=args.frames)
+    env = {k: v for k, v in _env(settings).items() if not k.startswith("OTEL_")}
     if endpoint is not None:
-        env.update(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_SERVICE_NAME="ttsq-bench")
-    out = folder / f"seed{seed}-{'on' if endpoint else 'off'}.json"
-    command = [sys.executable, "-m", "ttsq.cli.main", "bench", "--embedded", "--engine", args.engine]
-    command += ["-n", str(args.jobs), "--warmup", str(args.warmup), "--seed", str(seed), "--json", str(out)]
-    command += ["--max-batch", str(args.max_batch)]
+        env.update(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint)
+        env.update(dict(option.split("=", 1) for option in args.otel))
+    out = folder / f"seed{seed}-{side}.json"
+    command = [sys.executable, "-m", "ttsq.cli.main", "bench", "-n", str(args.jobs), "--warmup", str(args.warmup)]
+    command += ["--seed", str(seed), "--json", str(out)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run(command, env=env, capture_output=True, timeout=args.timeout)
+    with ExitStack() as stack:
+        if args.embedded:
+            command += ["--embedded", "--engine", args.engine, "--max-batch", str(args.max_batch)]
+        else:
+            worker = [sys.executable, "-m", "ttsq.cli.main", "worker", "-n", f"w@tracing-{seed}-{side}"]
+            stack.enter_context(_process(worker, {**env, "OTEL_SERVICE_NAME": "ttsq-worker"}, folder / "worker.log"))
+            _wait_for_worker(settings, folder)
+        producer = {k: v for k, v in env.items() if not (args.worker_only and k.startswith("OTEL_"))}
+        done = subprocess.run(
+            command, env={**producer, "OTEL_SERVICE_NAME": "ttsq-bench"}, capture_output=True, timeout=args.timeout
+        )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(f"ttsq bench failed ({done.returncode}): {done.stderr.decode()[-3000:]}")
@@ -104,14 +150,37 @@ def bench(args: argparse.Namespace, seed: int, endpoint: str | None, folder: Pat
     return {"jobs_per_s": report["throughput"]["jobs_per_s"], "cpu_s": cpu_s, "jobs": args.jobs + args.warmup}
 
 
+def _wait_for_worker(settings: Settings, folder: Path) -> None:
+    cache = redis.Redis.from_url(settings.cache_url)
+    try:
+        deadline = time.monotonic() + 300
+        while not cache.hgetall(FLEET_NODES_PREFIX + settings.queue) or not cache.exists(FLEET_PREFIX + settings.queue):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the worker did not start; see {folder / 'worker.log'}")
+            time.sleep(0.1)
+    finally:
+        cache.close()
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     pairs: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="ttsq-tracing-") as tmp, receiver(Path(tmp)) as (endpoint, counts):
+    with (
+        tempfile.TemporaryDirectory(prefix="ttsq-tracing-") as tmp,
+        receiver(Path(tmp)) as (endpoint, counts),
+        _redis() as redis_url,
+    ):
+        if args.engine.startswith("qwen") and args.model is None:
+            from ttsq.testing.qwen_checkpoint import build
+
+            args.model = build(Path(tmp) / "tiny", "voice_design")
         for n in range(args.pairs):
             seed = args.seed + n
             runs: dict[str, dict[str, Any]] = {}
             for side in ("off", "on") if n % 2 == 0 else ("on", "off"):
-                runs[side] = bench(args, seed, endpoint if side == "on" else None, Path(tmp))
+                before = _exports(counts)
+                runs[side] = bench(args, seed, endpoint if side == "on" else None, Path(tmp), redis_url)
+                # The run's processes flushed at exit: what reached the receiver since is the run's.
+                runs[side]["exports"] = _exports(counts) - before
             pair = {
                 "seed": seed,
                 "off": runs["off"],
@@ -125,6 +194,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     on = [p["on"]["jobs_per_s"] for p in pairs]
     cpu = {side: sum(p[side]["cpu_s"] for p in pairs) / sum(p[side]["jobs"] for p in pairs) for side in ("off", "on")}
     return {
+        "embedded": args.embedded,
+        "worker_only": args.worker_only,
         "engine": args.engine,
         "jobs": args.jobs,
         "warmup": args.warmup,
@@ -136,6 +207,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_ms_per_job": {side: 1000 * value for side, value in cpu.items()},
         "exported": exported,
     }
+
+
+def _exports(counts: Path) -> int:
+    """The exports the receiver has taken so far."""
+    return int(json.loads(counts.read_text())["requests"]) if counts.exists() else 0
 
 
 def _row(pair: dict[str, Any]) -> str:
@@ -154,6 +230,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=16)
     parser.add_argument("--max-batch", type=int, default=8)
     parser.add_argument("--engine", default="espeak")
+    parser.add_argument("--model", type=Path, help="a qwen engine's checkpoint (default: a tiny one built for the run)")
+    parser.add_argument("--frames", type=int, default=64, help="a qwen engine's most codec frames a job")
+    parser.add_argument("--embedded", action="store_true", help="producer and worker in one process")
+    parser.add_argument("--worker-only", action="store_true", help="tracing on in the worker alone, not the producer")
+    parser.add_argument(
+        "--otel", action="append", default=[], metavar="NAME=VALUE", help="another OTEL_* variable for the on side"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--json", type=Path)

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -261,3 +265,24 @@ def test_a_document_fans_out_and_stitches_in_the_trace_of_its_request(
     with receiver.lock:
         values = [str(v) for s in receiver.spans for v in s.attributes.values()]
     assert not [v for v in values if SECRET in v or "second sentence" in v]
+
+
+@pytest.mark.slow
+def test_the_tracing_benchmark_runs(tmp_path: Path) -> None:
+    """``benchmarks/tracing.py --tiny``: one pair, the on run's processes export to the receiver and the
+    off run's export nothing (so the figure compares tracing on with tracing off)."""
+    script = Path(__file__).parent.parent / "benchmarks" / "tracing.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TTSQ_", "OTEL_"))}
+    out = subprocess.run(
+        [sys.executable, str(script), "--tiny", "--json", str(tmp_path / "figures.json")],
+        capture_output=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr.decode()[-2000:]
+    figures = json.loads((tmp_path / "figures.json").read_text())
+    (pair,) = figures["pairs"]
+    assert pair["off"]["jobs_per_s"] > 0 and pair["on"]["jobs_per_s"] > 0
+    assert pair["off"]["exports"] == 0 and pair["on"]["exports"] > 0
+    assert figures["exported"]["bytes"] > 0 and "tracing on / off" in out.stdout.decode()
