@@ -115,6 +115,20 @@ def _process(command: list[str], env: dict[str, str], log: Path) -> Iterator[sub
                 process.wait()
 
 
+def _wait_for_port(port: int, what: str, process: subprocess.Popen[bytes] | None = None, timeout_s: float = 30) -> None:
+    """Wait until something listens on loopback ``port`` (``what``, for the error; ``process``: the one
+    that should, whose exit ends the wait at once)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline or (process is not None and process.poll() is not None):
+                raise RuntimeError(f"{what} did not start") from None
+            time.sleep(0.1)
+
+
 @contextmanager
 def _s3_server(folder: Path) -> Iterator[str]:
     port = free_port()
@@ -122,15 +136,7 @@ def _s3_server(folder: Path) -> Iterator[str]:
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], dict(os.environ), folder / "moto.log"
     ):
         endpoint = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("moto's S3 server did not start") from None
-                time.sleep(0.1)
+        _wait_for_port(port, "moto's S3 server")
         import boto3
 
         boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=BUCKET)

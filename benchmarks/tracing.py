@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,7 +45,7 @@ from ttsq.ops.redis_server import RedisServer, free_port
 # Run as a script, this folder is on the path, not the repository: compare.py's process helpers are
 # imported from beside it.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.compare import _env, _process
+from benchmarks.compare import _env, _process, _wait_for_port
 
 
 class _Receiver(BaseHTTPRequestHandler):
@@ -92,15 +91,7 @@ def receiver(folder: Path) -> Iterator[tuple[str, Path]]:
     port, counts = free_port(), folder / "receiver.json"
     process = subprocess.Popen([sys.executable, __file__, "--receive", str(port), "--counts", str(counts)])
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise SystemExit("the OTLP receiver did not start") from None
-                time.sleep(0.1)
+        _wait_for_port(port, "the OTLP receiver", process)
         yield f"http://127.0.0.1:{port}", counts
     finally:
         process.terminate()
