@@ -4,9 +4,10 @@
 
 Starts an OTLP/HTTP receiver (a process of its own that accepts every export and drops it, counting the
 requests and bytes) and a private Redis, then runs the same closed-loop bench (espeak unless
-``--engine``; a qwen engine on CPU with a tiny checkpoint built for the run unless ``--model``, at most
-``--frames`` codec frames a job; every job a cache miss, the same seed within a pair) ``--pairs`` times off and on, each
-against a ``ttsq worker`` process started for the run (local storage): a deployment's shape, the
+``--engine``; a qwen engine on CPU with a tiny checkpoint built for the run unless ``--model``, at
+most ``--frames`` codec frames a job; every job a cache miss, the same seed within a pair) ``--pairs``
+times off and on, each against a ``ttsq worker`` process started for the run (local storage): a
+deployment's shape, the
 producer's spans in the bench's process and the worker's in the worker's. ``--embedded`` runs
 ``ttsq bench --embedded`` instead: producer and worker in one process, every span of a job made and
 exported there. The order alternates between pairs (off-on, on-off, ...) so that a machine that slows
@@ -39,7 +40,7 @@ from typing import Any
 import redis
 
 from ttsq.config import Settings
-from ttsq.constants import FLEET_NODES_PREFIX, FLEET_PREFIX
+from ttsq.constants import FLEET_PREFIX
 from ttsq.ops.redis_server import RedisServer, free_port
 
 # Run as a script, this folder is on the path, not the repository: compare.py's process helpers are
@@ -73,16 +74,6 @@ def receive(port: int, counts: Path) -> None:
     server: Any = ThreadingHTTPServer(("127.0.0.1", port), _Receiver)
     server.requests, server.bytes, server.counts, server.lock = 0, 0, counts, threading.Lock()
     server.serve_forever()
-
-
-@contextmanager
-def _redis() -> Iterator[str]:
-    server = RedisServer()
-    server.start()
-    try:
-        yield server.url
-    finally:
-        server.stop()
 
 
 @contextmanager
@@ -145,7 +136,7 @@ def _wait_for_worker(settings: Settings, folder: Path) -> None:
     cache = redis.Redis.from_url(settings.cache_url)
     try:
         deadline = time.monotonic() + 300
-        while not cache.hgetall(FLEET_NODES_PREFIX + settings.queue) or not cache.exists(FLEET_PREFIX + settings.queue):
+        while not cache.exists(FLEET_PREFIX + settings.queue):  # the worker announced itself: it is ready
             if time.monotonic() > deadline:
                 raise SystemExit(f"the worker did not start; see {folder / 'worker.log'}")
             time.sleep(0.1)
@@ -155,11 +146,12 @@ def _wait_for_worker(settings: Settings, folder: Path) -> None:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     pairs: list[dict[str, Any]] = []
-    with (
-        tempfile.TemporaryDirectory(prefix="ttsq-tracing-") as tmp,
-        receiver(Path(tmp)) as (endpoint, counts),
-        _redis() as redis_url,
-    ):
+    with ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="ttsq-tracing-"))
+        endpoint, counts = stack.enter_context(receiver(Path(tmp)))
+        server = RedisServer().start()
+        stack.callback(server.stop)
+        redis_url = server.url
         if args.engine.startswith("qwen") and args.model is None:
             from ttsq.testing.qwen_checkpoint import build
 

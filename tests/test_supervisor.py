@@ -56,8 +56,14 @@ def wait_all(client: Client, jobs: list[Job], timeout: float = 120.0) -> list[di
 
 def unfinished(settings: Settings, client: Client, jobs: list[Job]) -> str:
     """The jobs without a final result: their state, their ledger record, and where their messages are."""
-    cache = redis.Redis.from_url(settings.cache_url, decode_responses=True)
-    broker = redis.Redis.from_url(settings.broker_url)
+    with (
+        redis.Redis.from_url(settings.cache_url, decode_responses=True) as cache,
+        redis.Redis.from_url(settings.broker_url) as broker,
+    ):
+        return _unfinished(settings, client, jobs, cache, broker)
+
+
+def _unfinished(settings: Settings, client: Client, jobs: list[Job], cache: redis.Redis, broker: redis.Redis) -> str:
     lines = []
     for job in jobs:
         task_id = job.id or ""
