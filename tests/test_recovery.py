@@ -22,6 +22,7 @@ from support import WorkerProcess, run_cli
 from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.constants import HOLDER_TTL_S, REQUEUED_STATE
+from ttsq.errors import JobError
 from ttsq.records.holders import Holders, incarnation
 from ttsq.records.owner import RedisOwner
 
@@ -65,7 +66,11 @@ def test_a_document_whose_worker_is_killed_completes_within_a_minute_and_nothing
         doomed.process.send_signal(signal.SIGKILL)
         doomed.process.wait(timeout=10)
         killed_at = time.monotonic()
-        result = job.wait(timeout=120)
+        try:
+            result = job.wait(timeout=120)
+        except JobError as exc:  # what the survivor did with the document says why
+            status = client.status(job.id or "")
+            raise AssertionError(f"{exc}; status {status}; the survivor's log ends: {survivor.log()[-20000:]}") from exc
         took = time.monotonic() - killed_at
     assert took < 60, f"the document took {took:.0f} s after the kill"
     assert result["document"]["chunks"] == 24
