@@ -18,9 +18,10 @@ import pytest
 import redis
 from support import WorkerProcess, run_cli, s3_keys, wait_until
 
-from ttsq.app import make_app
+from ttsq.app import make_app, queues_for
 from ttsq.client import Client, Job
 from ttsq.config import Settings
+from ttsq.constants import DOCUMENT_HEADER
 from ttsq.errors import BrokerError, UnknownJob
 from ttsq.job import SynthesisRequest
 from ttsq.keys import content_key
@@ -63,6 +64,48 @@ def test_a_message_lost_from_its_queue_is_sent_again_and_completes_once(
     assert log.count("sent again") == 1 and f"job {jobs[2].id}: its message never reached a worker" in log
     assert all(log.count(f"job {job.id}: synthesized") == 1 for job in jobs)
     client.close()
+
+
+def lose_a_chunk(settings: Settings, document_id: str) -> bool:
+    """Take one of a document's queued chunk messages out of its queue (the last to run), as a worker
+    killed in kombu's fetch window would: True once one was taken."""
+    broker = redis.Redis.from_url(settings.broker_url)
+    try:
+        needle = f'"{DOCUMENT_HEADER}": {{"id": "{document_id}"'.encode()
+        for queue in queues_for(settings.queue):
+            chunks = [item for item in broker.lrange(queue, 0, -1) if needle in item]
+            if len(chunks) > 1 and broker.lrem(queue, 1, chunks[0]) == 1:
+                return True
+        return False
+    finally:
+        broker.close()
+
+
+def test_a_document_whose_chunk_message_is_lost_completes_within_the_bound(
+    settings: Settings, start_worker: StartWorker, faulty_engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk has no record of its own: its document, received and then without progress for two
+    graces, is found with none of its messages anywhere and sent again (it fans out again; the chunks
+    already stored come from the cache). Not a visibility timeout later: an hour by default."""
+    monkeypatch.setenv("FAULTY_ENGINE_DONE", str(tmp_path / "done.log"))
+    settings = settings.replace(
+        engine=faulty_engine,
+        max_batch=1,  # two chunks held at a time, the rest queued behind a batch that takes a second
+        lost_job_grace_s=GRACE_S,
+        visibility_timeout_s=Settings().visibility_timeout_s,
+    )
+    worker = start_worker(settings)
+    text = "\n\n".join(f"Paragraph {i} [slow]. The ferry left at dawn and the gulls followed it." for i in range(6))
+    with Client(settings) as client:
+        job = client.submit_document(text, language="english")
+        wait_until(lambda: lose_a_chunk(settings, job.id or ""), timeout=30, what="a queued chunk", interval=0.01)
+        result = job.wait(timeout=6 + 2 * GRACE_S + BOUND_S)
+    assert result["document"]["chunks"] == 6
+    log = worker.log()
+    assert f"job {job.id}: a worker received it, and it made no progress since; sent again" in log, log[-3000:]
+    done = [line.split()[1] for line in (tmp_path / "done.log").read_text().splitlines()]
+    assert len(done) == len(set(done)) == 6  # the lost chunk made once, the others not again
+    assert len(s3_keys(settings)) == 7  # six chunks and the document
 
 
 def test_a_resubmit_of_a_lost_job_joins_it_and_completes(settings: Settings, start_worker: StartWorker) -> None:

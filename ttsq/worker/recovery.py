@@ -12,8 +12,9 @@ result (``ttsq status`` says its worker died), and forgets the holder.
 A live process renews the delivery time of what it holds on its live broker connection with every beat
 (``Holders.keep_alive``): a long stitch or batch is never given to a second worker by kombu's visibility
 timeout while the first still works on it. Messages it held on a connection it lost (their acks cannot
-reach Redis) are left to the visibility timeout, as before; so is a message no holder recorded (the
-moment between kombu popping it and recording it, or a worker of an older ttsq).
+reach Redis) are left to the visibility timeout, as before; so is one a worker of an older ttsq held. A
+message no holder recorded (the worker died between kombu popping it and recording it) is in no
+record of the broker's: the accepted-job ledger's sweeper sends it again (``ttsq.worker.sweeper``).
 """
 
 from __future__ import annotations

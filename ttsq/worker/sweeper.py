@@ -3,7 +3,8 @@
 One worker of a deployment at a time runs it. Every second it reads the accepted-job ledger
 (``ttsq.records.accepted``) and sends again, under the same task id, through ``ttsq.sending``, a job no
 worker received although its queue moved past it, and a received job that made no progress for a
-visibility timeout. When a job counts as lost, and why a rerun is safe: docs/guarantees.md, "Lost jobs".
+visibility timeout (a document: for two graces). When a job counts as lost, and why a rerun is safe:
+docs/guarantees.md, "Lost jobs".
 
 A document is received once and then waits for its chunks, which may queue behind a backlog for
 longer than that: a stale document whose fan-out is under way, or whose messages (its own, its
@@ -40,6 +41,11 @@ logger = logging.getLogger(__name__)
 #: How often the sweep runs, and how long a sweeper's lock outlives its last renewal (seconds).
 SWEEP_INTERVAL_S = 1.0
 LOCK_TTL_S = 5.0
+#: How many lost-job graces a received document may go without progress before the sweeper looks for
+#: its messages. Its chunks have no record of their own: one lost in kombu's fetch window (a worker
+#: killed between popping it and recording it) is found this way, within seconds, not after a
+#: visibility timeout; a document that is only waiting costs one look at the broker each time.
+DOCUMENT_STALE_GRACES = 2
 #: How many of a stale document's unfinished chunks the sweeper looks for in the broker: any one of
 #: them queued or held means the document is waiting.
 DOCUMENT_CHUNKS_LOOKED_FOR = 64
@@ -140,9 +146,18 @@ class Sweeper:
 
     def _sweep_received(self, now: float) -> int:
         stale_s = self.settings.visibility_timeout_s + self.grace_s
+        document_stale_s = min(stale_s, DOCUMENT_STALE_GRACES * self.grace_s)
+        suspects = self.accepted.received_before(now - stale_s)
+        if document_stale_s < stale_s:
+            # Received documents with no progress for a few graces: an ordinary job received as long
+            # ago is held by a worker (kombu gives it back after the visibility timeout), but a
+            # document waits on chunk messages nothing else records.
+            older = set(suspects)
+            recent = [t for t in self.accepted.received_before(now - document_stale_s) if t not in older]
+            suspects += [t for t, task in self.accepted.tasks(recent).items() if task == DOCUMENT_TASK_NAME]
         sent = 0
         stale = set()
-        for task_id in self.accepted.received_before(now - stale_s):
+        for task_id in suspects:
             job = self.accepted.get(task_id)
             if job is None:
                 self.accepted.finish(task_id)
