@@ -23,7 +23,16 @@ import pytest
 import torch
 
 from ttsq.engines.base import EngineOutput, streams_audio
-from ttsq.engines.qwen.stream import LEFT_CONTEXT_FRAMES, Chunk, schedule, stream_decode
+from ttsq.engines.qwen.stream import (
+    CHUNK_CAP_FRAMES,
+    FIRST_CHUNK_FRAMES,
+    FIRST_CHUNK_MAX_FRAMES,
+    LEFT_CONTEXT_FRAMES,
+    Chunk,
+    first_chunk_frames,
+    schedule,
+    stream_decode,
+)
 from ttsq.errors import EngineError
 
 #: Whole-file: real engines, minutes on two cores; `pytest -m "not slow"` skips it.
@@ -82,11 +91,26 @@ def full_decoder() -> Any:
 
 
 def joined(pieces: list[np.ndarray], frames: int) -> np.ndarray:
-    """The pieces are the ramp's chunks (1, 2, 4, 8 … frames), cut at frame boundaries; joined."""
-    bounds = schedule(frames)
+    """The pieces are the ramp's chunks (2, 4, 8, 16 … frames, from a larger first one while the loop
+    is busy), cut at frame boundaries; joined."""
+    first = pieces[0].size // PER_FRAME
+    assert FIRST_CHUNK_FRAMES <= first <= max(FIRST_CHUNK_MAX_FRAMES, frames)
+    bounds = schedule(frames, first)
     assert [piece.size for piece in pieces] == [(end - start) * PER_FRAME for start, end in bounds]
-    assert [end - start for start, end in bounds][:4] == [1, 2, 4, 8][: len(bounds)]
+    sizes = [end - start for start, end in bounds]
+    assert sizes[:-1] == [min(first << k, CHUNK_CAP_FRAMES) for k in range(len(sizes) - 1)]
     return np.concatenate(pieces)
+
+
+def test_the_first_chunk_grows_with_the_loops_frame_time() -> None:
+    """Two frames while the loop is fast; more once the second chunk (twice as long) would come after a
+    player that started with the first ran dry; the most a slower than real time loop allows."""
+    assert first_chunk_frames(0.0) == first_chunk_frames(0.007) == FIRST_CHUNK_FRAMES == 2  # a lone stream
+    assert first_chunk_frames(0.025) == 2  # 8 streams on 2 CPU cores
+    assert first_chunk_frames(0.032) == 4  # 16 streams there
+    assert first_chunk_frames(0.038) == FIRST_CHUNK_MAX_FRAMES
+    assert first_chunk_frames(0.5) == FIRST_CHUNK_MAX_FRAMES
+    assert schedule(40, 3) == [(0, 3), (3, 9), (9, 21), (21, 40)]
 
 
 def cut_short(frames: int) -> bool:
@@ -248,8 +272,9 @@ def test_a_first_chunk_overtakes_work_already_waiting_for_the_codec(fast: Any) -
     fast.admit(request("A whole row.", 2, seed=2), whole.done)
     while fast.active:
         fast.step()  # the whole row has left the loop: its decode waits for the codec
-    fast.admit(request("Stream me.", 6, seed=4), first.done, piece=first.piece)
-    fast.step()  # its first frame: its first chunk waits too, behind the whole row
+    fast.admit(request("Stream me.", 12, seed=4), first.done, piece=first.piece)
+    while not any(stream.chunks for stream in fast._streams.values()):
+        fast.step()  # its first frames: its first chunk waits too, behind the whole row
     release.set()
     finish(fast, busy, whole, first)
     assert log.index("first piece 0") < log.index("whole done") < log.index("first done")

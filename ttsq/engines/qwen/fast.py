@@ -23,6 +23,7 @@ import itertools
 import logging
 import secrets
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -52,6 +53,9 @@ PROMPT_TEMPLATE_POSITIONS = 32
 
 Done = Callable[[EngineOutput | Exception], object]
 Rows = list[tuple["Finished", "SynthesisRequest", Done, Any, int]]
+#: How much each frame's time moves the loop's recent frame time (an exponential mean over about
+#: four frames: a burst's admissions show within its rows' first frames).
+FRAME_WEIGHT = 0.3
 #: Codec queue priorities: a streaming row's first chunk goes before everything else waiting for the
 #: codec; later chunks and whole rows keep their order (so a row's chunks stay in order).
 FIRST_CHUNK, IN_ORDER = 0, 1
@@ -76,6 +80,10 @@ class QwenFastEngine(QwenEngine):
         # slot -> request, its done callback, its clone reference codes, its frame cap
         self._requests: dict[int, tuple[SynthesisRequest, Done, Any, int]] = {}
         self._streams: dict[int, RowStream] = {}  # slot -> its streaming row's chunks and pieces
+        # The loop's recent frame time (wall, from one step to the next, admissions between them
+        # included; idle time not), which sizes streaming rows' first chunks; when the last step began.
+        self._frame_s = 0.0
+        self._stepped_at: float | None = None
         self._decoder: ThreadPoolExecutor | None = None
         # Work for the codec thread, by (priority, order): every job submitted to ``_decoder`` runs the
         # first job of this heap, so a first chunk overtakes what waits before it.
@@ -245,7 +253,14 @@ class QwenFastEngine(QwenEngine):
         """One frame for every slot; finished rows are decoded and handed to their ``done``."""
         loop = self.loop
         if loop is None or not loop.active:
+            # Idle: whatever comes next starts afresh (a lone row must not take a first chunk sized
+            # for the burst before it).
+            self._stepped_at, self._frame_s = None, 0.0
             return
+        now = time.perf_counter()
+        if self._stepped_at is not None:
+            self._frame_s += FRAME_WEIGHT * (now - self._stepped_at - self._frame_s)
+        self._stepped_at = now
         try:
             finished = loop.step()
         except Exception as exc:  # the loop's state is unknown now: every row in it leaves
@@ -267,7 +282,9 @@ class QwenFastEngine(QwenEngine):
         # A row without a request (a bug elsewhere) must not keep the others from being answered.
         rows = [(row, *entry) for row in finished if (entry := self._requests.pop(row.slot, None)) is not None]
         whole = [row for row in rows if row[0].slot not in self._streams]
-        chunks = due_chunks(loop, self._streams, [row for row, *_ in rows]) if self._streams else []
+        chunks = due_chunks(loop, self._streams, [row for row, *_ in rows], self._frame_s) if self._streams else []
+        if not loop.active:
+            self._stepped_at, self._frame_s = None, 0.0
         if whole:
             self._dispatch(IN_ORDER, self._decode, whole, [row.codes for row, *_ in whole])
         for priority in (FIRST_CHUNK, IN_ORDER):

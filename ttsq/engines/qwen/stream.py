@@ -4,15 +4,17 @@ The 12 Hz codec's decoder is causal (causal convolutions, transposed convolution
 sliding-window causal attention), so the samples of a frame are final once the frame is decoded and a
 chunk's audio can be handed over at once. A chunk is decoded with up to ``LEFT_CONTEXT_FRAMES`` frames
 in front of it (a clone's reference codes count, as they do in the whole-row decode) and cut at its
-first new frame, exactly on a frame boundary. Chunks ramp up from ``FIRST_CHUNK_FRAMES`` (first audio
-after one frame) to ``CHUNK_CAP_FRAMES``. Why these numbers, and the error against the whole-row
-decode at less context: docs/qwen.md, "Streaming"; ``benchmarks/stream_context.py`` measures them.
+first new frame, exactly on a frame boundary. Chunks ramp up from the first (two frames while the loop
+is fast, more while it is busy: ``first_chunk_frames``) to ``CHUNK_CAP_FRAMES``. Why these numbers, and
+the error against the whole-row decode at less context: docs/qwen.md, "Streaming";
+``benchmarks/stream_context.py`` and ``benchmarks/streaming.py`` measure them.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,8 +37,17 @@ logger = logging.getLogger(__name__)
 #: Frames decoded in front of a chunk and thrown away: the 12 Hz decoder's attention window (its
 #: ``sliding_window``), the receptive field vLLM-Omni settled on after 25 left audible joins.
 LEFT_CONTEXT_FRAMES = 72
-#: The first chunk of a row: one frame (80 ms of audio), handed over after the row's first step.
-FIRST_CHUNK_FRAMES = 1
+#: The first chunk of a row: two frames (160 ms of audio), handed over after the row's second step,
+#: while the loop's frames are fast; more while they are slow (``first_chunk_frames``), up to
+#: ``FIRST_CHUNK_MAX_FRAMES``. (One frame first gave a lone stream its audio a frame sooner, ~7 ms on
+#: 2 CPU cores, but a burst's first rows, which took theirs before the others joined, ran dry.)
+FIRST_CHUNK_FRAMES = 2
+FIRST_CHUNK_MAX_FRAMES = 8
+#: The audio of one frame (12.5 frames a second).
+FRAME_S = 0.08
+#: What a player's first chunk must cover beyond the frames of the second: the codec call and the way
+#: to the reader (the job's task thread, Redis, a gateway), with a frame's jitter to spare.
+HANDOVER_S = 0.06
 #: Chunks double from the first up to this many frames (3.84 s of audio); each costs a decode of up to
 #: ``LEFT_CONTEXT_FRAMES`` more frames than it keeps, so larger chunks waste less.
 CHUNK_CAP_FRAMES = 48
@@ -44,18 +55,31 @@ CHUNK_CAP_FRAMES = 48
 Done = Callable[[EngineOutput | Exception], object]
 
 
-def chunk_frames(index: int) -> int:
-    """How many new frames the ``index``-th chunk of a row (0 = first) waits for."""
-    return min(FIRST_CHUNK_FRAMES << min(index, 16), CHUNK_CAP_FRAMES)
+def first_chunk_frames(frame_s: float) -> int:
+    """The first chunk of a row in a loop whose frames take ``frame_s`` of wall time (recently, the
+    admissions between them included): enough audio that a player who starts with it is still playing
+    when the second chunk, twice as long, has been made and handed over (``HANDOVER_S``). The least
+    while frames are fast (a lone stream); more in a busy loop, where the second chunk came after a
+    short first one had played (benchmarks/streaming.py, 16 streams on 2 CPU cores)."""
+    spare = FRAME_S - 2 * frame_s  # per frame of the first chunk: what it plays minus what the second costs
+    if spare <= 0:
+        return FIRST_CHUNK_MAX_FRAMES
+    return max(FIRST_CHUNK_FRAMES, min(FIRST_CHUNK_MAX_FRAMES, math.ceil(HANDOVER_S / spare)))
 
 
-def schedule(frames: int) -> list[tuple[int, int]]:
+def chunk_frames(index: int, first: int | None = None) -> int:
+    """How many new frames the ``index``-th chunk of a row (0 = first) waits for, the first being
+    ``first`` frames (``FIRST_CHUNK_FRAMES`` by default)."""
+    return min((first or FIRST_CHUNK_FRAMES) << min(index, 16), CHUNK_CAP_FRAMES)
+
+
+def schedule(frames: int, first: int | None = None) -> list[tuple[int, int]]:
     """The chunks ``[start, end)`` a streaming row of ``frames`` frames is decoded in: the ramp while
     it fits, then what is left when the row ends (the engine takes a chunk the frame it is complete)."""
     bounds: list[tuple[int, int]] = []
     start = 0
     while start < frames:
-        end = min(start + chunk_frames(len(bounds)), frames)
+        end = min(start + chunk_frames(len(bounds), first), frames)
         bounds.append((start, end))
         start = end
     return bounds
@@ -132,9 +156,10 @@ class RowStream:
     request: SynthesisRequest
     cap: int
     ref: torch.Tensor | None
-    #: Frames given to the codec so far, and in how many chunks.
+    #: Frames given to the codec so far, and in how many chunks; the first chunk's frames.
     scheduled: int = 0
     chunks: int = 0
+    first: int = FIRST_CHUNK_FRAMES
     #: The samples handed over, in order: the row's output is exactly these, joined.
     handed: list[npt.NDArray[np.float32]] = field(default_factory=list)
     length: int = 0
@@ -144,13 +169,19 @@ class RowStream:
     closed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def due(self, made: int) -> bool:
-        """Whether the next chunk is complete once the row has made ``made`` frames."""
-        return made - self.scheduled >= chunk_frames(self.chunks)
+    def due(self, made: int, frame_s: float = 0.0) -> bool:
+        """Whether the next chunk is complete once the row has made ``made`` frames, in a loop whose
+        frames take ``frame_s`` now. The first chunk's size is settled when it is taken, from the loop
+        as the row's first frames found it (a burst's other rows joined by then)."""
+        if self.chunks == 0:
+            return made >= first_chunk_frames(frame_s)
+        return made - self.scheduled >= chunk_frames(self.chunks, self.first)
 
     def take(self, end: int) -> tuple[int, int, bool]:
         """Schedule frames up to ``end``: the chunk's ``(start, end)`` and whether it is the first."""
         start, first = self.scheduled, self.chunks == 0
+        if first:
+            self.first = max(1, end)  # the ramp doubles from what the first chunk took
         self.scheduled, self.chunks = end, self.chunks + 1
         return start, end, first
 
@@ -188,10 +219,13 @@ class Chunk:
     truncated: bool = False
 
 
-def due_chunks(loop: DecodeLoop, streams: dict[int, RowStream], finished: list[Finished]) -> list[Chunk]:
+def due_chunks(
+    loop: DecodeLoop, streams: dict[int, RowStream], finished: list[Finished], frame_s: float = 0.0
+) -> list[Chunk]:
     """The chunks due after a frame (batcher thread): the rest of every streaming row that finished
     with it (the row leaves ``streams``), and the next chunk of every streaming row still decoding
-    whose chunk is now complete. Their codes are copies: a slot's buffer is reused once its row leaves."""
+    whose chunk is now complete (``frame_s``: the loop's recent frame time, which sizes first chunks).
+    Their codes are copies: a slot's buffer is reused once its row leaves."""
     chunks = []
     with torch.inference_mode():
         for row in finished:
@@ -203,7 +237,7 @@ def due_chunks(loop: DecodeLoop, streams: dict[int, RowStream], finished: list[F
             chunks.append(Chunk(stream, codes, context, first, final=True, truncated=row.truncated))
         for slot, stream in streams.items():
             made = loop.made(slot)
-            if stream.due(made):
+            if stream.due(made, frame_s):
                 start, end, first = stream.take(made)
                 codes, context = window(functools.partial(loop.codes, slot), start, end, ref=stream.ref)
                 chunks.append(Chunk(stream, codes, context, first))
