@@ -169,7 +169,7 @@ class QwenFastEngine(QwenEngine):
             loop.step()
         for rows, length in loop.buckets():
             loop.capture(rows, length)
-        # A streaming row's first chunk is one frame: decode that shape once, so first audio pays no
+        # A streaming row's first chunk is two frames at least: decode that shape once, so first audio pays no
         # first-call costs either.
         from ttsq.engines.qwen.stream import FIRST_CHUNK_FRAMES, decode_windows
 
