@@ -75,9 +75,14 @@ def test_presigned_url_carries_the_configured_expiry(s3_endpoint: str) -> None:
     assert "X-Amz-Expires=1234" in storage.url("audio/ab/x.wav", 1234)
 
 
-def test_local_storage_refuses_keys_outside_its_folder(tmp_path: Path) -> None:
-    with pytest.raises(StorageError):
-        LocalStorage(tmp_path).put("../escape.wav", b"x", "audio/wav")
+@pytest.mark.parametrize("key", ["../escape.wav", "a/../../escape.wav", "/tmp/escape.wav", "a/..", "", "."])
+def test_local_storage_refuses_keys_outside_its_folder(tmp_path: Path, key: str) -> None:
+    store = LocalStorage(tmp_path / "store")
+    with pytest.raises(StorageError, match="escapes the storage folder"):
+        store.put(key, b"x", "audio/wav")
+    assert not (tmp_path / "escape.wav").exists()
+    store.put("a/../audio/ab/fine.wav", b"x", "audio/wav")  # inside, however it is spelled
+    assert (tmp_path / "store" / "audio" / "ab" / "fine.wav").read_bytes() == b"x"
 
 
 def test_local_storage_leaves_no_partial_files(tmp_path: Path) -> None:
