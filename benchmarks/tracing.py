@@ -1,6 +1,7 @@
 """What traces cost: ``ttsq bench`` with tracing off and on, side by side, in one run.
 
-    python benchmarks/tracing.py [--pairs 8] [--jobs 300] [--warmup 16] [--embedded] [--json out.json]
+    python benchmarks/tracing.py [--pairs 8] [--jobs 300] [--warmup 16] [--concurrency N] [--embedded]
+        [--json out.json]
 
 Starts an OTLP/HTTP receiver (a process of its own that accepts every export and drops it, counting the
 requests and bytes) and a private Redis, then runs the same closed-loop bench (espeak unless
@@ -112,6 +113,8 @@ def bench(args: argparse.Namespace, seed: int, endpoint: str | None, folder: Pat
     out = folder / f"seed{seed}-{side}.json"
     command = [sys.executable, "-m", "ttsq.cli.main", "bench", "-n", str(args.jobs), "--warmup", str(args.warmup)]
     command += ["--seed", str(seed), "--json", str(out)]
+    if args.concurrency:
+        command += ["--concurrency", str(args.concurrency)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with ExitStack() as stack:
         if args.embedded:
@@ -212,6 +215,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=16)
     parser.add_argument("--max-batch", type=int, default=8)
+    parser.add_argument(
+        "--concurrency", type=int, help="jobs in flight (ttsq bench's default: twice the max batch, the worker's slots)"
+    )
     parser.add_argument("--engine", default="espeak")
     parser.add_argument("--model", type=Path, help="a qwen engine's checkpoint (default: a tiny one built for the run)")
     parser.add_argument("--frames", type=int, default=64, help="a qwen engine's most codec frames a job")
