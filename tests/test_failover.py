@@ -218,12 +218,6 @@ def test_a_worker_and_a_gateway_keep_serving_across_a_failover(
     """A burst of distinct jobs from a producer and requests through a gateway; the primary dies in the
     middle. Every submit is accepted or refused (BrokerError); every accepted job completes, each stored
     once; the same worker and gateway processes serve before and after the switch."""
-    # A job that finished just before the switch may have lost its result and its ack with the old
-    # primary: kombu gives it back after the visibility timeout (docs/high-availability.md), which must
-    # fall inside this test's wait (the fixture's 210 s did not: a CI run timed out on one such job).
-    ha_settings = ha_settings.replace(
-        visibility_timeout_s=30, job_timeout_s=15, storage_attempts=1, storage_timeout_s=2
-    )
     worker = start_worker(ha_settings)
     gateway = start_gateway(ha_settings)
     token = api_key(ha_settings)
