@@ -26,7 +26,7 @@ from ttsq.app import celery_config, make_app, stored_result
 from ttsq.client import Client, Job
 from ttsq.config import Settings
 from ttsq.constants import ACCEPTED_PREFIX
-from ttsq.errors import BrokerError
+from ttsq.errors import BrokerError, JobError
 from ttsq.gateway.state import Gateway
 from ttsq.ops.sentinel import MASTER_NAME, SentinelTopology
 from ttsq.records.connection import connect
@@ -265,9 +265,17 @@ def test_a_worker_and_a_gateway_keep_serving_across_a_failover(
     finally:
         stop.set()
         thread.join()
-    for text, job in accepted:
-        assert job.wait(timeout=120)["duration_s"] > 0, text
-    producer.close()
+    try:
+        for text, job in accepted:
+            try:
+                assert job.wait(timeout=120)["duration_s"] > 0, text
+            except JobError as exc:  # what the job's records and the worker say is why
+                status = producer.status(job.id or "")
+                raise AssertionError(f"{exc}; status {status}; the worker's log ends: {worker.log()[-20000:]}") from exc
+    finally:
+        # Closed on failure too: left open, its result subscriptions follow the ports it knew, and a
+        # later test's Redis on one of them saw them (test_document's subscription checks failed so).
+        producer.close()
     # The gateway, never restarted, serves through the new primary.
     assert speak(1) == 200
     assert httpx.get(f"{gateway.url}/readyz", timeout=30).status_code == 200
