@@ -22,6 +22,11 @@ share of the engine call into that job's trace with explicit parents and times (
 ``record``). Attributes name keys, engines, modes, languages, queues and sizes; never input text, a
 signed URL or an API key.
 
+What it costs, and the two halves ttsq does itself: a span whose parent is sampled is made by
+``ttsq.tracing.spans`` (a third of the SDK tracer's cost a span, the same span), and the OTLP/HTTP exporter
+encodes with ``ttsq.tracing.otlp`` (under half of the SDK encoder's cost, the same bytes); both are held to
+the SDK by ``tests/test_tracing_encoding.py`` and measured by ``benchmarks/tracing.py``.
+
 Why one file over 400 lines: the switch, the spans, the propagation, the worker's observer and the
 JSON log lines all read the one process-wide tracer kept here; split, each part would reach into
 another module for that state.
@@ -108,12 +113,20 @@ class _Live(Handle):
 class _Tracing:
     """The process's tracer, with the OpenTelemetry names it uses (imported once, at ``setup``)."""
 
-    def __init__(self, provider: Any) -> None:
+    def __init__(self, provider: Any, *, own: bool) -> None:
         from opentelemetry import context, trace
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        from ttsq.tracing.spans import Maker
 
         self.provider = provider
         self.tracer = provider.get_tracer("ttsq", VERSION)
+        #: Makes the spans whose parent is sampled, at a third of the SDK's cost (``ttsq.tracing.spans``),
+        #: when the provider is ttsq's own; None: the SDK makes every span.
+        self.maker = (
+            Maker(self.tracer, InstrumentationScope("ttsq", VERSION)) if own and Maker.serves(self.tracer) else None
+        )
         self.trace = trace
         self.context = context
         self.propagator = TraceContextTextMapPropagator()
@@ -159,7 +172,7 @@ def _configure(service: str, env: Mapping[str, str]) -> _Tracing | None:
         return None
     adopted = _application_provider()
     if adopted is not None:
-        return _Tracing(adopted)
+        return _Tracing(adopted, own=False)
     names = [n.strip().lower() for n in env.get("OTEL_TRACES_EXPORTER", "").split(",") if n.strip()]
     endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     if not names and endpoint:
@@ -186,7 +199,7 @@ def _configure(service: str, env: Mapping[str, str]) -> _Tracing | None:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     logger.info("traces on: exporting through %s", ", ".join(names))
-    return _Tracing(provider)
+    return _Tracing(provider, own=True)
 
 
 def _hashed_once(resource: Any) -> Any:
@@ -243,7 +256,36 @@ def _exporter(name: str, env: Mapping[str, str]) -> Any:
     except ImportError as exc:
         logger.warning("OTLP over %s needs pip install %s (%s); no traces", protocol, package, exc)
         return None
-    return exporter_class()
+    return _encoding_itself(exporter_class)() if protocol == "http/protobuf" else exporter_class()
+
+
+def _encoding_itself(exporter_class: type) -> type:
+    """OpenTelemetry's OTLP/HTTP exporter, but encoding with ``ttsq.otlp`` (half the exporting's CPU, on
+    the worker's interpreter lock). Sending stays the SDK's: its HTTP client (endpoint, headers, TLS,
+    compression, retries) takes the bytes. An SDK whose exporter has no such client (older or newer
+    than ``_OTLPHTTPClient``) exports as it always did."""
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    from ttsq.tracing.otlp import Encoder
+
+    class Exporter(exporter_class):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self._ttsq_encoder = Encoder()
+
+        def export(self, spans: Sequence[Any]) -> Any:
+            send = getattr(getattr(self, "_client", None), "export", None)
+            if getattr(self, "_shutdown", True) or not callable(send):
+                return super().export(spans)
+            try:
+                data = self._ttsq_encoder.request(spans)
+            except Exception as exc:  # a value the encoder does not know: the SDK's own encoder decides
+                logger.debug("spans encoded by the SDK: %s", exc)
+                return super().export(spans)
+            sent = send(data)
+            return SpanExportResult.SUCCESS if getattr(sent, "success", False) else SpanExportResult.FAILURE
+
+    return Exporter
 
 
 def flush(timeout_s: float = 5.0) -> None:
@@ -316,14 +358,16 @@ def _open(
     parent: Any,
     links: Sequence[Any],
 ) -> _Open:
+    kept = {k: v for k, v in (attributes or {}).items() if v is not None}
+    maker = active.maker
+    if maker is not None:
+        above = active.trace.get_current_span(parent).get_span_context()
+        if above.is_valid and above.trace_flags.sampled:
+            return _Open(active, maker.start(name, above, active.kinds[kind], kept, active.links(links)))
     return _Open(
         active,
         active.tracer.start_span(
-            name,
-            context=parent,
-            kind=active.kinds[kind],
-            attributes={k: v for k, v in (attributes or {}).items() if v is not None},
-            links=active.links(links),
+            name, context=parent, kind=active.kinds[kind], attributes=kept, links=active.links(links)
         ),
     )
 
@@ -363,13 +407,14 @@ def record(
         return None
     now_ns, now = time.time_ns(), time.monotonic()
     end = now if ended is None else ended
-    created = active.tracer.start_span(
-        name,
-        context=active.parent(parent),
-        attributes={k: v for k, v in (attributes or {}).items() if v is not None},
-        links=active.links(links),
-        start_time=now_ns - int(max(0.0, now - started) * 1e9),
-    )
+    kept = {k: v for k, v in (attributes or {}).items() if v is not None}
+    start_ns = now_ns - int(max(0.0, now - started) * 1e9)
+    if active.maker is not None and parent.is_valid and parent.trace_flags.sampled:
+        created = active.maker.start(name, parent, attributes=kept, links=active.links(links), start_time=start_ns)
+    else:
+        created = active.tracer.start_span(
+            name, context=active.parent(parent), attributes=kept, links=active.links(links), start_time=start_ns
+        )
     created.end(end_time=now_ns - int(max(0.0, now - end) * 1e9))
     return created.get_span_context()
 
