@@ -31,6 +31,7 @@ from ttsq.gateway.state import Gateway
 from ttsq.ops.sentinel import MASTER_NAME, SentinelTopology
 from ttsq.records.connection import connect
 from ttsq.records.owner import RedisOwner
+from ttsq.worker.gate import gated_transport
 
 StartWorker = Callable[..., WorkerProcess]
 StartGateway = Callable[..., GatewayProcess]
@@ -96,6 +97,26 @@ def replicate(topology: SentinelTopology) -> None:
     following the primary, not about the writes a failover may lose)."""
     with topology.node(topology.primary_port()) as primary:
         assert primary.execute_command("WAIT", 2, 5000) == 2
+
+
+@pytest.mark.parametrize("worker", [False, True], ids=["producer", "worker"])
+def test_a_broker_connection_keeps_ttsqs_transport_when_it_moves_to_the_next_sentinel(worker: bool) -> None:
+    """kombu moves a connection to the next URL of the list after a connection error, and took that URL's
+    scheme for its transport: after a failover a worker consumed through kombu's stock Sentinel
+    transport, outside its envelope gate, and ended on the new primary's first ``NOREPLICAS``
+    ("Unrecoverable error: ResponseError") while its replicas were not back yet."""
+    urls = ";".join(f"sentinel://{':secret@' if i == 0 else ''}127.0.0.1:{26379 + i}" for i in range(3))
+    settings = Settings().replace(broker_url=urls + "/0", redis_master_name=MASTER_NAME)
+    app = make_app(settings, worker=worker)
+    if worker:
+        app.conf.broker_transport = gated_transport(settings.broker_url)  # as ttsq.worker.tasks.worker_app
+    connection = app.connection_for_read()
+    named = connection.transport_cls
+    assert named != "sentinel"
+    for port in (26380, 26381, 26379):
+        connection.maybe_switch_next()
+        assert (connection.transport_cls, connection.port, connection.password) == (named, port, "secret")
+    connection.release()
 
 
 @pytest.mark.slow  # a Sentinel topology and a failover: tens of seconds
