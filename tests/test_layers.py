@@ -136,6 +136,16 @@ def heavy_imports(path: Path) -> set[str]:
     return {name for name in library_imports(path) if name in HEAVY}
 
 
+def test_every_package_of_the_house_is_installed() -> None:
+    """A folder of modules that pyproject.toml does not list is left out of the wheel: the installed
+    command then fails on its first import of it (the README's fresh-copy test found ``ttsq.tracing`` so)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"])
+    packages = {name for name, path in modules().items() if path.name == "__init__.py"}
+    assert packages - listed == set(), "add them to [tool.setuptools] packages in pyproject.toml"
+
+
 def test_every_module_has_a_place_in_the_layers() -> None:
     assert {layer_of(module) for module in modules()} == set(LAYERS)
 
