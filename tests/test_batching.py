@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -37,9 +38,18 @@ def request(text: str, **fields: object) -> SynthesisRequest:
 
 
 def test_a_burst_from_many_threads_fills_every_batch(engine: Engine) -> None:
-    batcher = started(engine, max_batch=4, max_wait_s=0.5)
+    # A group that is not full runs once arrivals pause for a quarter of the window. The threads start
+    # first and submit together (a barrier): on a loaded CI machine, starting 16 threads one by one
+    # once took longer than that pause, and a batch of 1 ran before the rest had come.
+    batcher = started(engine, max_batch=4, max_wait_s=2.0)
+    together = threading.Barrier(16)
+
+    def submit(i: int) -> BatchItem:
+        together.wait(timeout=30)
+        return batcher.submit(request(f"sentence number {i}")).result(10)
+
     with ThreadPoolExecutor(16) as pool:
-        items = list(pool.map(lambda i: batcher.submit(request(f"sentence number {i}")).result(10), range(16)))
+        items = list(pool.map(submit, range(16)))
     batcher.stop()
     assert all(isinstance(item, BatchItem) for item in items)
     assert sorted(item.batch_size for item in items) == [4] * 16
