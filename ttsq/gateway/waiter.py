@@ -120,7 +120,7 @@ class ResultWaiter:
             with contextlib.suppress(BaseException):
                 await self._reader
         with contextlib.suppress(Exception):
-            await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+            await self._pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]
 
 
 def _text(value: bytes | str) -> str:

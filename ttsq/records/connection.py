@@ -86,8 +86,8 @@ def connect(url: str, *, name: str | None = None, settings: Settings | None = No
     if not is_sentinel_url(url):
         return redis.Redis.from_url(url, **options)
     master_name, sentinels, credentials = sentinel_parts(url, settings)
-    sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs(settings), **options)  # type: ignore[no-untyped-call]
-    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs(settings), **options)  # type: ignore[no-untyped-call,unused-ignore]
+    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call,unused-ignore]
         master_name, redis_class=redis.Redis, connection_class=SentinelConnection, **credentials, **options
     )
     return client

@@ -122,7 +122,7 @@ class RedisOwner:
                 }
                 if is_sentinel_url(url):
                     master_name, sentinels, credentials = sentinel_parts(url, self.settings)
-                    sentinel = aiosentinel.Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs(self.settings))  # type: ignore[no-untyped-call]
+                    sentinel = aiosentinel.Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs(self.settings))  # type: ignore[no-untyped-call,unused-ignore]
                     # After a failover every idle connection still points at the old primary; a call
                     # that meets one tries once more on a new connection (to the primary the Sentinels
                     # name now) instead of failing the request: one retry, on a lost connection only.
