@@ -260,7 +260,7 @@ def _exporter(name: str, env: Mapping[str, str]) -> Any:
 
 
 def _encoding_itself(exporter_class: type) -> type:
-    """OpenTelemetry's OTLP/HTTP exporter, but encoding with ``ttsq.otlp`` (half the exporting's CPU, on
+    """OpenTelemetry's OTLP/HTTP exporter, but encoding with ``ttsq.tracing.otlp`` (half the exporting's CPU, on
     the worker's interpreter lock). Sending stays the SDK's: its HTTP client (endpoint, headers, TLS,
     compression, retries) takes the bytes. An SDK whose exporter has no such client (older or newer
     than ``_OTLPHTTPClient``) exports as it always did."""
@@ -358,12 +358,12 @@ def _open(
     parent: Any,
     links: Sequence[Any],
 ) -> _Open:
-    kept = {k: v for k, v in (attributes or {}).items() if v is not None}
     maker = active.maker
     if maker is not None:
         above = active.trace.get_current_span(parent).get_span_context()
-        if above.is_valid and above.trace_flags.sampled:
-            return _Open(active, maker.start(name, above, active.kinds[kind], kept, active.links(links)))
+        if above.is_valid and above.trace_flags.sampled:  # the maker drops None values itself
+            return _Open(active, maker.start(name, above, active.kinds[kind], attributes, active.links(links)))
+    kept = {k: v for k, v in (attributes or {}).items() if v is not None}
     return _Open(
         active,
         active.tracer.start_span(
@@ -407,11 +407,12 @@ def record(
         return None
     now_ns, now = time.time_ns(), time.monotonic()
     end = now if ended is None else ended
-    kept = {k: v for k, v in (attributes or {}).items() if v is not None}
     start_ns = now_ns - int(max(0.0, now - started) * 1e9)
     if active.maker is not None and parent.is_valid and parent.trace_flags.sampled:
-        created = active.maker.start(name, parent, attributes=kept, links=active.links(links), start_time=start_ns)
+        links_to = active.links(links)
+        created = active.maker.start(name, parent, attributes=attributes, links=links_to, start_time=start_ns)
     else:
+        kept = {k: v for k, v in (attributes or {}).items() if v is not None}
         created = active.tracer.start_span(
             name, context=active.parent(parent), attributes=kept, links=active.links(links), start_time=start_ns
         )

@@ -148,15 +148,11 @@ class Encoder:
         if span.dropped_links:
             parts.append(b"\x70" + _varint(span.dropped_links))
         status = span.status
-        if status is None:
-            pass
-        elif status.status_code.value == 0 and not status.description:
-            parts.append(_EMPTY_STATUS)
-        else:
+        if status is not None:  # the SDK writes an UNSET status too, as an empty message
             fields = _text(b"\x12", status.description) if status.description else b""
             if status.status_code.value:
                 fields += b"\x18" + _varint(status.status_code.value)
-            parts.append(_delimited(b"\x7a", fields))
+            parts.append(_delimited(b"\x7a", fields) if fields else _EMPTY_STATUS)
         parts.append(_FLAGS_REMOTE if parent is not None and parent.is_remote else _FLAGS_LOCAL)
         return b"".join(parts)
 
