@@ -35,6 +35,7 @@ from ttsq.errors import InvalidRequest
 from ttsq.job import Limits, SynthesisRequest
 from ttsq.keys import content_key
 from ttsq.records.owner import RedisOwner
+from ttsq.records.plans import chunk_task_ids
 from ttsq.splitter import normalize
 
 StartWorker = Callable[..., WorkerProcess]
@@ -117,11 +118,18 @@ def test_a_20000_character_multilingual_document_becomes_one_file(
         assert again.result["key"] == result["key"]
         assert again.result["chunks"] == chunks  # type: ignore[typeddict-item]
         assert client.status(job.id)["state"] == "SUCCESS"
-    # The worker does not keep listening for the results of the chunk and stitch jobs it sent.
+    # The worker does not keep listening for the results of the chunk and stitch jobs it sent (only
+    # those: the Redis is shared, and another test's client may listen for its own jobs meanwhile).
     results = redis.Redis.from_url(settings.result_backend)
-    subscribed = results.pubsub_channels("celery-task-meta-*")
+    sent_ids = [job.id, *chunk_task_ids(job.id, len(chunks))]  # the stitch runs under the document's id
+
+    def listened() -> set[bytes]:
+        ours = {f"celery-task-meta-{i}".encode() for i in sent_ids}
+        return set(results.pubsub_channels("celery-task-meta-*")) & ours
+
+    subscribed = listened()
     wait_until(
-        lambda: not results.pubsub_channels("celery-task-meta-*"),
+        lambda: not listened(),
         30,
         f"no result subscriptions left (there were {subscribed}, document {job.id}; the worker's log ends: "
         f"{worker.log()[-3000:]})",
@@ -482,10 +490,17 @@ def test_a_workers_app_never_listens_for_the_results_it_sends(settings: Settings
             thread.start()
             thread.join()
         assert len(sent) == 2
-        assert results.pubsub_channels("celery-task-meta-*") == []
+        # Only the channels of what this test sent: the Redis is shared with other tests' clients.
+        ids = ["sent-by-a-worker", *(r.id for r in sent[1].results), "sent-by-a-producer"]
+
+        def listened() -> list[bytes]:
+            ours = {f"celery-task-meta-{i}".encode() for i in ids}
+            return [c for c in results.pubsub_channels("celery-task-meta-*") if c in ours]
+
+        assert listened() == []
         # A producer does listen: it waits for its jobs (the check above could not pass by accident).
         sent.append(producer.send_task(TASK_NAME, kwargs={}, task_id="sent-by-a-producer", queue=settings.queue))
-        assert results.pubsub_channels("celery-task-meta-*") == [b"celery-task-meta-sent-by-a-producer"]
+        assert listened() == [b"celery-task-meta-sent-by-a-producer"]
     finally:
         worker_app.close()
         producer.backend.result_consumer.stop()
