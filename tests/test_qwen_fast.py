@@ -435,6 +435,36 @@ def test_an_idle_engine_waits_for_a_burst_on_its_way_and_a_lone_job_starts_at_on
         batcher.stop()
 
 
+def test_the_codec_takes_every_core_only_once_the_loop_has_stopped(fast: Any) -> None:
+    """On a CPU the codec thread decodes a generation with its share of the cores while the loop goes on
+    (queued jobs join the slots it freed) and with all of them after the last generation. It used to
+    read the loop's size itself, just before the next jobs' admission, and run a team of every core
+    beside the loop: three busy threads on two cores."""
+    from ttsq.batching.batcher import Batcher
+    from ttsq.engines.qwen.engine import usable_cores
+    from ttsq.job import SynthesisRequest
+
+    batcher = Batcher(fast, max_batch=2, max_wait_s=5.0)  # the engine's two slots: two generations of two
+    batcher.start()
+    threads: dict[int, int] = {}
+    try:
+        jobs = [
+            batcher.submit(SynthesisRequest.from_dict({"text": f"Job {i}.", "max_new_tokens": 6, "seed": 1}))
+            for i in range(4)
+        ]
+        for i, future in enumerate(jobs):
+            # Called on the codec thread, right after the decode: the threads it decoded with (torch
+            # reports the last count set, and only the codec thread sets one after the load).
+            future.add_done_callback(lambda _, i=i: threads.setdefault(i, torch.get_num_threads()))
+        items = [future.result(120) for future in jobs]
+    finally:
+        batcher.stop()
+    assert [item.batch_size for item in items] == [1, 2, 1, 2]  # rows in the engine as each joined
+    if fast.torch_threads == usable_cores():
+        pytest.skip("one usable core: the codec's share and all of them are the same")
+    assert threads == {0: fast.torch_threads, 1: fast.torch_threads, 2: usable_cores(), 3: usable_cores()}
+
+
 def test_an_isolated_job_decodes_alone(fast: Any) -> None:
     """A redelivered job that may have crashed a worker runs with no neighbour, in continuous mode too:
     it waits for the slots to empty, and nothing joins it until it is done."""

@@ -101,7 +101,10 @@ class SlotScheduler:
                         alone = job.future
                 self._drop_abandoned()
                 if engine.active:
-                    self._step()
+                    # The jobs that join once slots free up: none while an isolated job is in the engine
+                    # or waits for it to empty (the loop stops after this generation then).
+                    joining = 0 if alone is not None or (waiting and waiting[0].isolated) else len(waiting)
+                    self._step(queued=joining)
                 elif waiting:  # jobs wait for a codec decode to answer the isolated job or its elders
                     intake.drain(block_until=time.monotonic() + 0.01)
         finally:  # whatever ends the loop, no job it holds is lost: the batcher answers these
@@ -129,14 +132,14 @@ class SlotScheduler:
             if done is not None and self.engine.cancel(done):
                 logger.info("a job its caller gave up on left the engine")
 
-    def _step(self) -> None:
-        """One frame, its time split between the jobs in the engine."""
+    def _step(self, queued: int) -> None:
+        """One frame, its time split between the jobs in the engine; ``queued`` jobs wait for a slot."""
         with self._lock:
             charges = list(self._charges.values())
         self.busy_since = time.monotonic()
         started = time.perf_counter()
         try:
-            self.engine.step()
+            self.engine.step(queued)
         except Exception:  # the engine fails its own rows; the loop goes on
             logger.exception("continuous engine step failed")
         finally:

@@ -229,8 +229,10 @@ class ContinuousEngine(Engine, Protocol):
         output or its failure (from this thread, or from the engine's decode thread)."""
         ...
 
-    def step(self) -> None:
-        """Decode one frame for every active request; finished ones leave and get their ``done``."""
+    def step(self, queued: int = 0) -> None:
+        """Decode one frame for every active request; finished ones leave and get their ``done``.
+        ``queued``: how many requests wait to be admitted as soon as slots free up, so the engine knows
+        whether its loop goes on after the rows that leave now (qwen-fast sizes its codec by it)."""
         ...
 
     def cancel(self, done: Callable[[EngineOutput | Exception], object]) -> bool:

@@ -249,8 +249,9 @@ class QwenFastEngine(QwenEngine):
             release_device_memory(self._torch)
         done(failure)
 
-    def step(self) -> None:
-        """One frame for every slot; finished rows are decoded and handed to their ``done``."""
+    def step(self, queued: int = 0) -> None:
+        """One frame for every slot; finished rows are decoded and handed to their ``done``. ``queued``:
+        the jobs that join as soon as slots free up (the loop goes on after its last rows leave)."""
         loop = self.loop
         if loop is None or not loop.active:
             # Idle: whatever comes next starts afresh (a lone row must not take a first chunk sized
@@ -285,12 +286,17 @@ class QwenFastEngine(QwenEngine):
         chunks = due_chunks(loop, self._streams, [row for row, *_ in rows], self._frame_s) if self._streams else []
         if not loop.active:
             self._stepped_at, self._frame_s = None, 0.0
+        # The codec's cores are decided here, where it is known whether the loop goes on. Read on the
+        # codec thread, the loop looked empty just before the next jobs' admission, and the codec ran
+        # a team of all the cores beside the loop for the whole decode of a generation: three busy
+        # threads on two cores, a third more CPU for the same audio (docs/benchmarks.md).
+        threads = self._codec_threads(beside_loop=bool(loop.active or queued))
         if whole:
-            self._dispatch(IN_ORDER, self._decode, whole, [row.codes for row, *_ in whole])
+            self._dispatch(IN_ORDER, self._decode, whole, [row.codes for row, *_ in whole], threads)
         for priority in (FIRST_CHUNK, IN_ORDER):
             batch = [chunk for chunk in chunks if (priority == FIRST_CHUNK) == chunk.first]
             if batch:
-                self._dispatch(priority, self._decode_chunks, batch, [chunk.codes for chunk in batch])
+                self._dispatch(priority, self._decode_chunks, batch, [chunk.codes for chunk in batch], threads)
 
     def cancel(self, done: Done) -> bool:
         """Free the slot of the request ``done`` belongs to (its caller gave up on it)."""
@@ -315,7 +321,7 @@ class QwenFastEngine(QwenEngine):
             while waiting and self.free_slots() > 0:
                 request, future, piece = waiting.pop(0)
                 self.admit(request, future.set_result, piece)
-            self.step()
+            self.step(queued=len(waiting))
         outputs = [future.result() for future in futures]
         oom = next((out for out in outputs if isinstance(out, EngineOutOfMemory)), None)
         if oom is not None and len(requests) > 1:
@@ -346,21 +352,28 @@ class QwenFastEngine(QwenEngine):
         prompt.ref_code = voice.ref_code if voice.ref_code is not None and voice.icl_mode else None
         return prompt
 
-    def _dispatch(self, priority: int, decode: Callable[[Any], None], items: Any, tensors: list[Any]) -> None:
+    def _dispatch(
+        self, priority: int, decode: Callable[[Any], None], items: Any, tensors: list[Any], threads: int
+    ) -> None:
         """Queue ``decode(items)`` for the codec thread (at once without one); on CUDA, on the codec's
-        stream once this stream's work on ``tensors`` is done."""
+        stream once this stream's work on ``tensors`` is done; on a CPU, with ``threads`` intra-op
+        threads."""
         if self._decoder is None:
             decode(items)
             return
-        job: Callable[[], None] = functools.partial(decode, items)
+        work = functools.partial(decode, items)
+        job: Callable[[], None]
         if self._decode_stream is not None:
             event = self._torch.cuda.Event()
             event.record(self._torch.cuda.current_stream(self._device))  # the codes are ready once their frame is
             for tensor in tensors:  # and their memory stays theirs until the codec stream is done with it
                 tensor.record_stream(self._decode_stream)
-            job = functools.partial(self._decode_on_stream, job, event)
+            job = functools.partial(self._decode_on_stream, work, event)
+        else:
+            job = functools.partial(self._decode_on_threads, work, threads)
+        entry: tuple[int, int, Callable[[], None]] = (priority, next(self._codec_order), job)
         with self._codec_jobs_lock:
-            heapq.heappush(self._codec_jobs, (priority, next(self._codec_order), job))
+            heapq.heappush(self._codec_jobs, entry)
         self._decoder.submit(self._next_codec_job)
 
     def _next_codec_job(self) -> None:
@@ -373,6 +386,10 @@ class QwenFastEngine(QwenEngine):
         with torch.cuda.stream(self._decode_stream):
             self._decode_stream.wait_event(event)
             job()
+
+    def _decode_on_threads(self, job: Callable[[], None], threads: int) -> None:
+        self._torch.set_num_threads(threads)  # the OpenMP team is this thread's own: its size is too
+        job()
 
     def _decode(self, rows: Rows) -> None:
         """Codes to audio as stock qwen-tts decodes them (clone rows with their reference codes in
@@ -413,8 +430,6 @@ class QwenFastEngine(QwenEngine):
 
     def _decode_rows(self, rows: Rows) -> list[EngineOutput | Exception]:
         torch = self._torch
-        if self._decode_stream is None and self._decoder is not None:
-            torch.set_num_threads(self._codec_threads())
         with torch.inference_mode():
             inputs = [
                 row.codes if ref is None else torch.cat([ref.to(row.codes.device), row.codes], dim=0)
@@ -436,12 +451,12 @@ class QwenFastEngine(QwenEngine):
             outputs.append(self._output(request, samples, int(rate), cap))
         return outputs
 
-    def _codec_threads(self) -> int:
-        """The codec thread's share of the cores: half beside a decoding loop; all of them when no row
-        decodes beside it (the last rows of a burst, whose audio everyone waits for), unless
-        ``TTSQ_TORCH_THREADS`` says otherwise. A racy read of the loop's size is fine: a row admitted
-        meanwhile shares the cores for one decode at most."""
-        if self.settings.torch_threads or self.active:
+    def _codec_threads(self, beside_loop: bool) -> int:
+        """The codec thread's share of the cores: half beside a loop that goes on; all of them when the
+        loop has stopped (the last rows of a burst, whose audio everyone waits for), unless
+        ``TTSQ_TORCH_THREADS`` says otherwise. A job that arrives during such a decode shares the cores
+        with it for that one decode."""
+        if self.settings.torch_threads or beside_loop:
             return self.torch_threads
         return self._cores
 
@@ -469,7 +484,5 @@ class QwenFastEngine(QwenEngine):
         """The new samples of each chunk, in one call of the codec's decoder (the device boundary)."""
         from ttsq.engines.qwen.stream import decode_windows
 
-        if self._decode_stream is None and self._decoder is not None:
-            self._torch.set_num_threads(self._codec_threads())
         decoder = self._tts.model.speech_tokenizer.model.decoder
         return decode_windows(decoder, [(chunk.codes, chunk.context) for chunk in chunks])
