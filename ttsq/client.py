@@ -71,6 +71,15 @@ class Job:
     joined: bool = False
     #: A document job: how many chunk jobs it fans out into (0 for an ordinary job).
     chunks: int = 0
+    #: The job whose synthesis this one follows, when it joined another tenant's identical job: that
+    #: job's stream and result carry the audio, while ``id`` stays this tenant's own (docs/security.md,
+    #: "Tenants"). None for a job that is its own synthesis.
+    source: str | None = None
+
+    @property
+    def source_id(self) -> str | None:
+        """The id whose stream and stored result carry this job's audio (``source``, else ``id``)."""
+        return self.source or self.id
 
     @property
     def cached(self) -> bool:
@@ -123,8 +132,8 @@ class AudioStream:
         if self.job.result is not None:
             yield from self._stored(self.job.result)
             return
-        assert self.job.id is not None
-        task_id, streams = self.job.id, self.client.redis.streams
+        assert self.job.source_id is not None
+        task_id, streams = self.job.source_id, self.client.redis.streams
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         after, rate, played, expected = "0-0", 0, False, 0
         last_news = time.monotonic()
@@ -194,8 +203,8 @@ class DocumentStream(AudioStream):
         if self.job.result is not None:
             yield from self._stored(self.job.result)
             return
-        assert self.job.id is not None
-        doc_id = self.job.id
+        assert self.job.source_id is not None
+        doc_id = self.job.source_id
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         plan = self._plan(doc_id, deadline)
         if plan is None:  # the document ended before its plan could be read: its result says how

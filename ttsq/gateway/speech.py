@@ -240,7 +240,7 @@ class SpeechAudio:
 
     async def _streamed(self) -> AsyncGenerator[bytes, None]:
         """The job's stream, piece by piece, encoded as it comes (mirrors ``ttsq.client.AudioStream``)."""
-        task_id = self.job.id or ""
+        task_id = self.job.source_id or ""
         gateway = self.gateway
         loop_time = anyio.current_time
         deadline = loop_time() + gateway.settings.gateway_wait_s
@@ -369,7 +369,7 @@ async def result_of(gateway: Gateway, job: Job) -> JobResult:
     """The job's result, waiting for it without a thread; failures as HTTP errors."""
     if job.result is not None:
         return job.result
-    stored = await gateway.waiter.wait(job.id or "", gateway.settings.gateway_wait_s)
+    stored = await gateway.waiter.wait(job.source_id or "", gateway.settings.gateway_wait_s)
     return failed_or_result(gateway, stored)
 
 
