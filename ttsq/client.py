@@ -335,8 +335,15 @@ class Client:
         ``fields`` are the request fields (``language="korean"``, ``instruct="..."``, ...); they are
         validated like untrusted input, so a wrong name or value is an ``InvalidRequest``.
         """
-        request = SynthesisRequest.from_dict({"text": text, **fields} if text is not None else fields, self.limits)
-        return self.submit_request(request)
+        data = self._scoped({"text": text, **fields} if text is not None else dict(fields))
+        return self.submit_request(SynthesisRequest.from_dict(data, self.limits))
+
+    def _scoped(self, data: dict[str, Any]) -> dict[str, Any]:
+        """The request with its cache scope: its tenant's own with ``TTSQ_CACHE_SCOPE=tenant``."""
+        tenant = data.get("tenant")
+        if self.settings.cache_scope == "tenant" and tenant and not data.get("cache_scope"):
+            return {**data, "cache_scope": tenant}
+        return data
 
     def submit_request(self, request: SynthesisRequest) -> Job:
         """Enqueue an already validated request (design steps 2-5)."""
@@ -364,7 +371,7 @@ class Client:
         to a stream as soon as the engine has it, before encoding and storing the file. A cache hit
         plays the stored file at once.
         """
-        request = SynthesisRequest.from_dict({"text": text, **fields, "stream": True}, self.limits)
+        request = SynthesisRequest.from_dict(self._scoped({"text": text, **fields, "stream": True}), self.limits)
         return AudioStream(self, self.submit_request(request), timeout=timeout)
 
     def stream_document(self, text: str, *, timeout: float | None = None, **fields: Any) -> DocumentStream:
@@ -380,7 +387,7 @@ class Client:
         shows its progress. ``fields`` are the request fields for every chunk.
         """
         options = Options.from_settings(self.settings)
-        data, most = {"text": text, **fields}, self.settings.max_document_chars
+        data, most = self._scoped({"text": text, **fields}), self.settings.max_document_chars
         document = Document.parse(data, limits=self.limits, max_document_chars=most, default_options=options)
         mode = document.fields["mode"]
         identity = self._serving(mode)
@@ -487,6 +494,7 @@ class Client:
         # Recorded before it is claimed and sent: a job that owns a claim always has a record until it
         # finishes, and a message lost on its way to a worker is sent again from it (``ttsq.records.accepted``).
         # Joined, answered from the cache, or not sent (also on Ctrl-C): the record is withdrawn.
+        joined: str | None = None
         with sending(self.app, self.accepted, outgoing, window=self.settings.release_window) as send:
             claimed = False
             try:
@@ -500,27 +508,42 @@ class Client:
                             self.cache.release(key, owner)
                             owner = self.cache.claim(key, task_id, self.settings.inflight_ttl_s)
                         claiming.set({"ttsq.joined": owner is not None})
-                    if owner is not None:
-                        return Job(id=owner, key=key, client=self, joined=True)
-                    claimed = True
-                    # The job that held the claim may have indexed the audio between our look-up and our claim.
-                    if (hit := cached(key)) is not None:
-                        # An identical submit may have joined this claim meanwhile: it waits on task_id, which
-                        # is never sent. Its answer is this one, stored under task_id (and published).
-                        self._answer_joiners(task_id, hit)
-                        return hit
-                # Accepted means replicated, when replicas are required: the record and the claim reach
-                # them before the message goes, so a failover cannot lose a job the caller was told about.
-                self.redis.replicated()
-                try:
-                    send()
-                except Exception as exc:  # kombu raises OperationalError, redis-py its own; either way: broker down
-                    raise BrokerError(f"cannot reach the broker to enqueue: {type(exc).__name__}: {exc}") from exc
-                claimed = False  # sent: the claim is the job's now, released when it finishes
+                    joined = owner
+                    if owner is None:
+                        claimed = True
+                        # The job that held the claim may have indexed the audio between our look-up and our claim.
+                        if (hit := cached(key)) is not None:
+                            # An identical submit may have joined this claim meanwhile: it waits on task_id, which
+                            # is never sent. Its answer is this one, stored under task_id (and published).
+                            self._answer_joiners(task_id, hit)
+                            return hit
+                if joined is None:
+                    # Accepted means replicated, when replicas are required: the record and the claim reach
+                    # them before the message goes, so a failover cannot lose a job the caller was told about.
+                    self.redis.replicated()
+                    try:
+                        send()
+                    except Exception as exc:  # kombu raises OperationalError, redis-py its own: broker down
+                        raise BrokerError(f"cannot reach the broker to enqueue: {type(exc).__name__}: {exc}") from exc
+                    claimed = False  # sent: the claim is the job's now, released when it finishes
             finally:
                 if claimed and key is not None:
                     self._release(key, task_id)
+        if joined is not None:  # the record was withdrawn on the way out: the job is the one joined
+            return self._join(joined, task_id, key, str(kwargs.get("tenant") or ""))
         return Job(id=task_id, key=key, client=self)
+
+    def _join(self, source: str, task_id: str, key: str | None, tenant: str) -> Job:
+        """This submit joined ``source``, an identical job already under way (single flight). A job of the
+        same tenant's is answered with its own id; another tenant's is followed under ``task_id``, an id
+        of this tenant's own, with its own status and cancel: one tenant never learns another's job id
+        (docs/security.md, "Tenants")."""
+        found = self.accepted.owner(source)
+        if (found[0] if found else "") == tenant:
+            return Job(id=source, key=key, client=self, joined=True)
+        ttl_s = self.settings.inflight_ttl_s + self.settings.result_ttl_s  # the source's run, then its result
+        self.accepted.follow(task_id, owner=tenant, source=source, ttl_s=ttl_s)
+        return Job(id=task_id, key=key, client=self, joined=True, source=source)
 
     def _answer_joiners(self, task_id: str, hit: Job) -> None:
         """Store a cached answer as the result of a claim's job that will never be sent."""
@@ -580,7 +603,7 @@ class Client:
     def known(self, task_id: str) -> bool:
         """Whether ttsq knows this job: it has a result or a state, ttsq accepted it, or (sent by a web
         backend without ttsq) its message is in a queue or with a worker."""
-        if self._state(task_id) != states.PENDING or self.accepted.exists(task_id):
+        if self._state(task_id) != states.PENDING or self.accepted.owner(task_id) is not None:
             return True
         try:
             queues = queues_for(self.settings.queue)
@@ -590,7 +613,19 @@ class Client:
 
     def _check_known(self, task_id: str) -> None:
         if not self.known(task_id):
-            raise UnknownJob(f"unknown job ID {task_id[:80]!r}: ttsq never accepted it, or its result has expired")
+            raise unknown_job(task_id)
+
+    def owner(self, task_id: str) -> str | None:
+        """The tenant whose job ``task_id`` is ("" for a job submitted without one), for as long as its
+        result lasts; None for an id ttsq keeps no record of."""
+        found = self.accepted.owner(task_id)
+        return None if found is None else found[0]
+
+    def _source(self, task_id: str) -> str | None:
+        """The job whose synthesis ``task_id`` follows (another tenant's identical job); None for a job
+        that is its own synthesis."""
+        found = self.accepted.owner(task_id)
+        return (found[1] or None) if found is not None else None
 
     def identities(self) -> dict[str, EngineIdentity]:
         """The models the running workers announced, by mode (empty if none is running). Producers need
@@ -627,11 +662,15 @@ class Client:
         stored result is then read and rendered by ``read_meta``, like every other reader's. The wait
         is cut every ``WAIT_RECHECK_S`` to read the stored result again: Redis may take a result's SET
         and PUBLISH before the SUBSCRIBE, and that publish never reaches this waiter."""
-        async_result = self.async_result(task_id)
+        # A job that follows another tenant's synthesis ends with it, unless it was cancelled itself.
+        source = self._riding_out(lambda: self._source(task_id), WAIT_PATIENCE_S, deadline)
+        async_result = self.async_result(source or task_id)
 
         def read_or_listen() -> StoredResult | None:
             """The final stored result, or None after listening for it for up to ``WAIT_RECHECK_S``."""
-            stored = stored_result(self.app, task_id)
+            if source is not None and (own := stored_result(self.app, task_id)).done:
+                return own
+            stored = stored_result(self.app, source or task_id)
             if stored.done:
                 return stored
             left = None if deadline is None else deadline - time.monotonic()
@@ -695,6 +734,12 @@ class Client:
         while Redis cannot be reached (a waiter's progress display: ``WAIT_PATIENCE_S``); by default
         ``BrokerError`` at once."""
         stored = self._riding_out(lambda: stored_result(self.app, task_id), patience_s, None)
+        source = self._riding_out(lambda: self._source(task_id), patience_s, None)
+        if source is not None and stored.state != states.REVOKED:  # it is where the job it follows is
+            try:
+                return {**self.status(source, patience_s=patience_s), "id": task_id}
+            except UnknownJob:  # the followed job's result expired: so has this one's
+                raise unknown_job(task_id) from None
         if stored.state == states.PENDING:
             self._riding_out(lambda: self._check_known(task_id), patience_s, None)
         out: dict[str, Any] = {"id": task_id, "state": stored.state}
@@ -716,17 +761,29 @@ class Client:
         state = self._state(task_id)
         if state in states.READY_STATES:
             return str(state)
+        source = self._source(task_id)
+        if source is not None:
+            # Following another tenant's job: only this tenant's own id is cancelled, never their synthesis.
+            if (followed := self._state(source)) in states.READY_STATES:
+                return str(followed)
+            self._revoke(task_id)
+            return str(states.REVOKED)
         self.accepted.cancel(task_id, ttl_s=self.settings.result_ttl_s)
         self.accepted.finish(task_id)  # nothing to send again
+        self._revoke(task_id, broadcast=True)
+        return str(states.REVOKED)
+
+    def _revoke(self, task_id: str, *, broadcast: bool = False) -> None:
+        """Store REVOKED as the job's state; ``broadcast``: and tell the workers, so one that already
+        holds its message (prefetched) drops it too."""
         try:
             self.app.backend.mark_as_revoked(task_id, "cancelled")
-            # A worker that already holds the message (prefetched) drops it too.
-            self.app.control.revoke(task_id)
+            if broadcast:
+                self.app.control.revoke(task_id)
         except Exception as exc:
             if _is_connection_error(exc):
                 raise BrokerError(f"cannot reach the result backend: {exc}") from exc
             raise
-        return str(states.REVOKED)
 
     def refresh_url(self, result: JobResult) -> JobResult:
         """The same result with a URL presigned now (the stored one may have expired)."""
@@ -793,6 +850,12 @@ def submit(text: str, *, settings: Settings | None = None, **fields: Unpack[Requ
     from ttsq.config import Settings
 
     return Client(settings or Settings.from_env()).submit(text, **fields)
+
+
+def unknown_job(task_id: str) -> UnknownJob:
+    """The one answer for an id ttsq does not know, and (at the gateway) for another tenant's id: the two
+    must read the same, byte for byte, or the answer itself says the id exists."""
+    return UnknownJob(f"unknown job ID {task_id[:80]!r}: ttsq never accepted it, or its result has expired")
 
 
 def _is_connection_error(exc: BaseException | None) -> bool:

@@ -82,6 +82,11 @@ class Settings:
     cache_ttl_s: int = 30 * 24 * 3600
     #: How long Celery keeps a task result, in seconds (at least 60).
     result_ttl_s: int = 24 * 3600
+    #: Who shares cached audio and single flight: ``fleet`` (every tenant: an identical request is served
+    #: from any tenant's audio, each under a job id of its own) or ``tenant`` (a tenant's requests share
+    #: only its own; closes the side channel docs/security.md describes, at the cost of synthesizing the
+    #: same audio once per tenant).
+    cache_scope: str = "fleet"
     #: Engine: ``espeak`` (CPU), ``qwen`` (Qwen3-TTS), ``qwen-fast`` (the same checkpoints through ttsq's
     #: own decode loop), or ``package.module:Factory`` for an engine of your own (called with the settings).
     engine: str = "espeak"
@@ -258,6 +263,7 @@ class Settings:
         _check(bool(self.metrics_host), "metrics_host", "must not be empty")
         _check(0 <= self.gateway_port <= 65535, "gateway_port", "must be 0..65535")
         _check(self.gateway_auth in ("keys", "none"), "gateway_auth", "must be keys or none")
+        _check(self.cache_scope in ("fleet", "tenant"), "cache_scope", "must be fleet or tenant")
         _check(self.gateway_max_queue >= 0, "gateway_max_queue", "must be >= 0 (0: no limit)")
         _check(1024 <= self.gateway_max_body_bytes <= 64 * 2**20, "gateway_max_body_bytes", "must be 1024..67108864")
         _check(1 <= self.gateway_wait_s <= 3600, "gateway_wait_s", "must be 1..3600")

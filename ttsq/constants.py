@@ -92,7 +92,9 @@ REDIS_HEALTH_CHECK_INTERVAL_S = 30
 
 # The accepted-job ledger (the cache database): every job a producer accepted, until it finishes, so a
 # message lost between the broker and a worker is sent again (``ttsq.records.accepted``).
-ACCEPTED_PREFIX = "ttsq:accepted:"  # + task id -> hash: task, queue, kwargs, headers, seq, accepted_at, seen_at
+# + task id -> hash: task, queue, kwargs, headers, seq, accepted_at, seen_at, owner (the tenant), follows (the
+# job a follower's audio comes from); once the job finishes only owner and follows stay, for the results' TTL.
+ACCEPTED_PREFIX = "ttsq:accepted:"
 UNSEEN_PREFIX = "ttsq:unseen:"  # + queue -> zset: task id by seq, accepted and not yet received by a worker
 RECEIVED_KEY = "ttsq:received"  # zset: task id by the time a worker received it, until it finishes
 SEQ_PREFIX = "ttsq:seq:"  # + queue -> the queue's acceptance counter (the order producers accepted jobs in)

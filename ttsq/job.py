@@ -137,6 +137,10 @@ class SynthesisRequest:
     #: Whose work it is, for fair shares between tenants (at the gateway: the API key's id). Not in
     #: the content key.
     tenant: str = ""
+    #: The cache this request's audio is shared in: "" for the whole fleet's, or a tenant's id
+    #: (``TTSQ_CACHE_SCOPE=tenant``): part of the content key, so a tenant's cache entries, stored files
+    #: and single-flight claims are its own.
+    cache_scope: str = ""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], limits: Limits | None = None) -> SynthesisRequest:
@@ -184,6 +188,9 @@ class SynthesisRequest:
         if not isinstance(stream, bool):
             raise InvalidRequest("stream", f"expected true or false, got {type(stream).__name__}")
         lane, tenant = scheduling(data)
+        cache_scope = data.get("cache_scope", "")
+        if not isinstance(cache_scope, str) or (cache_scope and not TENANT_PATTERN.fullmatch(cache_scope)):
+            raise InvalidRequest("cache_scope", "expected a tenant's id (1-64 letters, digits and . _ : @ -) or ''")
 
         return cls(
             text=text,
@@ -196,6 +203,7 @@ class SynthesisRequest:
             stream=stream,
             lane=lane,
             tenant=tenant,
+            cache_scope=cache_scope,
             **numbers,
         )
 
@@ -207,7 +215,7 @@ class SynthesisRequest:
         """The task kwargs: plain JSON, accepted back by ``from_dict``. ``stream``, ``lane`` and ``tenant``
         only when set: a worker of an earlier release, which does not know them, still takes every other job."""
         data = asdict(self)
-        for name, unset in (("stream", False), ("lane", None), ("tenant", "")):
+        for name, unset in (("stream", False), ("lane", None), ("tenant", ""), ("cache_scope", "")):
             if data[name] == unset:
                 del data[name]
         return data
@@ -245,6 +253,7 @@ class RequestFields(TypedDict, total=False):
     deadline: float
     lane: Lane
     tenant: str
+    cache_scope: str
 
 
 class Timings(TypedDict):

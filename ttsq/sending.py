@@ -73,7 +73,14 @@ def sending(
     ``window`` and a tenant, the send may defer the job instead (``AcceptedJobs.defer``)."""
     attributes = {"messaging.destination.name": job.queue, "messaging.message.id": job.task_id, "ttsq.task": job.task}
     with tracing.span("ttsq.accept", attributes):
-        seq = accepted.accept(job.task_id, task=job.task, queue=job.queue, kwargs=job.kwargs, headers=job.headers)
+        seq = accepted.accept(
+            job.task_id,
+            task=job.task,
+            queue=job.queue,
+            kwargs=job.kwargs,
+            headers=job.headers,
+            owner=str(job.kwargs.get("tenant") or ""),  # whose job it is: the jobs API answers only them
+        )
     sent = False
 
     def send() -> None:

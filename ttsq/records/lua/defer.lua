@@ -4,7 +4,7 @@
 -- KEYS: record, unseen zset, the tenant's deferred list, the queue's tenant ring, the queue's tenant set.
 -- ARGV: task id, tenant, window (jobs of the queue accepted and not yet received by a worker).
 -- Returns 1 if the job was deferred (do not send it), 0 to send it now.
-if redis.call('EXISTS', KEYS[1]) == 0 then
+if redis.call('HEXISTS', KEYS[1], 'task') == 0 then
   return 0
 end
 if redis.call('LLEN', KEYS[3]) == 0 and redis.call('ZCARD', KEYS[2]) <= tonumber(ARGV[3]) then

@@ -9,7 +9,8 @@ local t = redis.call('TIME')
 local now_s = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
 
 if redis.call('EXISTS', KEYS[5]) == 1 or redis.call('EXISTS', KEYS[6]) == 1 then
-  redis.call('DEL', KEYS[1])
+  -- The job's fields go; its owner stays (finish.lua), so its cancelled state is still its owner's to read.
+  redis.call('HDEL', KEYS[1], 'task', 'queue', 'kwargs', 'headers', 'seq', 'accepted_at', 'seen_at', 'deferred')
   redis.call('ZREM', KEYS[2], ARGV[1])
   redis.call('ZREM', KEYS[4], ARGV[1])
   return 2
