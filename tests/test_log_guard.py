@@ -42,6 +42,7 @@ TRACESTATES = [
     f"a=b\r{FORGED}",
     "a=\x1b[31mred",
     "a=\x9b31m\x85next\u2028line",
+    "a=\ud800lone",  # a lone surrogate once JSON decodes it: a UTF-8 stream cannot write it
 ]
 
 
@@ -217,6 +218,6 @@ logging.getLogger("probe").warning("stack", stack_info=True)
 
 def test_the_guard_escapes_every_control_character() -> None:
     assert escape("plain text, ünïcode and emoji 🎙") == "plain text, ünïcode and emoji 🎙"
-    assert escape("a\nb\rc\td\x00e\x1bf\x7fg\x85h\x9bi\u2028j\u202ek") == (
-        "a\\nb\\rc\\td\\x00e\\x1bf\\x7fg\\x85h\\x9bi\\u2028j\\u202ek"
+    assert escape("a\nb\rc\td\x00e\x1bf\x7fg\x85h\x9bi\u2028j\u202ek\ud800l") == (
+        "a\\nb\\rc\\td\\x00e\\x1bf\\x7fg\\x85h\\x9bi\\u2028j\\u202ek\\ud800l"
     )

@@ -35,9 +35,11 @@ from collections.abc import Mapping
 from typing import Any
 
 #: What the guard escapes: C0 controls, DEL and C1 controls; the line and paragraph separators; the
-#: bidirectional embeddings, overrides and isolates.
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-_UNSAFE_BUT_NEWLINE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+#: bidirectional embeddings, overrides and isolates; lone surrogates (JSON's ``\ud800`` decodes to one,
+#: and a stream that writes UTF-8 fails on it: the record would be lost).
+_OTHERS = "\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff"
+_UNSAFE = re.compile(f"[\x00-\x1f{_OTHERS}]")
+_UNSAFE_BUT_NEWLINE = re.compile(f"[\x00-\x09\x0b-\x1f{_OTHERS}]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 #: What each line of a traceback or a stack starts with, under its record.
 INDENT = "    "
