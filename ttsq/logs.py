@@ -53,12 +53,17 @@ def _escaped(match: re.Match[str]) -> str:
 def escape(text: str) -> str:
     """``text`` with its control characters as escapes (``\\n``, ``\\x1b``, ``\\u2028``): one line, no
     terminal control. Text without any is returned as it is."""
-    return text if _UNSAFE.search(text) is None else _UNSAFE.sub(_escaped, text)
+    # isprintable is the fast answer for nearly every message; what it refuses, the pattern decides.
+    return text if text.isprintable() or _UNSAFE.search(text) is None else _UNSAFE.sub(_escaped, text)
 
 
 def indented(text: str) -> str:
     """A traceback or a stack for a log: control characters but the newline escaped, every line indented."""
     return INDENT + _UNSAFE_BUT_NEWLINE.sub(_escaped, text).replace("\n", "\n" + INDENT)
+
+
+def _unsafe(value: Any) -> bool:
+    return isinstance(value, str) and escape(value) is not value
 
 
 def _escaped_argument(value: Any) -> Any:
@@ -70,9 +75,11 @@ class GuardedRecord(logging.LogRecord):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # Copied only when an argument needs escaping: nearly every record keeps its own.
         if isinstance(self.args, tuple):
-            self.args = tuple(_escaped_argument(value) for value in self.args)
-        elif isinstance(self.args, Mapping):
+            if any(_unsafe(value) for value in self.args):
+                self.args = tuple(_escaped_argument(value) for value in self.args)
+        elif isinstance(self.args, Mapping) and any(_unsafe(value) for value in self.args.values()):
             self.args = {name: _escaped_argument(value) for name, value in self.args.items()}
 
     def getMessage(self) -> str:
