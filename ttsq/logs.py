@@ -6,25 +6,27 @@ Escaping at ttsq's own call sites cannot reach those, so ``guard_logs`` (called 
 the ``ttsq`` entry point that starts every worker, launcher, gateway, Flower and command) makes every
 record the process creates a ``GuardedRecord``:
 
-- its message, arguments included, comes out with every control character escaped (C0 but none
-  spared, DEL, C1, which holds the 8-bit escape sequence introducer; also the line and paragraph
-  separators and the bidirectional overrides, which break or reorder a line in a viewer): one record,
-  one line, and no escape sequence reaches an operator's terminal;
+- its message, arguments included, comes out with every control character escaped (every C0 control,
+  tab and newline included; DEL; the C1 controls, 8-bit escape sequence introducer among them; the line
+  and paragraph separators and the bidirectional overrides, which break or reorder a line in a viewer):
+  one record, one line, and no escape sequence reaches an operator's terminal;
 - its arguments are escaped as well, for formatters that read them without the message (uvicorn's
   access log builds its request line from them);
 - its traceback and stack keep their newlines, with every other control character escaped and every
   line indented under the record's first. A traceback stays readable, and an exception's message,
-  which may quote anything, cannot start a line of its own: a line that begins at its first column is
-  always the start of a record. Escaping the message inside a traceback instead would mean reparsing
-  text Python formats (chained exceptions, groups, notes), and a multi-line message would become one
-  long line; an indented continuation is also what log shippers' multi-line rules join to the record
-  above.
+  which may quote anything, cannot begin a line of its own. Escaping the message inside a traceback
+  instead would mean reparsing text Python formats (chained exceptions, groups, notes), and a multi-line
+  message would become one long line; an indented continuation is also what log shippers' multi-line
+  rules join to the record above.
 
 Why a record factory, not a filter or formatter on each handler: handlers come and go out of ttsq's
 hands (Celery gives its task loggers their own when the worker starts, uvicorn installs its own from
 its config, a record no handler takes goes to ``logging.lastResort``), and a guard on each is one
 missed when a library adds another. Every record, whichever logger and handler, is made by the factory.
-Formatters stay what they were: colours a formatter adds around a line are its own, not the record's.
+Formatters stay what they were: colours a formatter adds around a line are its own, not the record's,
+and so are the fields it adds (a logger's name, Celery's task id, which the worker's gate has already
+checked). What a process writes without logging (Celery's start-up banner, a warning printed before
+Celery captures warnings) is not a record and carries no request's values.
 """
 
 from __future__ import annotations
