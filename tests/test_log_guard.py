@@ -30,8 +30,6 @@ from ttsq.config import Settings
 from ttsq.logs import escape
 from ttsq.records.deadletters import DeadLetters
 
-pytest.importorskip("opentelemetry.sdk.trace", reason="the extra ttsq[otel] is not installed")
-
 #: What a forged line would begin with: a record of the worker's own format, dated in the past.
 FORGED = "2026-01-01 00:00:00,000 CRITICAL MainProcess forged"
 #: A valid W3C traceparent: OpenTelemetry reads the tracestate beside it only when this one is valid.
@@ -64,6 +62,7 @@ def assert_guarded(log: bytes, *, logged: list[str]) -> None:
 def traced(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Traces on in the processes the test starts (the standard ``OTEL_*`` variables), exported to a
     receiver on loopback that takes every span and keeps none."""
+    pytest.importorskip("opentelemetry.sdk.trace", reason="the extra ttsq[otel] is not installed")
 
     class Sink(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
