@@ -43,13 +43,17 @@ def serve(ctx: click.Context, host: str | None, port: int | None, log_level: str
     except ImportError as exc:
         raise EngineUnavailable(f"the gateway needs its extra: pip install 'ttsq[gateway]' ({exc})") from exc
     level = (log_level or settings.log_level).lower()
+    json_logs = settings.log_format == "json"
     uvicorn.run(
         create_gateway(settings),
         host=settings.gateway_host,
         port=settings.gateway_port,
         log_level=level,
         server_header=False,
-        log_config=_json_logging(level) if settings.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
+        log_config=_json_logging(level) if json_logs else uvicorn.config.LOGGING_CONFIG,
+        # On a terminal uvicorn colours parts of its messages; the log guard (ttsq.logs) would show
+        # those escape sequences as text. (The JSON config has no colours to turn off.)
+        use_colors=None if json_logs else False,
     )
 
 

@@ -14,6 +14,7 @@ import sys
 import click
 
 from ttsq import __version__
+from ttsq.logs import guard_logs
 
 from .bench import bench
 from .common import closed_pipe, connection_options, fail
@@ -66,6 +67,9 @@ for _command in _COMMANDS:
 
 def main() -> None:
     """Console entry point: click's usage errors become one line too."""
+    # Every process ttsq starts comes through here (workers, the launcher and its workers, the gateway,
+    # Flower, each command): the log guard first, before any library logs (ttsq.logs).
+    guard_logs()
     try:
         code = cli.main(prog_name="ttsq", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:  # bare `ttsq`: the help, not an error

@@ -3,7 +3,8 @@
 Every place that reports a job outside its result goes through here:
 
 - ``printable``: an untrusted name (a task id, a task name from a broker message) with its control
-  characters escaped and its length cut, for log lines and terminals;
+  characters escaped and its length cut, for terminals and stored notes (log lines are escaped by the
+  log guard, ``ttsq.logs``, whoever writes them);
 - ``redact_url``: a Redis (or any) URL with its password masked, for messages and logs;
 - ``describe_kwargs``: raw task kwargs as field names and sizes (a producer outside ttsq sends
   Celery's default repr, with the text in it);
@@ -42,7 +43,7 @@ _URL = re.compile(r"""(['"]url['"]:\s*)(['"])[^'"]*(\2|$)""")
 
 
 def printable(text: Any, limit: int = 120) -> str:
-    """``text`` for a log line or a terminal: characters that are not printable (newlines, terminal
+    """``text`` for a terminal or a note: characters that are not printable (newlines, terminal
     escape sequences, bidirectional overrides) as ``\\xNN``/``\\uNNNN`` escapes, cut to ``limit``
     characters with ``...`` marking the cut. A forged log line or a terminal command cannot pass."""
     text = text if isinstance(text, str) else str(text)

@@ -549,7 +549,9 @@ class JsonFormatter(logging.Formatter):
         if joined is not None:
             line["trace_id"], line["span_id"] = joined
         if record.exc_info:
-            line["exception"] = self.formatException(record.exc_info)
+            if not record.exc_text:  # formatted once per record, as logging.Formatter does (ttsq.logs)
+                record.exc_text = self.formatException(record.exc_info)
+            line["exception"] = record.exc_text
         return json.dumps(line, ensure_ascii=False)
 
 

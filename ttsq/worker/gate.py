@@ -26,7 +26,6 @@ from ttsq.app import lane_of
 from ttsq.constants import DOCUMENT_HEADER, SEQ_HEADER
 from ttsq.records.accepted import AcceptedJobs, Receipt
 from ttsq.records.connection import SentinelConnection
-from ttsq.redaction import printable
 from ttsq.worker.envelope import MAX_MESSAGE_BYTES, Refused, check_raw, check_task
 from ttsq.worker.lanes import CAPPED_BRPOP_TIMEOUT_S, LaneCycle
 
@@ -72,12 +71,12 @@ class Gate:
         """Keep a refused message in the dead-letter list, count it and log it (never its text)."""
         task_id = headers.get("id") if isinstance(headers, dict) and isinstance(headers.get("id"), str) else None
         task = headers.get("task") if isinstance(headers, dict) and isinstance(headers.get("task"), str) else None
-        # The id, task and queue come from the message: escaped, so that none can forge a log line.
+        # The id and queue come from the message: cut here, escaped by the log guard (ttsq.logs).
         logger.warning(
             "message %s on %s refused (%s) and dead-lettered; see `ttsq dead`",
-            printable(task_id, 80) if task_id is not None else "without an id",
-            printable(queue, 80),
-            printable(str(refused), 200),
+            task_id[:80] if task_id is not None else "without an id",
+            queue[:80],
+            str(refused)[:200],
         )
         self.observer.message_refused(refused.reason)
         try:
