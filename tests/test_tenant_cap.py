@@ -8,7 +8,9 @@ forever. ``ttsq stats --json`` and the metrics show each tenant's waits.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import threading
 from collections.abc import Callable
 from datetime import datetime
@@ -33,8 +35,9 @@ class Sampler:
     holds, as often as it can until stopped; keeps the most of each it saw. Optionally watches that no
     job of ``later`` is received (``seen_at``, or finished) before ``first`` is."""
 
-    def __init__(self, settings: Settings, ids: list[str]) -> None:
+    def __init__(self, settings: Settings, ids: list[str], *, every_s: float = 0.005) -> None:
         self.ids = ids
+        self.every_s = every_s
         self.most_in_flight = 0
         self.most_listed = 0
         self.samples = 0
@@ -92,7 +95,7 @@ class Sampler:
                 if not seen[0]:
                     self.overtaken += [task_id for task_id, got in zip(later, seen[1:], strict=True) if got]
             self.samples += 1
-            self._stop.wait(0.005)
+            self._stop.wait(self.every_s)
 
 
 def done_at(client: Client, job: Job) -> datetime:
@@ -207,5 +210,38 @@ def test_a_count_left_by_a_job_that_ended_elsewhere_is_aged_out(settings: Settin
     for job in first + jobs:
         assert job.wait(timeout=120)["duration_s"] > 0
     wait_until(lambda: not owner.accepted.in_flight(settings.queue), 30, "t1's count to empty")
+    owner.close()
+    client.close()
+
+
+@pytest.mark.slow
+def test_a_worker_killed_under_the_cap_loses_nothing_and_leaves_nothing_counted(
+    settings: Settings, start_worker: StartWorker
+) -> None:
+    # Jobs held and running when their worker dies stay counted (once) until they run on the next one:
+    # no tenant goes over its cap meanwhile, every job runs once, and every count ends at zero.
+    cap = 3
+    settings = settings.replace(max_batch=2, release_window=4, tenant_max_in_flight=cap, lost_job_grace_s=2)
+    client = Client(settings)
+    jobs = [client.submit(f"Tenant {i % 3} says sentence {i}.", tenant=f"t{i % 3}") for i in range(60)]
+    with contextlib.ExitStack() as stack:
+        samplers = [
+            stack.enter_context(Sampler(settings, [job.id for job in jobs[tenant::3]], every_s=0.02))
+            for tenant in range(3)
+        ]
+        first = start_worker(settings, "w1")
+        wait_until(lambda: len(s3_keys(settings)) >= 10, 60, "the first worker to make some clips")
+        first.stop(signal.SIGKILL)
+        start_worker(settings, "w2")
+        for job in jobs:
+            assert job.wait(timeout=120)["duration_s"] > 0
+    most = [sampler.most_in_flight for sampler in samplers]
+    assert max(most) == cap and all(m <= cap for m in most), most
+    keys = s3_keys(settings)
+    assert len(keys) == len(set(keys)) == len(jobs)
+    owner = RedisOwner(settings, role="test")
+    wait_until(lambda: not owner.accepted.in_flight(settings.queue), 30, "the tenants' counts to empty")
+    assert not list(owner.cache.scan_iter(f"{TENANT_IN_FLIGHT_PREFIX}*"))
+    assert not list(owner.cache.scan_iter(f"{DEFERRED_PREFIX}*")), "jobs left waiting"
     owner.close()
     client.close()
