@@ -214,6 +214,23 @@ def test_a_count_left_by_a_job_that_ended_elsewhere_is_aged_out(settings: Settin
     client.close()
 
 
+def test_a_tenant_at_its_cap_gives_its_bulk_work_its_share(settings: Settings, start_worker: StartWorker) -> None:
+    # One place in flight, interactive jobs waiting ahead of bulk ones: with bulk's share at 100% every
+    # freed place goes to bulk first, so the bulk jobs run before the interactive backlog (interactive
+    # strictly first would run them last).
+    settings = settings.replace(max_batch=1, tenant_max_in_flight=1, bulk_share_percent=100)
+    client = Client(settings)
+    interactive = [client.submit(f"Interactive sentence {i}.", tenant="t1") for i in range(4)]
+    bulk = [client.submit(f"Bulk sentence {i}.", tenant="t1", lane="bulk") for i in range(2)]
+    start_worker(settings)
+    for job in interactive + bulk:
+        job.wait(timeout=120)
+    order = sorted(interactive + bulk, key=lambda job: done_at(client, job))
+    lanes = ["B" if job in bulk else "I" for job in order]
+    assert [job.id for job in order[:3]] == [interactive[0].id, bulk[0].id, bulk[1].id], lanes
+    client.close()
+
+
 @pytest.mark.slow
 def test_a_worker_killed_under_the_cap_loses_nothing_and_leaves_nothing_counted(
     settings: Settings, start_worker: StartWorker

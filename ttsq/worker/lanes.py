@@ -111,6 +111,11 @@ class Releaser:
         self._window = settings.release_window
         self._weights = settings.weights
         self._cap = settings.tenant_max_in_flight
+        #: Under a cap, a tenant's freed places go to the first of its queues with jobs waiting: every
+        #: ``_bulk_every``-th release offers them to the bulk lane first, so its bulk work never starves
+        #: behind its own interactive backlog (the share ``LaneCycle`` gives bulk messages).
+        self._bulk_every = max(1, round(100 / settings.bulk_share_percent))
+        self._releases = 0
         self._scope = settings.queue
         #: How often the tenants' in-flight counts are aged (seconds): a lost-job grace, as for lost jobs.
         self._age_every_s = float(settings.lost_job_grace_s)
@@ -129,8 +134,12 @@ class Releaser:
 
     def release(self) -> int:
         """One round: release what the room allows and send it; return how many were sent."""
+        self._releases += 1
+        queues = self._queues
+        if self._cap > 0 and self._releases % self._bulk_every == 0:
+            queues = sorted(queues, key=lambda queue: lane_of(queue) != "bulk")
         released = self._accepted.release(
-            self._queues,
+            queues,
             window=self._window,
             most=self._window or RELEASE_MOST,
             weights=self._weights,
