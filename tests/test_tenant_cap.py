@@ -23,8 +23,11 @@ from support import WorkerProcess, run_cli, s3_keys, scrape, value, wait_until
 from ttsq.client import Client, Job
 from ttsq.config import Settings
 from ttsq.constants import ACCEPTED_PREFIX, DEFERRED_PREFIX, TENANT_IN_FLIGHT_PREFIX
+from ttsq.observer import JobReport
 from ttsq.ops.redis_server import free_port
 from ttsq.records.owner import RedisOwner
+from ttsq.records.stats import OTHER_TENANT, WAIT_TENANTS_PER_MINUTE, FleetObserver, tenant_waits
+from ttsq.worker.metrics import Metrics
 
 StartWorker = Callable[..., WorkerProcess]
 
@@ -262,3 +265,35 @@ def test_a_worker_killed_under_the_cap_loses_nothing_and_leaves_nothing_counted(
     assert not list(owner.cache.scan_iter(f"{DEFERRED_PREFIX}*")), "jobs left waiting"
     owner.close()
     client.close()
+
+
+def test_tenant_waits_stay_a_bounded_set_and_their_percentiles_within_a_fifth(settings: Settings) -> None:
+    # 1,200 tenants' jobs through one worker's fleet observer into Redis: a minute keeps at most
+    # WAIT_TENANTS_PER_MINUTE names, and what stats and the metrics show is the busiest ten and `other`.
+    owner = RedisOwner(settings, role="test")
+    observer = FleetObserver(owner.stats)
+    waits = [0.01 * (1 + i) for i in range(200)]  # the busiest tenant: 10 ms to 2 s, evenly
+    for wait in waits:
+        observer.job_finished(JobReport(task_id="x", outcome="synthesized", queue_wait_s=wait, tenant="busy"))
+    for i in range(1200):
+        observer.job_finished(JobReport(task_id="x", outcome="failed", queue_wait_s=0.5, tenant=f"t{i:04d}"))
+    observer.close()
+    stored = owner.stats.waits(2)
+    assert len(stored) <= WAIT_TENANTS_PER_MINUTE + 1 and OTHER_TENANT in stored
+    rows = tenant_waits(stored)
+    assert len(rows) == 11 and rows[0]["tenant"] == "busy" and rows[-1]["tenant"] == OTHER_TENANT
+    assert sum(row["jobs"] for row in rows) == 1400
+    busy = rows[0]
+    for quantile, got in ((0.5, busy["wait_p50_s"]), (0.95, busy["wait_p95_s"])):
+        truth = waits[int(quantile * len(waits)) - 1]
+        assert abs(got - truth) <= truth / 5, (quantile, got, truth)
+    # The worker's series carry the same bounded set of tenant labels.
+    metrics = Metrics(node="n", stats=owner.stats)
+    tenants = {
+        sample.labels["tenant"]
+        for family in metrics.registry.collect()
+        if family.name == "ttsq_tenant_jobs"
+        for sample in family.samples
+    }
+    assert len(tenants) == 11 and {"busy", OTHER_TENANT} <= tenants
+    owner.close()

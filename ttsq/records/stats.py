@@ -202,7 +202,7 @@ def tenant_waits(
         return sum(waits.get(tenant, {}).values()) + flying.get(tenant, 0)
 
     ranked = sorted(tenants, key=lambda tenant: (-volume(tenant), tenant))
-    named = [tenant for tenant in ranked[:top] if tenant != OTHER_TENANT]
+    named = [tenant for tenant in ranked if tenant != OTHER_TENANT][:top]
     rest: dict[int, int] = {}
     rest_flying = 0
     for tenant in set(ranked) - set(named):
