@@ -191,9 +191,15 @@ def test_a_cancel_gives_its_place_back_and_a_cap_works_without_a_window(settings
     # A job whose record went without a finish (it expired) stops counting when the counts are aged;
     # one still in flight never does.
     owner.cache.delete(ACCEPTED_PREFIX + other.id)
-    assert accepted.age_in_flight(queue) == 1
+    assert accepted.age_in_flight(queue, every_s=60) == 1
     assert accepted.in_flight(queue) == {"t1": 1}
     assert accepted.age_in_flight(queue) == 0
+    # Workers age once a period between them: within it, another worker's aging is skipped.
+    owner.cache.delete(ACCEPTED_PREFIX + jobs[2].id)
+    assert accepted.age_in_flight(queue, every_s=60) == 0
+    assert accepted.in_flight(queue) == {"t1": 1}
+    assert accepted.age_in_flight(queue) == 1
+    assert accepted.in_flight(queue) == {}
     owner.close()
     client.close()
 

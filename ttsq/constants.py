@@ -118,6 +118,7 @@ TURNS_PREFIX = "ttsq:turns:"  # + queue -> hash: tenant -> jobs released in its 
 # its send (or release) until its record is finished; a member whose record no longer counts it is aged out.
 TENANT_IN_FLIGHT_PREFIX = "ttsq:tenant-in-flight:"  # + base queue + ":" + tenant -> zset: task id by Redis time sent
 TENANTS_IN_FLIGHT_PREFIX = "ttsq:tenants-in-flight:"  # + base queue -> set: tenants with such a zset, for the ager
+IN_FLIGHT_AGED_PREFIX = "ttsq:in-flight-aged:"  # + base queue -> 1 for a while after a worker aged the counts; EX
 #: A tenant's name: what ``ttsq stats`` and metrics show, so an identifier, never a secret.
 TENANT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,63}")
 #: The tenant of a job that names none: one more tenant, sharing the fleet with the others.

@@ -24,6 +24,7 @@ from ttsq.constants import (
     ACCEPTED_TTL_S,
     CANCELLED_PREFIX,
     DEFERRED_PREFIX,
+    IN_FLIGHT_AGED_PREFIX,
     RECEIVED_KEY,
     SEQ_PREFIX,
     TENANT_IN_FLIGHT_PREFIX,
@@ -179,11 +180,12 @@ class AcceptedJobs:
         """The task ids counted against ``tenant``'s cap in ``scope``, oldest first."""
         return [str(task_id) for task_id in self._redis.zrange(_in_flight_prefix(scope) + tenant, 0, -1)]
 
-    def age_in_flight(self, scope: str) -> int:
+    def age_in_flight(self, scope: str, *, every_s: int = 0) -> int:
         """Drop from the tenants' in-flight counts of ``scope`` every job that ended without ``finish``
-        (its record expired or was replaced); return how many. A backstop the releaser runs now and then."""
-        keys = [TENANTS_IN_FLIGHT_PREFIX + scope]
-        args = [_in_flight_prefix(scope), ACCEPTED_PREFIX]
+        (its record expired or was replaced); return how many. A backstop the releasers run now and then:
+        with ``every_s``, only if no worker did in the last ``every_s`` seconds (one aging a period, fleet-wide)."""
+        keys = [TENANTS_IN_FLIGHT_PREFIX + scope, IN_FLIGHT_AGED_PREFIX + scope]
+        args: list[str | int] = [_in_flight_prefix(scope), ACCEPTED_PREFIX, every_s]
         return int(patiently(lambda: self._age_in_flight(keys=keys, args=args), self.url, self.patience_s))
 
     def received(

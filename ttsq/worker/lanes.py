@@ -13,7 +13,7 @@ inside one queue would break that, which is why lanes are queues.
 (``AcceptedJobs.defer``), and every worker, a few times a second, releases deferred jobs into the room
 its queues' lists have, tenant by tenant in round robin (``AcceptedJobs.release``). Under a per-tenant
 cap (``TTSQ_TENANT_MAX_IN_FLIGHT``) a tenant at its cap passes its turn, so its next job goes out within a
-release of one of its jobs finishing; every lost-job grace the releaser also ages the tenants' counts
+release of one of its jobs finishing; every lost-job grace one releaser of the fleet also ages the tenants' counts
 (``AcceptedJobs.age_in_flight``), so a job that ended without its record being finished stops counting.
 """
 
@@ -117,8 +117,9 @@ class Releaser:
         self._bulk_every = max(1, round(100 / settings.bulk_share_percent))
         self._releases = 0
         self._scope = settings.queue
-        #: How often the tenants' in-flight counts are aged (seconds): a lost-job grace, as for lost jobs.
-        self._age_every_s = float(settings.lost_job_grace_s)
+        #: How often the tenants' in-flight counts are aged (seconds): a lost-job grace, as for lost jobs,
+        #: by one worker of the fleet a period (the others find the period's mark and skip it).
+        self._age_every_s = settings.lost_job_grace_s
         self._aged_at = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ttsq-releaser", daemon=True)
@@ -154,7 +155,7 @@ class Releaser:
     def age(self) -> int:
         """Drop from the tenants' in-flight counts the jobs that ended without finishing their record;
         return how many (the count of a job still in flight never drops: its record names it)."""
-        dropped = self._accepted.age_in_flight(self._scope)
+        dropped = self._accepted.age_in_flight(self._scope, every_s=self._age_every_s)
         if dropped:
             logger.info("%d jobs no longer in flight left their tenants' counts", dropped)
         return dropped
