@@ -12,9 +12,10 @@ inside one queue would break that, which is why lanes are queues.
 ``Releaser`` is the other half of fair shares: producers defer a job while its queue's list is full
 (``AcceptedJobs.defer``), and every worker, a few times a second, releases deferred jobs into the room
 its queues' lists have, tenant by tenant in round robin (``AcceptedJobs.release``). Under a per-tenant
-cap (``TTSQ_TENANT_MAX_IN_FLIGHT``) a tenant at its cap passes its turn, so its next job goes out within a
-release of one of its jobs finishing; every lost-job grace one releaser of the fleet also ages the tenants' counts
-(``AcceptedJobs.age_in_flight``), so a job that ended without its record being finished stops counting.
+cap (``TTSQ_TENANT_MAX_IN_FLIGHT``) a tenant at its cap passes its turn, so its next job goes out within
+a release of one of its jobs finishing; every lost-job grace one releaser of the fleet also ages the
+tenants' counts (``AcceptedJobs.age_in_flight``): a job that ended without its record finished stops
+counting.
 """
 
 from __future__ import annotations
