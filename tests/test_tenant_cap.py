@@ -12,6 +12,7 @@ import contextlib
 import json
 import signal
 import threading
+import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -22,7 +23,13 @@ from support import WorkerProcess, run_cli, s3_keys, scrape, value, wait_until
 
 from ttsq.client import Client, Job
 from ttsq.config import Settings
-from ttsq.constants import ACCEPTED_PREFIX, DEFERRED_PREFIX, TENANT_IN_FLIGHT_PREFIX
+from ttsq.constants import (
+    ACCEPTED_PREFIX,
+    DEFERRED_PREFIX,
+    TENANT_IN_FLIGHT_PREFIX,
+    TENANTS_IN_FLIGHT_PREFIX,
+    WAITS_PREFIX,
+)
 from ttsq.observer import JobReport
 from ttsq.ops.redis_server import free_port
 from ttsq.records.owner import RedisOwner
@@ -284,7 +291,14 @@ def test_tenant_waits_stay_a_bounded_set_and_their_percentiles_within_a_fifth(se
     for i in range(1200):
         observer.job_finished(JobReport(task_id="x", outcome="failed", queue_wait_s=0.5, tenant=f"t{i:04d}"))
     observer.close()
+    # What is read back is untrusted: a field ttsq would not write is not shown.
+    owner.cache.hset(f"{WAITS_PREFIX}{int(time.time() // 60)}", "3|evil\x1b[31m\nCRITICAL forged", 7)
+    forged = f"{TENANT_IN_FLIGHT_PREFIX}{settings.queue}:bad\nname"
+    owner.cache.sadd(f"{TENANTS_IN_FLIGHT_PREFIX}{settings.queue}", "bad\nname")
+    owner.cache.zadd(forged, {"x": 1.0})
+    assert owner.accepted.in_flight(settings.queue) == {}
     stored = owner.stats.waits(2)
+    assert not [tenant for tenant in stored if "\n" in tenant or "\x1b" in tenant]
     assert len(stored) <= WAIT_TENANTS_PER_MINUTE + 1 and OTHER_TENANT in stored
     rows = tenant_waits(stored)
     assert len(rows) == 11 and rows[0]["tenant"] == "busy" and rows[-1]["tenant"] == OTHER_TENANT

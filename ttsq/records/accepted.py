@@ -28,6 +28,7 @@ from ttsq.constants import (
     RECEIVED_KEY,
     SEQ_PREFIX,
     TENANT_IN_FLIGHT_PREFIX,
+    TENANT_PATTERN,
     TENANT_SET_PREFIX,
     TENANTS_IN_FLIGHT_PREFIX,
     TENANTS_PREFIX,
@@ -165,8 +166,9 @@ class AcceptedJobs:
 
     def in_flight(self, scope: str) -> dict[str, int]:
         """Jobs in flight per tenant in the deployment ``scope`` (its base queue), as the cap counts them
-        (only while ``TTSQ_TENANT_MAX_IN_FLIGHT`` is on)."""
-        tenants = sorted(str(t) for t in self._redis.smembers(TENANTS_IN_FLIGHT_PREFIX + scope))
+        (only while ``TTSQ_TENANT_MAX_IN_FLIGHT`` is on). A name ttsq would not write is left out: it is shown."""
+        members = (str(t) for t in self._redis.smembers(TENANTS_IN_FLIGHT_PREFIX + scope))
+        tenants = sorted(t for t in members if TENANT_PATTERN.fullmatch(t))
         if not tenants:
             return {}
         prefix = _in_flight_prefix(scope)

@@ -27,6 +27,7 @@ from ttsq.constants import (
     MINUTE_PREFIX,
     MINUTE_STATS_TTL_S,
     RESTARTS_KEY,
+    TENANT_PATTERN,
     WAITS_PREFIX,
     WORKER_PREFIX,
 )
@@ -122,7 +123,8 @@ class FleetStats:
 
     def waits(self, minutes: int, *, now: float | None = None) -> dict[str, dict[int, int]]:
         """Wait buckets per tenant over the last ``minutes`` minutes (the current one included): tenant ->
-        bucket -> jobs. A field that is not one ttsq writes is skipped."""
+        bucket -> jobs. A field that is not one ttsq writes (a tenant name outside ``TENANT_PATTERN``
+        among them: what is read back is printed) is skipped."""
         current = int((now or time.time()) // 60)
         with self._redis.pipeline(transaction=False) as pipe:
             for minute in range(current - minutes + 1, current + 1):
@@ -136,7 +138,7 @@ class FleetStats:
                     at, count = int(index), int(jobs)
                 except ValueError:
                     continue
-                if tenant and 0 <= at < WAIT_BUCKETS and count > 0:
+                if TENANT_PATTERN.fullmatch(tenant) and 0 <= at < WAIT_BUCKETS and count > 0:
                     per_tenant = out.setdefault(tenant, {})
                     per_tenant[at] = per_tenant.get(at, 0) + count
         return out
