@@ -13,7 +13,8 @@ producers in this process (``Client.submit``), and measures from the jobs' own r
   of the fleet's capacity. Passes when B's wait p95 is at most 1.5 x the idle one plus one batch time,
   and bulk keeps at least 40% of the capacity;
 - **tenants**: three bulk tenants with ``--tenants`` jobs (10,000 / 1,000 / 100), one producer each,
-  with fair shares (the default ``TTSQ_RELEASE_WINDOW``) and without (0: one FIFO list, the baseline):
+  with fair shares (the default ``TTSQ_RELEASE_WINDOW``), with fair shares and a per-tenant cap
+  (``--tenant-cap`` jobs in flight, ``TTSQ_TENANT_MAX_IN_FLIGHT``) and without (0: one FIFO list, the baseline):
   when the smallest tenant's last job finished against the largest one's 1,000th and the middle one's
   200th. Twice: the three producers started together, and the largest one ``--stagger`` seconds ahead
   (a batch file already going when the others arrive).
@@ -216,6 +217,7 @@ def main() -> int:
     parser.add_argument("--backlog", type=int, default=10_000)
     parser.add_argument("--tenants", default="10000,1000,100", help="three tenants' job counts, largest first")
     parser.add_argument("--stagger", type=float, default=2.0, help="seconds the largest tenant starts ahead")
+    parser.add_argument("--tenant-cap", type=int, default=16, help="the capped tenants run's per-tenant cap")
     parser.add_argument("--skip", default="", help="scenarios to leave out: backlog, tenants")
     args = parser.parse_args()
     sizes = [int(size) for size in args.tenants.split(",")]
@@ -253,9 +255,14 @@ def main() -> int:
             report["verdict_bulk"] = report["backlog"]["bulk_share_of_capacity"] >= 0.4
         if "tenants" not in args.skip:
             for start, stagger in (("together", 0.0), ("staggered", args.stagger)):
-                for label, window in (("fair", Settings().release_window), ("fifo", 0)):
+                window = Settings().release_window
+                for label, changes in (
+                    ("fair", {"release_window": window}),
+                    ("capped", {"release_window": window, "tenant_max_in_flight": args.tenant_cap}),
+                    ("fifo", {"release_window": 0}),
+                ):
                     name = f"tenants_{start}_{label}"
-                    with fleet(base, folder / name, args.workers, queue=name, release_window=window) as s:
+                    with fleet(base, folder / name, args.workers, queue=name, **changes) as s:
                         report[name] = tenants_run(s, sizes, stagger)
                     print(json.dumps({name: report[name]}), flush=True)
         print(json.dumps(report, indent=2))

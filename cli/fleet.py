@@ -98,7 +98,7 @@ def worker(
     type=click.IntRange(1, 120),
     default=5,
     show_default=True,
-    help="How far back throughput and the cache hit ratio look.",
+    help="How far back throughput, the cache hit ratio and the tenants' waits look.",
 )
 @click.option(
     "--ping-timeout",
@@ -111,7 +111,8 @@ def worker(
 @click.pass_context
 @one_line_errors
 def stats(ctx: click.Context, minutes: int, ping_timeout: float, as_json: bool) -> None:
-    """Queue depths, workers online, throughput and cache hit ratio over the last minutes."""
+    """Queue depths, workers online, throughput, cache hit ratio and the busiest tenants' waits over the
+    last minutes."""
     from ttsq.ops.fleet import format_table, snapshot
 
     snap = snapshot(settings_of(ctx), minutes=minutes, ping_timeout=ping_timeout)

@@ -133,5 +133,12 @@ def test_the_lanes_benchmark_runs(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr.decode()[-2000:]
     report = json.loads(out.stdout.decode()[out.stdout.decode().index("{\n") :])
     assert report["idle"]["jobs"] == report["backlog"]["jobs"] > 0
-    for run in ("together_fair", "together_fifo", "staggered_fair", "staggered_fifo"):
+    for run in (
+        "together_fair",
+        "together_capped",
+        "together_fifo",
+        "staggered_fair",
+        "staggered_capped",
+        "staggered_fifo",
+    ):
         assert report[f"tenants_{run}"]["small_last_s"] > 0

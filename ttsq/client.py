@@ -495,7 +495,14 @@ class Client:
         # finishes, and a message lost on its way to a worker is sent again from it (``ttsq.records.accepted``).
         # Joined, answered from the cache, or not sent (also on Ctrl-C): the record is withdrawn.
         joined: str | None = None
-        with sending(self.app, self.accepted, outgoing, window=self.settings.release_window) as send:
+        with sending(
+            self.app,
+            self.accepted,
+            outgoing,
+            window=self.settings.release_window,
+            cap=self.settings.tenant_max_in_flight,
+            scope=self.settings.queue,
+        ) as send:
             claimed = False
             try:
                 if key is not None:

@@ -103,6 +103,10 @@ class Settings:
     #: Jobs each tenant releases per turn of the round robin, as ``name=weight,name=weight``; a tenant
     #: not named has weight 1.
     tenant_weights: str = ""
+    #: The most jobs one tenant may have in flight (sent and not finished: in its queue's list, held by a
+    #: worker, or running), on top of the fair shares; a job over it waits in its tenant's place until one
+    #: of the tenant's jobs finishes. Producers and workers read it. 0: no cap.
+    tenant_max_in_flight: int = 0
     #: Largest batch (1..256); worker concurrency (task threads) is twice this.
     max_batch: int = 8
     #: The longest a batch waits to fill after its first job, in milliseconds; it waits that long only
@@ -215,6 +219,7 @@ class Settings:
         _check(self.max_batch >= 1 and self.max_batch <= 256, "max_batch", "must be 1..256")
         _check(0 <= self.release_window <= 100_000, "release_window", "must be 0..100000 (0: no fair shares)")
         _check(1 <= self.bulk_share_percent <= 100, "bulk_share_percent", "must be 1..100")
+        _check(0 <= self.tenant_max_in_flight <= 100_000, "tenant_max_in_flight", "must be 0..100000 (0: no cap)")
         self.weights  # noqa: B018  # parsed once here, so a typo stops the process at start
         _check(0 <= self.max_wait_ms <= 10_000, "max_wait_ms", "must be 0..10000")
         _check(

@@ -45,6 +45,7 @@ FANOUT_PREFIX = "ttsq:fanout:"  # + document task id -> "sending" (lease) or "se
 MINUTE_PREFIX = "ttsq:minute:"  # + Unix minute -> hash of that minute's job counters; TTL below
 WORKER_PREFIX = "ttsq:worker:"  # + node name -> JSON heartbeat of a live worker; TTL below
 RESTARTS_KEY = "ttsq:restarts"  # hash: node name -> times a launcher restarted it
+WAITS_PREFIX = "ttsq:waits:"  # + Unix minute -> hash: "<bucket>|<tenant>" -> jobs that waited so long; TTL below
 
 #: How long per-minute counters are kept (seconds): ``ttsq stats`` looks back at most this far.
 MINUTE_STATS_TTL_S = 2 * 3600
@@ -115,6 +116,11 @@ DEFERRED_PREFIX = "ttsq:deferred:"  # + queue + ":" + tenant -> list: task ids i
 TENANTS_PREFIX = "ttsq:tenants:"  # + queue -> list: tenants with deferred jobs, the next to release first
 TENANT_SET_PREFIX = "ttsq:tenant-set:"  # + queue -> set: the same tenants, to add each once
 TURNS_PREFIX = "ttsq:turns:"  # + queue -> hash: tenant -> jobs released in its current turn (its weight)
+# The per-tenant cap on jobs in flight (TTSQ_TENANT_MAX_IN_FLIGHT; docs/scheduling.md): a job counts from
+# its send (or release) until its record is finished; a member whose record no longer counts it is aged out.
+TENANT_IN_FLIGHT_PREFIX = "ttsq:tenant-in-flight:"  # + base queue + ":" + tenant -> zset: task id by Redis time sent
+TENANTS_IN_FLIGHT_PREFIX = "ttsq:tenants-in-flight:"  # + base queue -> set: tenants with such a zset, for the ager
+IN_FLIGHT_AGED_PREFIX = "ttsq:in-flight-aged:"  # + base queue -> 1 for a while after a worker aged the counts; EX
 #: A tenant's name: what ``ttsq stats`` and metrics show, so an identifier, never a secret.
 TENANT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,63}")
 #: The tenant of a job that names none: one more tenant, sharing the fleet with the others.

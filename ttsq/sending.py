@@ -7,8 +7,9 @@ no record behind for the sweeper to send later, behind the back of a caller who 
 The sweeper alone keeps the record (``withdraw=False``): it re-sends a job someone was already told is
 accepted, so a failed re-send must leave it for the next sweep.
 
-A producer's job may wait instead of being sent while its queue is full (``AcceptedJobs.defer``):
-then "sent" means deferred, and a worker releases it later (``send_released``; docs/scheduling.md).
+A producer's job may wait instead of being sent while its queue is full or its tenant is at its in-flight
+cap (``AcceptedJobs.defer``): then "sent" means deferred, and a worker releases it later
+(``send_released``; docs/scheduling.md).
 
 Traced (``ttsq.tracing``): ``ttsq.accept`` and ``ttsq.send``, whose W3C ``traceparent`` the message
 carries to the worker that continues the trace.
@@ -63,6 +64,8 @@ def sending(
     withdraw: bool = True,
     patience_s: float = WITHDRAW_PATIENCE_S,
     window: int = 0,
+    cap: int = 0,
+    scope: str = "",
 ) -> Iterator[Callable[[], None]]:
     """Accept ``job``, then hand over the call that sends it; unless that call returned, withdraw the
     record on the way out (an exception, Ctrl-C, or a caller that decided not to send after all).
@@ -70,7 +73,8 @@ def sending(
     The caller's steps between the accept and the send run inside the block: a submit claims the
     job's content key there, so a job that owns a claim always has a record until it finishes.
     The broker's own exception propagates from the send; the caller says what failed. With a
-    ``window`` and a tenant, the send may defer the job instead (``AcceptedJobs.defer``)."""
+    ``window`` or a per-tenant ``cap`` (counted in the deployment ``scope``, its base queue) and a
+    tenant, the send may defer the job instead (``AcceptedJobs.defer``)."""
     attributes = {"messaging.destination.name": job.queue, "messaging.message.id": job.task_id, "ttsq.task": job.task}
     with tracing.span("ttsq.accept", attributes):
         seq = accepted.accept(
@@ -87,9 +91,9 @@ def sending(
         nonlocal sent
         tenant = job.tenant
         if (
-            window > 0
+            (window > 0 or cap > 0)
             and tenant is not None
-            and accepted.defer(job.task_id, queue=job.queue, tenant=tenant, window=window)
+            and accepted.defer(job.task_id, queue=job.queue, tenant=tenant, window=window, cap=cap, scope=scope)
         ):
             tracing.annotate({"ttsq.deferred": True})
             sent = True  # accepted, waiting for its tenant's turn: a worker releases it

@@ -17,6 +17,7 @@ from ttsq.app import lane_of, make_app, queues_for
 from ttsq.errors import BrokerError
 from ttsq.records.owner import RedisOwner
 from ttsq.records.queues import queue_depth, unacked, unacked_by_queue
+from ttsq.records.stats import tenant_waits
 
 if TYPE_CHECKING:
     from ttsq.config import Settings
@@ -50,6 +51,8 @@ def snapshot(
         ]
         unacked_messages = unacked(owner.broker)
         totals = owner.stats.window(minutes, now=now)
+        # Per-tenant waits over the same minutes, and what each tenant has in flight under a cap.
+        tenants = tenant_waits(owner.stats.waits(minutes, now=now), owner.accepted.in_flight(settings.queue))
         workers = owner.stats.workers()
     except redis.exceptions.RedisError as exc:
         raise BrokerError(f"cannot read statistics from Redis: {type(exc).__name__}: {exc}") from exc
@@ -69,6 +72,8 @@ def snapshot(
     return {
         "queues": depths,
         "unacked": unacked_messages,
+        "tenants": tenants,
+        "tenant_max_in_flight": settings.tenant_max_in_flight,
         "workers": workers,
         "window": {
             "minutes": minutes,
@@ -111,6 +116,19 @@ def format_table(snap: dict[str, Any]) -> str:
                 f"{w.get('pid', 0):>7} {_duration(w.get('uptime_s', 0.0)):>8} {w.get('jobs', 0):>6} "
                 f"{w.get('restarts', 0):>8}  {ping}"
             )
+    tenants = snap.get("tenants") or []
+    if tenants:
+        cap = snap.get("tenant_max_in_flight") or 0
+        lines += [
+            "",
+            f"TENANTS, LAST {snap['window']['minutes']} MIN (waits: accept to a worker's start; in flight: "
+            + (f"capped at {cap})" if cap else "no cap)"),
+            f"{'TENANT':<28} {'JOBS':>8} {'WAIT P50':>9} {'WAIT P95':>9} {'IN FLIGHT':>9}",
+        ]
+        lines += [
+            f"{t['tenant']:<28} {t['jobs']:>8} {t['wait_p50_s']:>8.3f}s {t['wait_p95_s']:>8.3f}s {t['in_flight']:>9}"
+            for t in tenants
+        ]
     win = snap["window"]
     ratio = "-" if win["cache_hit_ratio"] is None else f"{win['cache_hit_ratio']:.1%}"
     lines += [

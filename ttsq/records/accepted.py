@@ -7,6 +7,9 @@ jobs".
 
 While a queue's list is full, an accepted job may wait in its tenant's place instead of being sent
 (``defer``), until a worker releases it in round robin between tenants (``release``; docs/scheduling.md).
+Under a per-tenant cap (``TTSQ_TENANT_MAX_IN_FLIGHT``), a job also waits while its tenant has that many
+jobs in flight; a job sent counts in its tenant's zset of task ids until ``finish``, and ``age_in_flight``
+drops members whose job ended some other way.
 """
 
 from __future__ import annotations
@@ -21,9 +24,13 @@ from ttsq.constants import (
     ACCEPTED_TTL_S,
     CANCELLED_PREFIX,
     DEFERRED_PREFIX,
+    IN_FLIGHT_AGED_PREFIX,
     RECEIVED_KEY,
     SEQ_PREFIX,
+    TENANT_IN_FLIGHT_PREFIX,
+    TENANT_PATTERN,
     TENANT_SET_PREFIX,
+    TENANTS_IN_FLIGHT_PREFIX,
     TENANTS_PREFIX,
     TURNS_PREFIX,
     UNSEEN_PREFIX,
@@ -83,6 +90,7 @@ class AcceptedJobs:
         self._touch = register(client, "touch")
         self._defer = register(client, "defer")
         self._release = register(client, "release")
+        self._age_in_flight = register(client, "age_in_flight")
 
     def accept(
         self,
@@ -108,25 +116,37 @@ class AcceptedJobs:
         ]
         return int(patiently(lambda: self._accept(keys=keys, args=args), self.url, self.patience_s))
 
-    def defer(self, task_id: str, *, queue: str, tenant: str, window: int) -> bool:
+    def defer(self, task_id: str, *, queue: str, tenant: str, window: int, cap: int = 0, scope: str = "") -> bool:
         """Keep an accepted job in its tenant's place instead of sending it, if ``queue`` already has
-        ``window`` jobs no worker has received or ``tenant`` has jobs waiting there; True if it waits."""
+        ``window`` jobs no worker has received (0: no window), ``tenant`` has jobs waiting there, or
+        ``tenant`` has ``cap`` jobs in flight in the deployment ``scope`` (its base queue; 0: no cap);
+        True if it waits. A job sent under a cap counts against its tenant from here until ``finish``."""
         keys = [
             ACCEPTED_PREFIX + task_id,
             UNSEEN_PREFIX + queue,
             f"{DEFERRED_PREFIX}{queue}:{tenant}",
             TENANTS_PREFIX + queue,
             TENANT_SET_PREFIX + queue,
+            _in_flight_prefix(scope) + tenant,
+            TENANTS_IN_FLIGHT_PREFIX + scope,
         ]
-        args: list[str | int] = [task_id, tenant, window]
+        args: list[str | int] = [task_id, tenant, window, cap]
         return bool(patiently(lambda: self._defer(keys=keys, args=args), self.url, self.patience_s))
 
     def release(
-        self, queues: list[str], *, window: int, most: int, weights: Mapping[str, int] | None = None
+        self,
+        queues: list[str],
+        *,
+        window: int,
+        most: int,
+        weights: Mapping[str, int] | None = None,
+        cap: int = 0,
+        scope: str = "",
     ) -> list[AcceptedJob]:
         """Take up to ``most`` deferred jobs of ``queues`` into the room their lists have (``window``
-        unseen jobs each), in round robin between tenants (``weights``: jobs per turn, 1 by default);
-        each has a new seq and is to be sent now. A job cancelled while it waited is not released."""
+        unseen jobs each; 0: no window), in round robin between tenants (``weights``: jobs per turn, 1 by
+        default), none of a tenant with ``cap`` jobs in flight in ``scope`` (0: no cap); each has a new
+        seq and is to be sent now. A job cancelled while it waited is not released."""
         prefixes = [ACCEPTED_PREFIX, DEFERRED_PREFIX, TENANTS_PREFIX, TENANT_SET_PREFIX, TURNS_PREFIX]
         args: list[str | int] = [
             window,
@@ -135,6 +155,9 @@ class AcceptedJobs:
             *prefixes,
             UNSEEN_PREFIX,
             SEQ_PREFIX,
+            cap,
+            _in_flight_prefix(scope),
+            TENANTS_IN_FLIGHT_PREFIX + scope,
             *queues,
         ]
         flat = cast("list[Any]", self._release(keys=[], args=args))
@@ -157,6 +180,32 @@ class AcceptedJobs:
                 pipe.llen(f"{DEFERRED_PREFIX}{queue}:{tenant}")
             counts = pipe.execute()
         return {tenant: int(count) for tenant, count in zip(tenants, counts, strict=True) if count}
+
+    def in_flight(self, scope: str) -> dict[str, int]:
+        """Jobs in flight per tenant in the deployment ``scope`` (its base queue), as the cap counts them
+        (only while ``TTSQ_TENANT_MAX_IN_FLIGHT`` is on). A name ttsq would not write is left out: it is shown."""
+        members = (str(t) for t in self._redis.smembers(TENANTS_IN_FLIGHT_PREFIX + scope))
+        tenants = sorted(t for t in members if TENANT_PATTERN.fullmatch(t))
+        if not tenants:
+            return {}
+        prefix = _in_flight_prefix(scope)
+        with self._redis.pipeline(transaction=False) as pipe:
+            for tenant in tenants:
+                pipe.zcard(prefix + tenant)
+            counts = pipe.execute()
+        return {tenant: int(count) for tenant, count in zip(tenants, counts, strict=True) if count}
+
+    def in_flight_ids(self, scope: str, tenant: str) -> list[str]:
+        """The task ids counted against ``tenant``'s cap in ``scope``, oldest first."""
+        return [str(task_id) for task_id in self._redis.zrange(_in_flight_prefix(scope) + tenant, 0, -1)]
+
+    def age_in_flight(self, scope: str, *, every_s: int = 0) -> int:
+        """Drop from the tenants' in-flight counts of ``scope`` every job that ended without ``finish``
+        (its record expired or was replaced); return how many. A backstop the releasers run now and then:
+        with ``every_s``, only if no worker did in the last ``every_s`` seconds (one aging a period, fleet-wide)."""
+        keys = [TENANTS_IN_FLIGHT_PREFIX + scope, IN_FLIGHT_AGED_PREFIX + scope]
+        args: list[str | int] = [_in_flight_prefix(scope), ACCEPTED_PREFIX, every_s]
+        return int(patiently(lambda: self._age_in_flight(keys=keys, args=args), self.url, self.patience_s))
 
     def received(
         self, task_id: str, *, task: str, queue: str, seq: int | None, plain: bool, document: str | None = None
@@ -263,6 +312,11 @@ class AcceptedJobs:
         """Redis's clock (seconds), the one every ledger time is on."""
         seconds, micros = self._redis.time()
         return float(seconds) + float(micros) / 1e6
+
+
+def _in_flight_prefix(scope: str) -> str:
+    """The prefix of the per-tenant in-flight zsets of one deployment (its base queue)."""
+    return f"{TENANT_IN_FLIGHT_PREFIX}{scope}:"
 
 
 def _job(task_id: str, raw: Mapping[str, str]) -> AcceptedJob | None:

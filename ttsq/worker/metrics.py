@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 from ttsq.constants import DEFAULT_TENANT
 from ttsq.observer import OUTCOMES, BatchReport, JobReport, Observer
 from ttsq.records.queues import queue_depth, unacked_by_queue
+from ttsq.records.stats import tenant_waits
 from ttsq.worker.envelope import REASONS
 from ttsq.worker.health import Health, with_health
 
@@ -39,6 +40,8 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 #: Tenants a worker labels its queue-wait series with; more are counted as "other" (bounded series).
 MAX_TENANT_LABELS = 64
 _SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+#: The minutes of fleet-wide per-tenant waits the tenant series cover (``ttsq stats`` shows 5 too).
+TENANT_WAIT_MINUTES = 5
 _RTF_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 5)
 
 
@@ -54,8 +57,10 @@ class Metrics(Observer):
         stats: FleetStats | None = None,
         gpus: Sequence[str] | None = None,
         deferred: Callable[[str], dict[str, int]] | None = None,
+        in_flight: Callable[[], dict[str, int]] | None = None,
     ) -> None:
-        """``deferred`` reads a queue's deferred jobs per tenant (``AcceptedJobs.deferred``)."""
+        """``deferred`` reads a queue's deferred jobs per tenant (``AcceptedJobs.deferred``), ``in_flight``
+        the jobs in flight per tenant under the cap (``AcceptedJobs.in_flight``)."""
         self.node = node
         self.registry = CollectorRegistry()
         r = self.registry
@@ -123,6 +128,8 @@ class Metrics(Observer):
             r.register(self._queues)
         if stats is not None and node:
             r.register(_RestartCollector(stats, node))
+        if stats is not None:
+            r.register(_TenantCollector(stats, in_flight))
         nvml = _NvmlCollector.open(gpus)
         if nvml is not None:
             r.register(nvml)
@@ -305,6 +312,41 @@ class _RestartCollector(Collector):
         family = CounterMetricFamily("ttsq_worker_restarts", "Times the launcher restarted this node.", labels=["node"])
         family.add_metric([self.node], restarts)
         yield family
+
+
+class _TenantCollector(Collector):
+    """The fleet's per-tenant waits (p50, p95) and jobs in flight, read from Redis at scrape time: the
+    busiest ``TENANT_ROWS`` tenants by name, the rest as ``other`` (``ttsq.records.stats.tenant_waits``),
+    so the label set stays bounded. Every worker exports the same values: aggregate with max."""
+
+    def __init__(self, stats: FleetStats, in_flight: Callable[[], dict[str, int]] | None) -> None:
+        self._stats = stats
+        self._in_flight = in_flight
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            waits = self._stats.waits(TENANT_WAIT_MINUTES)
+            flying = self._in_flight() if self._in_flight is not None else {}
+        except redis.exceptions.RedisError as exc:  # a scrape must not fail because Redis blinked
+            logger.debug("tenant waits unavailable: %s", type(exc).__name__)
+            return
+        minutes = f"the fleet's last {TENANT_WAIT_MINUTES} minutes"
+        wait = GaugeMetricFamily(
+            "ttsq_tenant_wait_seconds",
+            f"Accept to a worker's start per tenant, {minutes}.",
+            labels=["tenant", "quantile"],
+        )
+        jobs = GaugeMetricFamily("ttsq_tenant_jobs", f"Jobs started per tenant, {minutes}.", labels=["tenant"])
+        in_flight = GaugeMetricFamily(
+            "ttsq_tenant_in_flight_jobs", "Jobs per tenant sent and not finished, under the cap.", labels=["tenant"]
+        )
+        for row in tenant_waits(waits, flying):
+            if row["jobs"]:
+                wait.add_metric([row["tenant"], "0.5"], row["wait_p50_s"])
+                wait.add_metric([row["tenant"], "0.95"], row["wait_p95_s"])
+            jobs.add_metric([row["tenant"]], row["jobs"])
+            in_flight.add_metric([row["tenant"]], row["in_flight"])
+        yield from (wait, jobs, in_flight)
 
 
 class _NvmlCollector(Collector):

@@ -84,7 +84,12 @@ class WorkerRuntime:
         self.stats = self.redis.stats
         self.results = Results(settings, lambda: self.storage, worker=self.node)
         self.metrics = Metrics(
-            node=self.node, broker=self.redis.broker, stats=self.stats, gpus=gpus, deferred=self.redis.accepted.deferred
+            node=self.node,
+            broker=self.redis.broker,
+            stats=self.stats,
+            gpus=gpus,
+            deferred=self.redis.accepted.deferred,
+            in_flight=lambda: self.redis.accepted.in_flight(self.settings.queue),
         )
         self.fleet = FleetObserver(self.stats)
         #: Everything that counts or exports what happens to a job listens here (``ttsq.observer``).

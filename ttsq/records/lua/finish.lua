@@ -5,6 +5,11 @@
 -- seconds to keep the owner (0: drop the record whole, as for a job that was never sent).
 -- Returns 1 if there was a record of an unfinished job.
 local queue = redis.call('HGET', KEYS[1], 'queue')
+-- Per-tenant in-flight cap (defer.lua, release.lua): the job leaves the zset that counts it, if any.
+local counted = redis.call('HGET', KEYS[1], 'in_flight')
+if counted then
+  redis.call('ZREM', counted, ARGV[1])
+end
 local keep = tonumber(ARGV[3] or '0') or 0
 local kept = nil
 if keep > 0 then

@@ -10,7 +10,12 @@ local now_s = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
 
 if redis.call('EXISTS', KEYS[5]) == 1 or redis.call('EXISTS', KEYS[6]) == 1 then
   -- The job's fields go; its owner stays (finish.lua), so its cancelled state is still its owner's to read.
-  redis.call('HDEL', KEYS[1], 'task', 'queue', 'kwargs', 'headers', 'seq', 'accepted_at', 'seen_at', 'deferred')
+  local counted = redis.call('HGET', KEYS[1], 'in_flight')  -- a tenant's cap (defer.lua): its place is free
+  if counted then
+    redis.call('ZREM', counted, ARGV[1])
+  end
+  redis.call('HDEL', KEYS[1], 'task', 'queue', 'kwargs', 'headers', 'seq', 'accepted_at', 'seen_at', 'deferred',
+             'in_flight')
   redis.call('ZREM', KEYS[2], ARGV[1])
   redis.call('ZREM', KEYS[4], ARGV[1])
   return 2
