@@ -3,7 +3,7 @@ and used in a real browser (Debian's Chromium, headless, driven by Playwright; n
 real gateway and a real espeak worker: the voices come from the server, Speak plays pcm as it arrives, the
 history plays a job's stored file, and a document's chunk progress runs to its end.
 
-``TTSQ_UPDATE_SCREENSHOT=1`` makes the browser test save docs/playground.png from its own run.
+``PLAYGROUND_SCREENSHOT=1`` makes the browser test save docs/playground.png from its own run.
 """
 
 from __future__ import annotations
@@ -233,8 +233,18 @@ def test_playground_in_chromium(
     assert page.text_content("#doc-text").startswith(f"{progress['total']}/{progress['total']} chunks")
     print(f"document: {progress['total']} chunks, progress seen {document['progressSeen']}")
     page.wait_for_function("() => window.ttsqPlayground.metrics.playedS > 0.2")
-    if os.environ.get("TTSQ_UPDATE_SCREENSHOT") == "1":
+    if os.environ.get("PLAYGROUND_SCREENSHOT") == "1":
         page.screenshot(path=str(SCREENSHOT), full_page=True)
     page.click("#stop")
     assert metrics(page)["state"] == "stopped"
     assert page.locator("#history li").count() == 3
+
+    # A link that carries the key in its fragment: a fresh tab is ready at once, and the key leaves the URL.
+    fresh = page.context.browser.new_page()
+    try:
+        fresh.goto(f"{gateway.url}/playground#key={token}")
+        fresh.wait_for_function("() => window.ttsqPlayground.page.voices.length > 0")
+        assert "#" not in fresh.url
+        assert fresh.evaluate("() => sessionStorage.getItem('ttsq.playground.key')") == token
+    finally:
+        fresh.close()

@@ -840,7 +840,7 @@ async function start() {
   page.config = await (await fetch("/playground/config.json", { cache: "no-store" })).json();
   for (const language of page.config.languages) $("language").append(new Option(language, language));
   for (const format of page.config.formats) {
-    const label = LIVE_FORMATS.has(format) ? `${format} (plays as it arrives)` : format;
+    const label = LIVE_FORMATS.has(format) ? `${format} (live)` : format;
     $("format").append(new Option(label, format));
   }
   $("format").value = "pcm";
@@ -861,6 +861,13 @@ async function start() {
     $("key-section").hidden = true;
     await loadChoices().catch(fail);
     return;
+  }
+  // A link may carry the key in its fragment (`/playground#key=ttsq_...`, as a launcher prints it): a fragment
+  // is never sent to a server; it is kept like a typed key and taken out of the address bar at once.
+  const linked = new URLSearchParams(location.hash.slice(1)).get("key");
+  if (linked) {
+    sessionStorage.setItem(KEY_STORE, linked.trim());
+    history.replaceState(null, "", location.pathname + location.search);
   }
   page.key = sessionStorage.getItem(KEY_STORE) || "";
   if (page.key) {
