@@ -23,6 +23,7 @@ import pytest
 from support import SECRET, GatewayProcess, WorkerProcess, api_key, missing_tool
 
 from ttsq.config import Settings
+from ttsq.gateway.playground import page_config
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "ttsq" / "gateway" / "playground"
@@ -48,10 +49,17 @@ def test_page_is_served_under_a_policy_of_this_origin_only(settings: Settings, s
     config = httpx.get(f"{gateway.url}/playground/config.json", timeout=10).json()
     assert config["auth"] is True and config["max_text_chars"] == settings.max_text_chars
     assert "pcm" in config["formats"] and "auto" in config["languages"]
+    slashed = httpx.get(f"{gateway.url}/playground/", timeout=10, follow_redirects=True)
+    assert slashed.status_code == 200 and slashed.url.path == "/playground"
     missing = httpx.get(f"{gateway.url}/playground/secrets.txt", timeout=10)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "unknown_url"
     # The page is not the API: /openapi.json does not list it.
     assert not any(path.startswith("/playground") for path in httpx.get(f"{gateway.url}/openapi.json").json()["paths"])
+
+
+def test_the_page_is_told_whether_a_key_is_needed(settings: Settings) -> None:
+    assert page_config(settings)["auth"] is True
+    assert page_config(settings.replace(gateway_auth="none"))["auth"] is False  # loopback dev: no key asked
 
 
 def test_page_names_no_other_origin() -> None:
@@ -199,6 +207,17 @@ def test_playground_in_chromium(
     assert spoken["audioS"] > 1.0 and spoken["playedS"] == pytest.approx(spoken["audioS"], abs=0.05)
     assert spoken["jobId"]
     report("first Speak (cold gateway and worker)", spoken)
+    # No result carries word timestamps yet (issue 44): nothing is highlighted, the read-along stays hidden.
+    assert spoken["words"] == 0 and page.is_hidden("#readalong")
+    # The page's own read-along, given words in the shape results will carry: the word under the playhead
+    # is marked (and announced as current), the others not.
+    page.evaluate(
+        "() => { showWords([{word: 'The', start: 0, end: 0.4}, {word: 'Heron', start: 0.4, end: 0.9}]);"
+        " highlight(0.5); }"
+    )
+    marked = page.eval_on_selector_all("#readalong span.current", "spans => spans.map(s => s.textContent)")
+    assert marked == ["Heron"] and page.is_visible("#readalong")
+    assert page.get_attribute("#readalong span.current", "aria-current") == "true"
 
     # The history holds the job; Play reads its stored file (a WAV) through /v1/jobs/{id}/audio.
     assert page.locator("#history li").count() == 1
