@@ -235,13 +235,15 @@ def test_playground_in_chromium(
     assert warm["state"] == "done" and warm["samples"] > 0, page.text_content("#error")
     report("second Speak (warm)", warm)
 
-    # A document: its chunks' progress, through the jobs API, to its end; then it plays.
+    # A document: submitted through the jobs API, its chunks' progress followed to its end, and streamed
+    # through the speech route meanwhile, chunk by chunk: the same request, so the same document (one synthesis).
     text = document_text()
     assert len(text) > 4900
     page.fill("#text", text)
     page.click("#speak")
     page.wait_for_function(
-        "() => { const m = window.ttsqPlayground.metrics; return ['playing', 'failed'].includes(m.state) }",
+        "() => { const m = window.ttsqPlayground.metrics;"
+        " return m.state === 'failed' || (m.state === 'playing' && m.document && m.document.phase === 'done') }",
         timeout=180_000,
     )
     document = metrics(page)
@@ -250,7 +252,9 @@ def test_playground_in_chromium(
     assert progress["total"] > 10 and progress["done"] == progress["total"], progress
     assert page.get_attribute("#doc-progress", "value") == page.get_attribute("#doc-progress", "max")
     assert page.text_content("#doc-text").startswith(f"{progress['total']}/{progress['total']} chunks")
+    assert document["streamKey"] == document["documentKey"] is not None
     print(f"document: {progress['total']} chunks, progress seen {document['progressSeen']}")
+    report("a document streamed while it is made", document)
     page.wait_for_function("() => window.ttsqPlayground.metrics.playedS > 0.2")
     if os.environ.get("PLAYGROUND_SCREENSHOT") == "1":
         page.screenshot(path=str(SCREENSHOT), full_page=True)

@@ -42,6 +42,8 @@ const metrics = {
   document: null, // {done, total, phase, audioS} while a document is made
   progressSeen: [], // the chunks_done values shown, in order
   jobId: null,
+  documentKey: null, // a document's key, from the jobs API
+  streamKey: null, // the key of the document the speech route streams (the same: one synthesis)
   words: 0, // words with timestamps in the current result (0: none given)
 };
 const page = { config: null, key: "", voices: [], models: [], run: null, history: [] };
@@ -339,7 +341,8 @@ function showMetrics() {
 function clearMetrics() {
   Object.assign(metrics, {
     state: "requesting", firstByteMs: null, firstAudioMs: null, bytes: 0, samples: 0, sampleRate: 0, audioS: 0,
-    rtf: null, playedS: 0, underruns: 0, document: null, progressSeen: [], jobId: null, words: 0,
+    rtf: null, playedS: 0, underruns: 0, document: null, progressSeen: [], jobId: null, documentKey: null,
+    streamKey: null, words: 0,
   });
   $("error").textContent = "";
   $("document").hidden = true;
@@ -574,21 +577,55 @@ async function speakStream(run, textValue, format) {
   }
 }
 
-// A document: submitted through the jobs API, followed by its progress, then played from its stored file.
+// A document: submitted through the jobs API, which answers with its id and chunk count at once, and followed
+// by its progress. For pcm and wav the speech route is asked for the same request too: the same request is
+// the same document (single flight: one synthesis; its X-TTSQ-Key is the jobs API's key), which it streams
+// chunk by chunk in reading order while later chunks are made. Other formats play the stored file once done.
 async function speakDocument(run, textValue, format) {
   say("Submitting a document…");
-  const body = jobBody(textValue, format);
-  const submitted = await (await api("/v1/jobs", { json: body, signal: run.abort.signal })).json();
+  const signal = run.abort.signal;
+  const submitted = await (await api("/v1/jobs", { json: jobBody(textValue, format), signal })).json();
   $("document").hidden = false;
-  let status = submitted.result ? { state: "SUCCESS", result: submitted.result } : submitted;
   metrics.jobId = submitted.id || null;
+  metrics.documentKey = submitted.key || (submitted.result && submitted.result.key) || null;
   showProgress({ chunks_done: 0, chunks_total: submitted.chunks || 0, phase: "queued" });
+  const followed = followDocument(run, submitted, textValue, format);
+  followed.catch(() => {}); // awaited below; a failure is answered there, not as an unhandled rejection
+  if (LIVE_FORMATS.has(format)) {
+    say("Document submitted: it plays as its chunks are made.");
+    let response = null;
+    try {
+      response = await api("/v1/audio/speech", { json: speechBody(textValue, format), signal });
+    } catch (error) {
+      if (error.name === "AbortError") throw error;
+      // No first chunk within the gateway's wait (a long queue): the document goes on, and plays once made.
+      $("error").textContent = `The document could not stream (${error.message}); it plays once made.`;
+    }
+    if (response !== null) {
+      metrics.streamKey = response.headers.get("X-TTSQ-Key");
+      await Promise.all([play(run, response, format), followed]);
+      return;
+    }
+  }
+  const result = await followed;
+  if (result === null || run !== page.run) return;
+  const response = submitted.id
+    ? await api(`/v1/jobs/${encodeURIComponent(submitted.id)}/audio`, { signal })
+    : await api("/v1/audio/speech", { json: speechBody(textValue, format), signal });
+  await play(run, response, fileFormat(response, format));
+}
+
+// Poll a document's state until it ends; its result, or null when the run was stopped.
+async function followDocument(run, submitted, textValue, format) {
+  let status = submitted.result ? { state: "SUCCESS", result: submitted.result } : submitted;
   while (!["SUCCESS", "FAILURE", "REVOKED"].includes(status.state)) {
     await new Promise((resolve) => setTimeout(resolve, POLL_MS));
-    if (run !== page.run) return;
-    status = await (await api(`/v1/jobs/${encodeURIComponent(submitted.id)}`, { signal: run.abort.signal })).json();
+    if (run !== page.run) return null;
+    const path = `/v1/jobs/${encodeURIComponent(submitted.id)}`;
+    status = await (await api(path, { signal: run.abort.signal })).json();
     if (status.progress) showProgress(status.progress);
   }
+  if (run !== page.run) return null;
   if (status.state !== "SUCCESS") {
     const message = status.error && status.error.message ? status.error.message : status.state;
     throw new ApiError(0, `the document ended ${status.state}: ${message}`, null);
@@ -601,11 +638,8 @@ async function speakDocument(run, textValue, format) {
     document: true, replay: submitted.id ? null : speechBody(textValue, format),
   });
   showWords(result.words);
-  say(`Document done: ${chunks} chunks, ${Number(result.duration_s).toFixed(1)} s of audio. Playing…`);
-  const response = submitted.id
-    ? await api(`/v1/jobs/${encodeURIComponent(submitted.id)}/audio`, { signal: run.abort.signal })
-    : await api("/v1/audio/speech", { json: speechBody(textValue, format), signal: run.abort.signal });
-  await play(run, response, fileFormat(response, format));
+  say(`Document made: ${chunks} chunks, ${Number(result.duration_s).toFixed(1)} s of audio.`);
+  return result;
 }
 
 function showProgress(progress) {
