@@ -165,8 +165,9 @@ def document_text() -> str:
 
 @pytest.mark.slow
 def test_playground_in_chromium(
-    settings: Settings, start_worker: StartWorker, start_gateway: StartGateway, browser_page: Any
+    browser_page: Any, settings: Settings, start_worker: StartWorker, start_gateway: StartGateway
 ) -> None:
+    # The browser first: without one, the test is skipped (or fails, in CI) before it starts any process.
     settings = settings.replace(max_text_chars=1000)  # 5,000 characters: a document of a couple dozen chunks
     start_worker(settings)
     gateway = start_gateway(settings)
