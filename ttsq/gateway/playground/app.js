@@ -308,12 +308,13 @@ function say(message) {
   $("status").textContent = message;
 }
 
-function fail(error) {
+// An error, shown (and announced: the element is an alert); `ofRun`: it ended the speech being made.
+function fail(error, ofRun = false) {
   if (error && error.name === "AbortError") return;
-  metrics.state = "failed";
+  if (ofRun) metrics.state = "failed";
   const where = error && error.param ? ` (${error.param})` : "";
   $("error").textContent = `${error && error.message ? error.message : error}${where}`;
-  say("Failed.");
+  if (ofRun) say("Failed.");
   if (error && (error.status === 401 || error.status === 403)) $("key").focus();
 }
 
@@ -464,7 +465,7 @@ async function speak(event) {
   event.preventDefault();
   const textValue = $("text").value;
   if (!textValue.trim()) {
-    fail(new ApiError(0, "Type a text first.", "text"));
+    fail(new ApiError(0, "Type a text first.", null));
     $("text").focus();
     return;
   }
@@ -477,11 +478,11 @@ async function speak(event) {
   $("speak").disabled = true;
   const format = $("format").value;
   try {
-    if (textValue.length > page.config.max_text_chars) await speakDocument(run, textValue, format);
+    if (characters(textValue) > page.config.max_text_chars) await speakDocument(run, textValue, format);
     else await speakStream(run, textValue, format);
   } catch (error) {
     if (run === page.run) {
-      fail(error);
+      fail(error, true);
       finished(run);
     }
   }
@@ -752,7 +753,7 @@ async function replay(entry) {
     await play(run, response, fileFormat(response, "whole"));
   } catch (error) {
     if (run === page.run) {
-      fail(error);
+      fail(error, true);
       finished(run);
     }
   }
@@ -864,8 +865,16 @@ function forgetKey() {
 
 // -- start -----------------------------------------------------------------------------------------------
 
+// Characters as the gateway counts them (code points, not UTF-16 units). Either route takes a text of any
+// length; this only chooses how the page follows it.
+function characters(value) {
+  let count = 0;
+  for (const _ of value) count += 1;
+  return count;
+}
+
 function countText() {
-  const length = $("text").value.length;
+  const length = characters($("text").value);
   const documentNote = page.config && length > page.config.max_text_chars ? ": a document, made in chunks" : "";
   $("text-count").textContent = `${length} characters${documentNote}`;
 }
