@@ -192,6 +192,15 @@ def test_playground_in_chromium(
     models = page.eval_on_selector_all("#model option", "options => options.map(o => o.value)")
     assert "espeak-ng" in models and "tts-1" in models  # from GET /v1/models
     assert page.evaluate("() => sessionStorage.getItem('ttsq.playground.key')") == token
+    # Every control has a label (a <label for>, or its own text), and the status is announced politely.
+    unlabelled = page.evaluate(
+        "() => [...document.querySelectorAll('input, select, textarea, button')]"
+        ".filter(el => !el.closest('[hidden]'))"
+        ".filter(el => !(el.labels && el.labels.length) && !el.textContent.trim() && !el.getAttribute('aria-label'))"
+        ".map(el => el.id || el.outerHTML)"
+    )
+    assert unlabelled == []
+    assert page.get_attribute("#status", "aria-live") == "polite"
 
     # Speak, from the keyboard: the text, then Speak focused and pressed.
     page.fill("#text", f"{SECRET}. The playground plays this as it arrives.")
