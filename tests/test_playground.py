@@ -27,7 +27,7 @@ from ttsq.gateway.playground import page_config
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "ttsq" / "gateway" / "playground"
-ASSETS = ("index.html", "app.js", "style.css", "icon.svg")
+ASSETS = ("index.html", "player.js", "app.js", "style.css", "icon.svg")
 SCREENSHOT = ROOT / "docs" / "playground.png"
 
 StartWorker = Callable[..., WorkerProcess]
@@ -41,7 +41,7 @@ def test_page_is_served_under_a_policy_of_this_origin_only(settings: Settings, s
     policy = page.headers["content-security-policy"]
     assert "default-src 'self'" in policy and "frame-ancestors 'none'" in policy
     assert page.headers["x-content-type-options"] == "nosniff"
-    for name, kind in (("app.js", "text/javascript"), ("style.css", "text/css")):
+    for name, kind in (("player.js", "text/javascript"), ("app.js", "text/javascript"), ("style.css", "text/css")):
         asset = httpx.get(f"{gateway.url}/playground/{name}", timeout=10)
         assert asset.status_code == 200 and asset.headers["content-type"].startswith(kind), name
         assert asset.content == (PAGE / name).read_bytes()

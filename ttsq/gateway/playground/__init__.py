@@ -1,6 +1,7 @@
 """``/playground``: a page on the gateway where a person hears the fleet (docs/gateway.md, "The playground").
 
-One static page, its script and its style, shipped in the package beside this module (no build step, no
+One static page, its scripts (player.js: Web Audio; app.js: the page) and its style, shipped in the package
+beside this module (no build step, no
 CDN, no outside font) and served as they are. The page speaks to the gateway it came from and nowhere else:
 its Content-Security-Policy allows only this origin (``blob:`` beside it for the audio it downloads), and
 it calls the API with the key the person types (``TTSQ_GATEWAY_AUTH=none``: no key). What the page needs to
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 #: The page's files: name -> content type.
 ASSETS = {
     "index.html": "text/html; charset=utf-8",
+    "player.js": "text/javascript; charset=utf-8",
     "app.js": "text/javascript; charset=utf-8",
     "style.css": "text/css; charset=utf-8",
     "icon.svg": "image/svg+xml",
