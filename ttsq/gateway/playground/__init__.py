@@ -1,11 +1,11 @@
 """``/playground``: a page on the gateway where a person hears the fleet (docs/gateway.md, "The playground").
 
 One static page, its scripts (player.js: Web Audio; app.js: the page) and its style, shipped in the package
-beside this module (no build step, no
-CDN, no outside font) and served as they are. The page speaks to the gateway it came from and nowhere else:
-its Content-Security-Policy allows only this origin (``blob:`` beside it for the audio it downloads), and
-it calls the API with the key the person types (``TTSQ_GATEWAY_AUTH=none``: no key). What the page needs to
-know of this gateway's settings, and nothing secret, is ``/playground/config.json``.
+beside this module (no build step, no CDN, no outside font) and served as they are. The page speaks to the
+gateway it came from and nowhere else: its Content-Security-Policy allows only this origin (``blob:`` beside
+it for the audio it downloads), and it calls the API with the key the person types
+(``TTSQ_GATEWAY_AUTH=none``: no key). What the page needs to know of this gateway's settings, and nothing
+secret, is ``/playground/config.json``.
 
 The page's routes need no key (the page holds none; the API it calls checks the key as always) and are
 left out of ``/openapi.json``: they are not the API.
