@@ -272,6 +272,16 @@ def test_playground_in_chromium(
     assert metrics(page)["state"] == "stopped"
     assert page.locator("#history li").count() == 3
 
+    # TTSQ_GATEWAY_AUTH=none (a trusted network, loopback development): no key asked, ready at once.
+    open_gateway = start_gateway(settings.replace(gateway_auth="none"), name="open-gateway")
+    keyless = page.context.browser.new_page()
+    try:
+        keyless.goto(f"{open_gateway.url}/playground")
+        keyless.wait_for_function("() => window.ttsqPlayground.page.voices.length > 0")
+        assert keyless.is_hidden("#key-section")
+    finally:
+        keyless.close()
+
     # A link that carries the key in its fragment: a fresh tab is ready at once, and the key leaves the URL.
     fresh = page.context.browser.new_page()
     try:
