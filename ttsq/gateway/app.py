@@ -13,6 +13,7 @@ from fastapi import FastAPI
 
 import ttsq.tracing as tracing
 from ttsq.constants import VERSION
+from ttsq.gateway.playground import playground_router
 from ttsq.gateway.routes import router
 from ttsq.gateway.state import Gateway, install
 
@@ -45,6 +46,7 @@ def create_gateway(settings: Settings) -> FastAPI:
     )
     install(app, gateway)
     app.include_router(router)
+    app.include_router(playground_router(settings))
     return app
 
 
