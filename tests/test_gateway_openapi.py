@@ -21,7 +21,8 @@ from ttsq.voices import MAX_REFERENCE_BYTES
 
 StartGateway = Callable[..., GatewayProcess]
 OPENAI_FIELDS = {"model", "input", "voice", "instructions", "response_format", "speed", "stream_format"}
-TTSQ_FIELDS = {field.name for field in dataclasses.fields(SynthesisRequest)}
+# cache_scope is the gateway's to set (TTSQ_CACHE_SCOPE), never a body's: a key must not pick another tenant's cache.
+TTSQ_FIELDS = {field.name for field in dataclasses.fields(SynthesisRequest)} - {"cache_scope"}
 
 
 @pytest.fixture
