@@ -301,6 +301,7 @@ def main() -> int:
         "sleep: DEBUG SLEEP --sleep seconds (default kill)",
     )
     parser.add_argument("--sleep", type=int, default=30, help="seconds of DEBUG SLEEP with --fault sleep (default 30)")
+    parser.add_argument("--pause", action="store_true", help="the same as --fault pause (its older spelling)")
     parser.add_argument("--json", action="store_true", help="print every trial as JSON")
     parser.add_argument("--keep", metavar="DIR", help="keep every trial's logs and audio under DIR")
     args = parser.parse_args()
@@ -315,7 +316,7 @@ def main() -> int:
                 pace_s=args.pace,
                 grace_s=args.grace,
                 restart_after_s=args.restart_after,
-                fault=args.fault,
+                fault="pause" if args.pause else args.fault,
                 sleep_s=args.sleep,
             )
             trials.append(trial)
