@@ -18,7 +18,8 @@ A trial counts the submits accepted and refused (a refused submit got ``BrokerEr
 error; nothing of it may run), the accepted jobs that completed, the jobs synthesized more than once (a
 job id in two workers' "synthesized" lines), the stored objects against the distinct content keys
 accepted (equal when nothing is lost or stored twice), the jobs the sweeper sent again, the
-``UnknownJob`` answers the producer (a ``Client`` made before the fault) gave for jobs it had accepted,
+``UnknownJob`` answers for accepted jobs from ``Client``s made before the fault (with ``sleep``, one
+that stayed idle asks after each as soon as the old primary wakes; the producer then waits for each),
 and the seconds from the fault to the new primary, to the first accepted submit and to the last result;
 and from the promotion (when the harness saw every Sentinel name the new primary) to the first job the
 ``Client`` and the gateway accepted, and to the first result a worker stored for a job accepted after it.
@@ -47,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import redis
 
 from ttsq.client import Client
 from ttsq.config import Settings
@@ -134,8 +136,10 @@ def run(
         via_gateway: list[tuple[str, str | None, float]] = []
         refused: list[str] = []
         done = threading.Event()
-        # The producer: made before the fault, and the one that waits for every job afterwards.
+        # The producer: made before the fault, and the one that waits for every job afterwards; and a
+        # Client made before the fault that stays idle until the old primary wakes (with ``sleep``).
         producer = Client(settings)
+        idle = Client(settings)
 
         def burst() -> None:
             for i in range(jobs):
@@ -169,6 +173,7 @@ def run(
             thread.start()
         while len(accepted) < jobs // 3 and threads[0].is_alive():
             time.sleep(0.01)
+        idle.status(next(job_id for _, job_id, _ in accepted if job_id is not None))  # its connections open
         if fault == "sleep":
             old = topology.sleep_primary(sleep_s)
         else:
@@ -187,8 +192,24 @@ def run(
             topology.restart(old)
         for thread in threads:
             thread.join()
+        unknown = 0
+        if fault == "sleep":
+            # The old primary wakes calling itself primary, without what was written on the new one, until
+            # the Sentinels demote it seconds later: the idle Client asks after every accepted job then.
+            awake = topology.node(old.port)
+            while not _answers(awake):
+                time.sleep(0.05)
+            awake.close()
+            for _, job_id, _ in accepted + via_gateway:
+                if job_id is not None:
+                    try:
+                        idle.status(job_id)
+                    except UnknownJob:
+                        unknown += 1
+                    except BrokerError:
+                        pass  # no primary to ask just now: not an answer
         identity = producer.identities()["voice_design"]
-        completed = unknown = 0
+        completed = 0
         for _, job_id, _ in accepted + via_gateway:
             try:
                 if job_id is None or _wait(producer, job_id):
@@ -203,6 +224,7 @@ def run(
                 print(f"  trial {n}: {_whereabouts(topology, job_id or '')}", file=sys.stderr)
         finished = time.monotonic()
         producer.close()
+        idle.close()
         every = accepted + via_gateway
         after = [at for _, _, at in every if at > killed]
         keys = {content_key(SynthesisRequest.from_dict({"text": text}), identity) for text, _, _ in every}
@@ -240,6 +262,13 @@ def _healthy(url: str) -> bool:
     try:
         return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
     except httpx.HTTPError:
+        return False
+
+
+def _answers(node: redis.Redis) -> bool:
+    try:
+        return bool(node.ping())
+    except redis.RedisError:
         return False
 
 
@@ -333,7 +362,7 @@ def main() -> int:
         f"\n{len(trials)} failovers: {total['accepted']} accepted, {total['refused']} refused, "
         f"{total['lost']} lost, {total['run_twice']} run twice, {total['objects']} objects for "
         f"{total['distinct_keys']} distinct keys, {total['sent_again']} sent again by the sweeper, "
-        f"{total['unknown']} accepted jobs called unknown by the producer made before the fault"
+        f"{total['unknown']} accepted jobs called unknown by a Client made before the fault"
     )
     for name in (
         "promoted_s",
