@@ -2,8 +2,9 @@
 
 Each test starts its own topology on loopback (``ttsq.ops.sentinel``: a primary, two replicas, three
 Sentinels, data nodes and Sentinels each with a password of their own) and kills the primary outright
-(SIGKILL) while ttsq uses it. The Sentinels' timeouts are short (down after 1 s, failover timeout 3 s) so a
-failover takes seconds. Nothing here touches a Redis it did not start.
+(SIGKILL), freezes it (SIGSTOP) or makes it sleep (``DEBUG SLEEP``) while ttsq uses it. The Sentinels'
+timeouts are short (down after 1 s, failover timeout 3 s) so a failover takes seconds. Nothing here
+touches a Redis it did not start.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ttsq.app import celery_config, make_app, stored_result
 from ttsq.client import Client, Job
 from ttsq.config import Settings
 from ttsq.constants import ACCEPTED_PREFIX
-from ttsq.errors import BrokerError, JobError, UnknownJob
+from ttsq.errors import BrokerError, ConfigError, JobError, UnknownJob
 from ttsq.gateway.state import Gateway
 from ttsq.ops.sentinel import MASTER_NAME, SentinelTopology
 from ttsq.records.connection import connect
@@ -39,6 +40,33 @@ DATA_PASSWORD = "data-node-secret"
 SENTINEL_PASSWORD = "sentinel-secret"
 #: Where Celery's result backend keeps a task's result.
 RESULT_PREFIX = "celery-task-meta-"
+
+
+def test_every_redis_client_gets_the_socket_limits_and_a_timeout_that_a_blocking_call_outlasts_is_refused() -> None:
+    """A silent node is given up after ``TTSQ_REDIS_SOCKET_TIMEOUT_S`` by kombu, Celery's result backend,
+    the records and the gateway's async pools alike; a timeout shorter than the replicas' ``WAIT`` would
+    cut a healthy wait, and stops the process at start."""
+    settings = Settings().replace(redis_socket_timeout_s=4, redis_connect_timeout_s=3, redis_health_check_s=2)
+    config = celery_config(settings, worker=True)
+    assert config["broker_transport_options"]["socket_timeout"] == 4
+    assert config["broker_transport_options"]["socket_connect_timeout"] == 3
+    assert config["broker_transport_options"]["health_check_interval"] == 2
+    assert (config["redis_socket_timeout"], config["redis_socket_connect_timeout"]) == (4, 3)
+    assert config["redis_backend_health_check_interval"] == 2
+    owner = RedisOwner(settings, role="test")
+    for kwargs in (
+        owner.cache.connection_pool.connection_kwargs,
+        owner.async_client(settings.cache_url).connection_pool.connection_kwargs,
+    ):
+        assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"], kwargs["health_check_interval"]) == (
+            4,
+            3,
+            2,
+        )
+    owner.close()
+    with pytest.raises(ConfigError, match="TTSQ_REDIS_SOCKET_TIMEOUT_S"):
+        Settings().replace(redis_wait_timeout_ms=5000, redis_socket_timeout_s=5)
+    assert Settings().replace(redis_wait_timeout_ms=5000, redis_socket_timeout_s=6).redis_socket_timeout_s == 6
 
 
 def test_celery_gets_sentinel_options_and_plain_urls_stay_as_they_were() -> None:
