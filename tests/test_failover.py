@@ -2,8 +2,9 @@
 
 Each test starts its own topology on loopback (``ttsq.ops.sentinel``: a primary, two replicas, three
 Sentinels, data nodes and Sentinels each with a password of their own) and kills the primary outright
-(SIGKILL) while ttsq uses it. The Sentinels' timeouts are short (down after 1 s, failover timeout 3 s) so a
-failover takes seconds. Nothing here touches a Redis it did not start.
+(SIGKILL), freezes it (SIGSTOP) or makes it sleep (``DEBUG SLEEP``) while ttsq uses it. The Sentinels'
+timeouts are short (down after 1 s, failover timeout 3 s) so a failover takes seconds. Nothing here
+touches a Redis it did not start.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ttsq.app import celery_config, make_app, stored_result
 from ttsq.client import Client, Job
 from ttsq.config import Settings
 from ttsq.constants import ACCEPTED_PREFIX
-from ttsq.errors import BrokerError, JobError
+from ttsq.errors import BrokerError, ConfigError, JobError, UnknownJob
 from ttsq.gateway.state import Gateway
 from ttsq.ops.sentinel import MASTER_NAME, SentinelTopology
 from ttsq.records.connection import connect
@@ -37,6 +38,35 @@ StartWorker = Callable[..., WorkerProcess]
 StartGateway = Callable[..., GatewayProcess]
 DATA_PASSWORD = "data-node-secret"
 SENTINEL_PASSWORD = "sentinel-secret"
+#: Where Celery's result backend keeps a task's result.
+RESULT_PREFIX = "celery-task-meta-"
+
+
+def test_every_redis_client_gets_the_socket_limits_and_a_timeout_that_a_blocking_call_outlasts_is_refused() -> None:
+    """A silent node is given up after ``TTSQ_REDIS_SOCKET_TIMEOUT_S`` by kombu, Celery's result backend,
+    the records and the gateway's async pools alike; a timeout shorter than the replicas' ``WAIT`` would
+    cut a healthy wait, and stops the process at start."""
+    settings = Settings().replace(redis_socket_timeout_s=4, redis_connect_timeout_s=3, redis_health_check_s=2)
+    config = celery_config(settings, worker=True)
+    assert config["broker_transport_options"]["socket_timeout"] == 4
+    assert config["broker_transport_options"]["socket_connect_timeout"] == 3
+    assert config["broker_transport_options"]["health_check_interval"] == 2
+    assert (config["redis_socket_timeout"], config["redis_socket_connect_timeout"]) == (4, 3)
+    assert config["redis_backend_health_check_interval"] == 2
+    owner = RedisOwner(settings, role="test")
+    for kwargs in (
+        owner.cache.connection_pool.connection_kwargs,
+        owner.async_client(settings.cache_url).connection_pool.connection_kwargs,
+    ):
+        assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"], kwargs["health_check_interval"]) == (
+            4,
+            3,
+            2,
+        )
+    owner.close()
+    with pytest.raises(ConfigError, match="TTSQ_REDIS_SOCKET_TIMEOUT_S"):
+        Settings().replace(redis_wait_timeout_ms=5000, redis_socket_timeout_s=5)
+    assert Settings().replace(redis_wait_timeout_ms=5000, redis_socket_timeout_s=6).redis_socket_timeout_s == 6
 
 
 def test_celery_gets_sentinel_options_and_plain_urls_stay_as_they_were() -> None:
@@ -348,3 +378,131 @@ def test_a_submit_to_a_partitioned_primary_that_comes_back_is_refused_or_kept(
 def _synced(topology: SentinelTopology, port: int) -> bool:
     with topology.node(port) as node:
         return node.info("replication").get("master_link_status") == "up"
+
+
+@pytest.mark.slow  # a Sentinel topology, a worker, a gateway and a 30 s sleep: about a minute
+def test_a_silent_primary_is_abandoned_in_seconds_and_a_demoted_one_is_never_read(
+    ha_settings: Settings, topology: SentinelTopology, start_worker: StartWorker, start_gateway: StartGateway
+) -> None:
+    """``DEBUG SLEEP 30`` on the primary under load: alive, its connections open, silent. Every process
+    moves to the replica the Sentinels promote long before the sleep ends (a producer ``Client``, a
+    gateway process, a worker storing results: without socket timeouts each waited the whole 30 s on
+    the silent socket), and a ``Client`` made before the fault never answers ``UnknownJob`` for a job it
+    accepted (its connections to the old primary, awake and then demoted, kept serving stale reads)."""
+    worker = start_worker(ha_settings)
+    gateway = start_gateway(ha_settings)
+    headers = {"Authorization": f"Bearer {api_key(ha_settings)}"}
+    before = Client(ha_settings)  # made, and connected, before the fault
+    idle = Client(ha_settings)  # made and connected before the fault, then idle until the old primary wakes
+    accepted: list[tuple[str, float]] = []  # (job id, when), by the Client
+    through_gateway: list[tuple[str, float]] = []  # (job id, when), by the gateway
+    stop = threading.Event()
+
+    def submit_forever() -> None:
+        i = 0
+        while not stop.is_set():
+            with contextlib.suppress(BrokerError):  # refused while there is no primary: the caller knows
+                accepted.append((before.submit(f"Silent primary sentence {i}.").id or "", time.monotonic()))
+            i += 1
+            time.sleep(0.05)
+
+    def post_forever() -> None:
+        i = 0
+        with httpx.Client(base_url=gateway.url, headers=headers, timeout=60) as api:
+            while not stop.is_set():
+                with contextlib.suppress(httpx.HTTPError):
+                    answer = api.post("/v1/jobs", json={"text": f"Silent primary request {i}."})
+                    if answer.status_code == 202:
+                        through_gateway.append((answer.json()["id"], time.monotonic()))
+                i += 1
+                time.sleep(0.05)
+
+    unknown: list[str] = []  # accepted jobs the Client made before the fault called unknown, at any time
+
+    def read_forever() -> None:
+        i = 0
+        while not stop.is_set():
+            if accepted:
+                job_id = accepted[i % len(accepted)][0]
+                try:
+                    before.status(job_id)
+                except UnknownJob:
+                    unknown.append(job_id)
+                except BrokerError:
+                    pass  # no primary to ask right now: not an answer
+                i += 1
+            time.sleep(0.02)
+
+    threads = [threading.Thread(target=target) for target in (submit_forever, post_forever, read_forever)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_until(lambda: len(accepted) >= 10 and len(through_gateway) >= 10, 60, "jobs accepted before the fault")
+        idle.status(accepted[0][0])  # its pools' connections open, to the first primary
+        replicate(topology)
+        old = topology.sleep_primary(30)
+        slept = time.monotonic()
+        new = topology.wait_for_failover(old.port)
+        promoted = time.monotonic()
+        # A result the worker stores after the promotion, on the new primary: its consumer and its
+        # result backend both moved.
+        with topology.node(new, db=1) as results:
+            wait_until(
+                lambda: any(
+                    results.exists(RESULT_PREFIX + job_id) for job_id, at in accepted + through_gateway if at > promoted
+                ),
+                60,
+                "a result stored on the new primary",
+                interval=0.1,
+            )
+        stored = time.monotonic()
+        wait_until(lambda: any(at > promoted for _, at in accepted), 60, "a Client's submit after the promotion")
+        wait_until(lambda: any(at > promoted for _, at in through_gateway), 60, "a gateway job after the promotion")
+        # The old primary wakes still calling itself primary, until the Sentinels demote it (seconds
+        # later), and without what was written on the new one. The idle Client's connections lead
+        # there, open and answering: it must ask the new primary all the same.
+        wait_until(lambda: _role(topology, old.port) != "down", 60, "the old primary to wake")
+        while_stale = [job_id for job_id, at in accepted + through_gateway if at > promoted]
+        for job_id in while_stale:
+            try:
+                idle.status(job_id)
+            except UnknownJob:
+                unknown.append(job_id)
+        stale_role = _role(topology, old.port)
+        wait_until(lambda: _role(topology, old.port) == "slave", 60, "the old primary to be demoted")
+        wait_until(lambda: _synced(topology, old.port), 60, "the old primary to sync from the new one")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+
+    first_client = min(at for _, at in accepted if at > slept) - promoted
+    first_gateway = min(at for _, at in through_gateway if at > slept) - promoted
+    print(
+        f"\npromoted {promoted - slept:.2f} s after the primary went silent; first accepted after the promotion: "
+        f"Client {first_client:.2f} s, gateway {first_gateway:.2f} s, a worker's result {stored - promoted:.2f} s; "
+        f"{len(while_stale)} jobs read by an idle Client as the old primary woke (then {stale_role})"
+    )
+    # Functional bounds, not timings: each moved long before the 30 s sleep was over.
+    assert first_client < 15 and first_gateway < 15 and stored - promoted < 15
+
+    # Every job accepted, by the Client made before the fault and by the gateway, is known and completes;
+    # read through the old Client and the old gateway, never "unknown".
+    for job_id, _ in accepted:
+        try:
+            before.status(job_id)
+        except UnknownJob:
+            unknown.append(job_id)
+    with httpx.Client(base_url=gateway.url, headers=headers, timeout=60) as api:
+        missing = [job_id for job_id, _ in through_gateway if api.get(f"/v1/jobs/{job_id}").status_code == 404]
+    assert not unknown and not missing, (
+        f"accepted jobs called unknown: {len(unknown)} by the Client, {len(missing)} by the gateway"
+    )
+    try:
+        for job_id, _ in accepted + through_gateway:
+            assert before.wait(job_id, timeout=120)["duration_s"] > 0
+    finally:
+        before.close()
+        idle.close()
+    assert worker.process is not None and worker.process.poll() is None
+    assert gateway.process.poll() is None

@@ -29,14 +29,11 @@ from kombu.utils.url import parse_url
 from ttsq.config import is_sentinel_url, parse_sentinel_url
 from ttsq.constants import (
     DOCUMENT_TASK_NAME,
-    REDIS_CONNECT_TIMEOUT_S,
-    REDIS_HEALTH_CHECK_INTERVAL_S,
-    REDIS_SOCKET_TIMEOUT_S,
     TASK_NAME,
 )
 from ttsq.errors import BrokerError, CorruptRecord
 from ttsq.job import LANES, MODES, Lane
-from ttsq.records.connection import SentinelConnection, sentinel_kwargs, unreachable
+from ttsq.records.connection import SentinelConnection, sentinel_kwargs, socket_limits, unreachable
 from ttsq.results import StoredResult, read_result
 
 if TYPE_CHECKING:
@@ -100,6 +97,7 @@ def celery_config(settings: Settings, *, worker: bool) -> dict[str, Any]:
         for url in (settings.broker_url, settings.result_backend)
     )
     backend = "SentinelResultBackend" if results_sentinel else "ResultBackend"
+    limits = socket_limits(settings)
     transport = {"broker_transport": f"{__name__}:SentinelTransport"} if broker_sentinel else {}
     return {
         "broker_url": _for_celery(settings.broker_url),
@@ -128,9 +126,11 @@ def celery_config(settings: Settings, *, worker: bool) -> dict[str, Any]:
             "visibility_timeout": visibility,
             "unacked_restore_interval": 1,
             "unacked_restore_throttle": 1,
-            "socket_timeout": REDIS_SOCKET_TIMEOUT_S,
-            "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
-            "health_check_interval": REDIS_HEALTH_CHECK_INTERVAL_S,
+            # A silent broker is given up within seconds (the default is to wait forever): a publish
+            # then moves to the new primary. kombu checks its waiting BRPOP connection every
+            # health-check interval and drops it once the reply is that overdue past the 1 s poll;
+            # the poll itself is read only once readable, so the socket timeout never cuts it.
+            **limits,
             **broker_sentinel,
         },
         "result_backend_transport_options": {
@@ -145,11 +145,14 @@ def celery_config(settings: Settings, *, worker: bool) -> dict[str, Any]:
         "result_backend_max_retries": 40,
         "result_backend_max_sleep_between_retries_ms": 1000,
         "visibility_timeout": visibility,
-        "redis_socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
-        "redis_socket_timeout": REDIS_SOCKET_TIMEOUT_S,
+        # The result backend's client, as every other: a silent node given up within seconds, idle
+        # connections pinged (its subscription is polled with a timeout of its own, never the socket's).
+        "redis_socket_connect_timeout": limits["socket_connect_timeout"],
+        "redis_socket_timeout": limits["socket_timeout"],
+        "redis_backend_health_check_interval": limits["health_check_interval"],
         # A producer with the broker down fails within a few seconds instead of retrying for long.
         "task_publish_retry_policy": {"max_retries": 2, "interval_start": 0, "interval_step": 0.5, "interval_max": 1},
-        "broker_connection_timeout": REDIS_CONNECT_TIMEOUT_S,
+        "broker_connection_timeout": limits["socket_connect_timeout"],
         "broker_connection_retry_on_startup": True,
         "task_default_queue": settings.queue,
         # apply_async/send_task through this app without a queue: the mode picks it.

@@ -24,7 +24,13 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote, unquote, urlsplit
 
-from ttsq.constants import DEFAULT_QUEUE, TENANT_PATTERN
+from ttsq.constants import (
+    DEFAULT_QUEUE,
+    REDIS_CONNECT_TIMEOUT_S,
+    REDIS_HEALTH_CHECK_INTERVAL_S,
+    REDIS_SOCKET_TIMEOUT_S,
+    TENANT_PATTERN,
+)
 from ttsq.errors import ConfigError
 
 T = TypeVar("T")
@@ -66,6 +72,18 @@ class Settings:
     redis_wait_replicas: int = 0
     #: The longest a submit waits for TTSQ_REDIS_WAIT_REPLICAS replicas, in milliseconds.
     redis_wait_timeout_ms: int = 500
+    #: The longest ttsq waits for any one answer from Redis, in seconds: a node that stopped answering
+    #: (frozen, ``DEBUG SLEEP``, a partition) is given up after this and the call made again on a new
+    #: connection (behind Sentinel: to the primary the Sentinels name then). Longer than the longest
+    #: blocking read ttsq makes (1 s stream reads and broker polls) and than TTSQ_REDIS_WAIT_TIMEOUT_MS.
+    redis_socket_timeout_s: int = REDIS_SOCKET_TIMEOUT_S
+    #: The longest ttsq waits to open a connection to Redis, in seconds (a host that is down).
+    redis_connect_timeout_s: int = REDIS_CONNECT_TIMEOUT_S
+    #: How often, in seconds, a Redis connection proves it still leads somewhere before it is used again:
+    #: an idle one is pinged, and behind Sentinel each connection asks the Sentinels which node is the
+    #: primary (one question per connection per interval) and is dropped, for reads as for writes, once it
+    #: is not that node. kombu's check of its waiting broker connections runs this often too.
+    redis_health_check_s: int = REDIS_HEALTH_CHECK_INTERVAL_S
     #: ``s3://bucket/prefix`` or a local folder (a path or ``file://`` URL).
     storage_url: str = "./ttsq-audio"
     #: S3 endpoint, for MinIO, R2 and other S3-compatible stores; empty means AWS.
@@ -292,6 +310,15 @@ class Settings:
             )
         _check(0 <= self.redis_wait_replicas <= 16, "redis_wait_replicas", "must be 0..16")
         _check(1 <= self.redis_wait_timeout_ms <= 60_000, "redis_wait_timeout_ms", "must be 1..60000")
+        # A socket timeout that a blocking call may outlast would cut a healthy wait (a WAIT for replicas,
+        # a 1 s stream read or broker poll) as if the node had gone silent.
+        _check(
+            max(2, math.ceil(self.redis_wait_timeout_ms / 1000) + 1) <= self.redis_socket_timeout_s <= 300,
+            "redis_socket_timeout_s",
+            "must be 2..300 and at least 1 more than TTSQ_REDIS_WAIT_TIMEOUT_MS in seconds",
+        )
+        _check(1 <= self.redis_connect_timeout_s <= 60, "redis_connect_timeout_s", "must be 1..60")
+        _check(1 <= self.redis_health_check_s <= 300, "redis_health_check_s", "must be 1..300")
         for name in ("s3_endpoint_url", "s3_public_endpoint_url"):
             url = getattr(self, name)
             _check(

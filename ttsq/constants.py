@@ -85,11 +85,11 @@ FLEET_LIVE_S = 20.0
 #: the last answer.
 STORAGE_CHECK_INTERVAL_S = 5.0
 
-# Redis socket limits for every connection ttsq opens (seconds): fail fast when Redis is gone
-# instead of hanging on a dead TCP connection.
-REDIS_CONNECT_TIMEOUT_S = 5
-REDIS_SOCKET_TIMEOUT_S = 30
-REDIS_HEALTH_CHECK_INTERVAL_S = 30
+# The defaults of ttsq's Redis socket limits (seconds; TTSQ_REDIS_SOCKET_TIMEOUT_S and the two beside it):
+# a silent node is given up within seconds, so a client moves to the new primary a failover names.
+REDIS_CONNECT_TIMEOUT_S = 2
+REDIS_SOCKET_TIMEOUT_S = 3
+REDIS_HEALTH_CHECK_INTERVAL_S = 1
 
 # The accepted-job ledger (the cache database): every job a producer accepted, until it finishes, so a
 # message lost between the broker and a worker is sent again (``ttsq.records.accepted``).

@@ -4,16 +4,19 @@ For the failover tests and ``benchmarks/failover.py``: every process is a ``redi
 started (Sentinels are ``redis-server --sentinel`` with a config file of their own, which Sentinel
 rewrites as it learns the topology), on free ports, in one temporary folder, each dying with the thread
 that started it. ``fail_primary`` kills the current primary outright (SIGKILL, as a crashed host would)
-and ``wait_for_failover`` waits until the Sentinels name a new one that answers as a primary.
+and ``sleep_primary`` makes it go silent (``DEBUG SLEEP``: alive, its connections open, answering
+nothing); ``wait_for_failover`` waits until the Sentinels name a new one that answers as a primary.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from urllib.parse import quote
@@ -196,6 +199,28 @@ class SentinelTopology:
         primary.process.send_signal(signal.SIGSTOP)
         return primary
 
+    def sleep_primary(self, seconds: int) -> RedisServer:
+        """Make the primary stop answering for ``seconds`` (``DEBUG SLEEP``): alive, its connections open,
+        silent, then awake as if nothing happened (still calling itself primary until the Sentinels
+        demote it). Returns once the node has taken the command; the node."""
+        primary = self.primary()
+        client = self.node(primary.port)
+        connection = client.connection_pool.get_connection()
+        # Sent once, on a connection open already (the node reads it at once), and its answer awaited
+        # past the sleep: a client's own retry would send it again.
+        connection.send_command("DEBUG", "SLEEP", seconds)  # type: ignore[no-untyped-call]
+
+        def answer() -> None:
+            with contextlib.suppress(redis.RedisError):
+                if connection.can_read(timeout=seconds + 10):
+                    connection.read_response()
+            connection.disconnect()  # type: ignore[no-untyped-call]
+            client.connection_pool.release(connection)
+            client.close()
+
+        threading.Thread(target=answer, name="ttsq-debug-sleep", daemon=True).start()
+        return primary
+
     def resume(self, node: RedisServer) -> None:
         """Let a paused node go on (SIGCONT): a healed partition, the Sentinels then demote it."""
         assert node.process is not None
@@ -257,6 +282,9 @@ class SentinelTopology:
         # partitioned) refuses writes by the time it could come back, instead of keeping them until
         # the Sentinels demote it and then throwing them away.
         return [
+            # DEBUG SLEEP from loopback only: how ``sleep_primary`` makes a primary go silent.
+            "--enable-debug-command",
+            "local",
             "--min-replicas-to-write",
             str(self.min_replicas_to_write),
             "--min-replicas-max-lag",

@@ -6,9 +6,25 @@ connection), answers ``str``, and names its connections (``CLIENT SETNAME``). Fa
 so it rides out a Redis restart instead of failing the jobs it holds.
 
 Behind Sentinel (a ``sentinel://`` URL) the client asks the Sentinels for the primary on every new
-connection; a connection to a primary that died or was demoted fails as a ``ConnectionError`` (redis-py
-turns a demoted primary's ``READONLY`` into one), is dropped, and the next one goes to the new primary.
-So "unreachable" covers the seconds of a failover, and ``patiently`` rides them out like a restart.
+connection; a connection to a primary that died, went silent or was demoted fails as a
+``ConnectionError``, is dropped, and the next one goes to the new primary. So "unreachable" covers the
+seconds of a failover, and ``patiently`` rides them out like a restart.
+
+How a connection learns that its node is no longer the primary, for reads as for writes:
+
+- a node that stopped answering (frozen, ``DEBUG SLEEP``, a partition) is given up after
+  ``TTSQ_REDIS_SOCKET_TIMEOUT_S``, a few seconds (without a timeout a client waits as long as the node
+  sleeps, then goes on with it);
+- a demoted node refuses writes (``READONLY``, which redis-py turns into a lost connection), but it
+  answers reads, from a copy that lacks what was written on the new primary: a job accepted there is
+  "unknown". Its own ``ROLE`` does not say so in time either: an old primary that comes back still
+  calls itself primary until the Sentinels reconfigure it, which takes them seconds (about ten). So
+  each connection asks the Sentinels, the authority on who the primary is, at most once every
+  ``TTSQ_REDIS_HEALTH_CHECK_S`` (``SentinelConnection``): when the pool hands it out, and when it
+  sends (a connection held across commands, as kombu's waiting ``BRPOP``). Handed out, it is made
+  again to the node they name and the call goes on there; held, it is dropped as a lost connection.
+  Asking also moves the pool's idea of the primary, and redis-py then drops its idle connections to
+  the old one, and each busy one when it comes back to the pool.
 """
 
 from __future__ import annotations
@@ -51,11 +67,43 @@ class SentinelConnection(SentinelManagedConnection):
     ``READONLY``: kombu takes any other error on its ``BRPOP`` for an unrecoverable one and ends the
     worker, while a lost connection is reconnected after a pause."""
 
+    #: When this connection next asks the Sentinels whether its node is still the primary (monotonic seconds).
+    _primary_check_at = 0.0
+
+    def connect_to(self, address: Any) -> None:
+        super().connect_to(address)  # type: ignore[no-untyped-call]
+        # Connecting asked the Sentinels just now.
+        self._primary_check_at = time.monotonic() + (self.health_check_interval or 0)
+
+    def connect(self) -> None:
+        # A pool hands a connection out through here, before the first command of each use (so never
+        # between a WATCH and its EXEC): one that leads to a node the Sentinels no longer name is made
+        # again, to the node they name, and the call goes on there without an error.
+        if self._sock is not None and self._primary_moved():
+            self.disconnect()
+        super().connect()  # type: ignore[no-untyped-call]  # a no-op while connected; else through the Sentinels
+
     def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         # redis-py's connection classes are untyped; these are their public methods.
+        if self._sock is not None and check_health and self._primary_moved():
+            # A connection held across commands (kombu's waiting BRPOP connection, a pipeline's) is
+            # dropped as a lost one: its holder reconnects, through the Sentinels.
+            self.disconnect()
+            raise redis.exceptions.ConnectionError(f"{self.host}:{self.port} is no longer the primary")
         if self._sock is None:
-            self.connect()  # type: ignore[no-untyped-call]  # asks the Sentinels for the primary's address first
+            self.connect()  # asks the Sentinels for the primary's address first
         super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
+
+    def _primary_moved(self) -> bool:
+        """Whether the Sentinels, asked at most once per health-check interval, name another node than
+        the one this connection leads to. Not inside a subscription (``check_health`` false), where
+        nothing but (un)subscribing may be sent, and only for a pool of the primary."""
+        pool = self.connection_pool
+        if not self.health_check_interval or not pool.is_master or time.monotonic() < self._primary_check_at:
+            return False
+        self._primary_check_at = time.monotonic() + self.health_check_interval
+        primary = primary_address(pool.get_master_address)
+        return primary is not None and primary != (self.host, self.port)
 
     def read_response(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -76,9 +124,7 @@ def connect(url: str, *, name: str | None = None, settings: Settings | None = No
     the primary through failovers.
     """
     options: dict[str, Any] = {
-        "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
-        "socket_timeout": REDIS_SOCKET_TIMEOUT_S,
-        "health_check_interval": REDIS_HEALTH_CHECK_INTERVAL_S,
+        **socket_limits(settings),
         "decode_responses": True,
         "encoding_errors": "replace",
         "client_name": name,
@@ -91,6 +137,33 @@ def connect(url: str, *, name: str | None = None, settings: Settings | None = No
         master_name, redis_class=redis.Redis, connection_class=SentinelConnection, **credentials, **options
     )
     return client
+
+
+def socket_limits(settings: Settings | None) -> dict[str, int]:
+    """redis-py's timeouts and health-check interval from ``settings`` (ttsq's defaults without them),
+    for every Redis client ttsq makes, sync or async."""
+    if settings is None:
+        return {
+            "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
+            "socket_timeout": REDIS_SOCKET_TIMEOUT_S,
+            "health_check_interval": REDIS_HEALTH_CHECK_INTERVAL_S,
+        }
+    return {
+        "socket_connect_timeout": settings.redis_connect_timeout_s,
+        "socket_timeout": settings.redis_socket_timeout_s,
+        "health_check_interval": settings.redis_health_check_s,
+    }
+
+
+def primary_address(ask: Callable[[], Any]) -> tuple[str, int] | None:
+    """The primary's address as ``ask`` (a Sentinel pool's ``get_master_address``) got it from the
+    Sentinels; None when none of them names one (all unreachable, or all see the primary down: a failover
+    under way), which is no reason to drop a connection that may well lead to the primary still."""
+    try:
+        host, port = ask()
+    except redis.exceptions.ConnectionError:  # MasterNotFoundError is one
+        return None
+    return str(host), int(port)
 
 
 def sentinel_parts(url: str, settings: Settings | None) -> tuple[str, list[tuple[str, int]], dict[str, Any]]:
@@ -140,8 +213,11 @@ def within(client: redis.Redis, timeout_s: float, *commands: tuple[str | int, ..
     pool = client.connection_pool
     connection = pool.get_connection()
     try:
-        # redis-py's Connection is untyped; these are its public methods.
-        connection.send_packed_command(connection.pack_commands(list(commands)))  # type: ignore[no-untyped-call]
+        # redis-py's Connection is untyped; these are its public methods. No health check first: its
+        # PING (and, behind Sentinel, the question to the Sentinels) would wait on the socket timeout,
+        # not on this deadline; a stale queue depth costs a batching decision, and the next call on
+        # this connection that is not ``within`` checks it.
+        connection.send_packed_command(connection.pack_commands(list(commands)), check_health=False)  # type: ignore[no-untyped-call]
         deadline = time.monotonic() + timeout_s
         answers = []
         for _ in commands:
@@ -174,10 +250,14 @@ def patiently(call: Callable[[], T], url: str, patience_s: float) -> T:
 
 def unreachable(exc: BaseException | None) -> bool:
     """Whether a Redis error means "no primary to talk to right now" (worth waiting out) rather than
-    a refused command: a lost or refused connection, no primary known to the Sentinels, a node that
-    answers ``READONLY`` because it was a primary and has just been demoted, or ``NOREPLICAS`` from a
-    primary with ``min-replicas-to-write`` whose replicas are not back yet (just after a failover)."""
-    if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.ReadOnlyError)):
+    a refused command: a lost or refused connection, a node that stopped answering (the socket timeout:
+    the connection is dropped, and the next goes where the Sentinels say), no primary known to the
+    Sentinels, a node that answers ``READONLY`` because it was a primary and has just been demoted, or
+    ``NOREPLICAS`` from a primary with ``min-replicas-to-write`` whose replicas are not back yet (just
+    after a failover)."""
+    if isinstance(
+        exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.ReadOnlyError)
+    ):
         return True
     # A pipeline reports it as "Command # 1 (...) of pipeline caused error: NOREPLICAS ...".
     return isinstance(exc, redis.exceptions.ResponseError) and NO_REPLICAS in str(exc)

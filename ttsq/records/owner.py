@@ -14,6 +14,7 @@ import functools
 import os
 import secrets
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -23,12 +24,19 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from ttsq.config import is_sentinel_url
-from ttsq.constants import REDIS_CONNECT_TIMEOUT_S, REPLICATED_KEY
+from ttsq.constants import REPLICATED_KEY
 from ttsq.errors import BrokerError
 from ttsq.records.accepted import AcceptedJobs
 from ttsq.records.attempts import Ledger
 from ttsq.records.cache import CacheIndex
-from ttsq.records.connection import NO_REPLICAS, connect, patiently, sentinel_kwargs, sentinel_parts
+from ttsq.records.connection import (
+    NO_REPLICAS,
+    connect,
+    patiently,
+    sentinel_kwargs,
+    sentinel_parts,
+    socket_limits,
+)
 from ttsq.records.deadletters import DeadLetters
 from ttsq.records.holders import Holders
 from ttsq.records.identities import Identities
@@ -55,11 +63,27 @@ class _BlockingSentinelPool(aiosentinel.SentinelConnectionPool, aioredis.Blockin
 
 class _SentinelConnection(aiosentinel.SentinelManagedConnection):
     """The async twin of ``ttsq.records.connection.SentinelConnection``: a dropped connection reconnects
-    through the Sentinels, not to the address it had (the dead primary, after a failover)."""
+    through the Sentinels, not to the address it had (the dead primary, after a failover); a connection
+    to a node the Sentinels no longer name as the primary is dropped before it sends, reads as writes."""
+
+    #: When this connection next asks the Sentinels whether its node is still the primary (monotonic seconds).
+    _primary_check_at = 0.0
+
+    async def connect_to(self, address: Any) -> None:
+        await super().connect_to(address)  # type: ignore[no-untyped-call]
+        self._primary_check_at = time.monotonic() + (self.health_check_interval or 0)  # asked just now
+
+    async def connect(self) -> None:
+        if self.is_connected and await self._primary_moved():
+            await self.disconnect()  # handed out by the pool: made again to the primary the Sentinels name
+        await super().connect()  # type: ignore[no-untyped-call]
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if self.is_connected and check_health and await self._primary_moved():
+            await self.disconnect()  # held across commands: dropped as a lost connection
+            raise redis.exceptions.ConnectionError(f"{self.host}:{self.port} is no longer the primary")
         if not self.is_connected:
-            await self.connect()  # type: ignore[no-untyped-call]  # through the Sentinels
+            await self.connect()  # through the Sentinels
         await super().send_packed_command(command, check_health)
 
     async def read_response(self, *args: Any, **kwargs: Any) -> Any:
@@ -70,6 +94,18 @@ class _SentinelConnection(aiosentinel.SentinelManagedConnection):
                 raise
             await self.disconnect()
             raise redis.exceptions.ConnectionError(f"the primary cannot write yet: {exc}") from exc
+
+    async def _primary_moved(self) -> bool:
+        """``SentinelConnection._primary_moved``, on the event loop."""
+        pool = self.connection_pool
+        if not self.health_check_interval or not pool.is_master or time.monotonic() < self._primary_check_at:
+            return False
+        self._primary_check_at = time.monotonic() + self.health_check_interval
+        try:
+            host, port = await pool.get_master_address()
+        except redis.exceptions.ConnectionError:  # no Sentinel names one now: no reason to drop this one
+            return False
+        return (str(host), int(port)) != (self.host, self.port)
 
 
 class RedisOwner:
@@ -115,7 +151,10 @@ class RedisOwner:
                 options: dict[str, Any] = {
                     "max_connections": ASYNC_POOL_SIZE,
                     "timeout": ASYNC_POOL_WAIT_S,
-                    "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
+                    # A silent node is given up within seconds, as by the sync clients: the gateway
+                    # then moves to the new primary, and its blocking reads (1 s stream reads and
+                    # subscription polls) stay well inside the socket timeout.
+                    **socket_limits(self.settings),
                     "decode_responses": True,
                     "encoding_errors": "replace",
                     "client_name": self._name(url, "async"),
