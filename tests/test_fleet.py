@@ -35,7 +35,7 @@ def test_fleet_tiny_runs_every_workload_and_its_baseline(tmp_path: Path) -> None
     (only,) = data["rounds"]
     assert set(only) == {"wav", "pcm", "mp3", "opus"}
     for workload, row in only.items():
-        assert row["jobs"] > 0, workload
+        assert row["jobs"] > 0 and row["errors"] == 0, (workload, row["first_error"])
         assert row["audio_s_per_s"] == pytest.approx(row["jobs_per_s"] * row["audio_s_per_job"])
         assert 1 <= row["mean_batch"] <= data["config"]["max_batch"]
         assert row["worker_cpu_ms_per_job"] > 0  # read from /proc: the worker did the work
