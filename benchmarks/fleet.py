@@ -195,9 +195,12 @@ def _open_loop(job: Callable[[], None], rate: float, stop: threading.Event) -> l
     return [thread]
 
 
-def encoder_alone(audio_format: str, clip_s: float, seconds: float, threads: int) -> dict[str, float]:
-    """``ttsq.audio.encode`` of stand-in clips of ``clip_s`` seconds on ``threads`` threads, alone:
-    audio seconds encoded per second, and CPU milliseconds per audio second."""
+def encoder_alone(
+    audio_format: str, clip_s: float, seconds: float, threads: int, cores: set[int] | None = None
+) -> dict[str, float]:
+    """``ttsq.audio.encode`` of stand-in clips of ``clip_s`` seconds on ``threads`` threads (each pinned
+    to ``cores`` when given: the workers' own), alone: audio seconds encoded per second, and CPU
+    milliseconds per audio second."""
     from ttsq.audio import encode
     from ttsq.testing.standin import SAMPLE_RATE, speech_like
 
@@ -207,6 +210,8 @@ def encoder_alone(audio_format: str, clip_s: float, seconds: float, threads: int
     until = time.perf_counter() + seconds
 
     def encoder(index: int) -> None:
+        if cores:
+            os.sched_setaffinity(0, cores)  # this thread only (Linux): the pool's threads are fresh
         while time.perf_counter() < until:
             encode(clips[index % len(clips)], SAMPLE_RATE, audio_format)
             with lock:
@@ -243,6 +248,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from ttsq.records.connection import connect
 
     cores = usable_cores()
+    pinned = {int(core) for core in args.worker_cores.split(",")} if args.worker_cores else None
+    if pinned:
+        # The workers on their cores, this driver and Redis (started below, inheriting it) on the rest:
+        # the encoder alone then runs on exactly the cores the workers had.
+        rest = set(os.sched_getaffinity(0)) - pinned
+        if not rest or not pinned <= set(os.sched_getaffinity(0)):
+            raise SystemExit(f"--worker-cores {args.worker_cores}: must leave this process at least one other core")
+        os.sched_setaffinity(0, rest)
+        cores = len(pinned)
     a_us = round((args.a_us if args.a_us is not None else Settings().standin_a_us) / args.speed)
     b_us = round((args.b_us if args.b_us is not None else Settings().standin_b_us) / args.speed)
     workloads = [w for w in args.workloads.split(",") if w]
@@ -271,10 +285,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         if args.encode_threads is not None:
             settings = settings.replace(encode_threads=args.encode_threads)
+        taskset = ["taskset", "-c", args.worker_cores] if pinned else []
         pids = [
             stack.enter_context(
                 _process(
-                    [sys.executable, "-m", "ttsq.cli.main", "worker", "-n", f"fleet{n}@bench"],
+                    [*taskset, sys.executable, "-m", "ttsq.cli.main", "worker", "-n", f"fleet{n}@bench"],
                     _env(settings),
                     folder / f"worker{n}.log",
                 )
@@ -320,7 +335,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rounds.append(figures)
             clip_s = statistics.fmean(row["audio_s_per_job"] for row in figures.values() if row["jobs"])
             baseline: dict[str, Any] = {
-                workload: encoder_alone(WORKLOADS[workload], clip_s, args.baseline_s, cores)
+                workload: encoder_alone(WORKLOADS[workload], clip_s, args.baseline_s, cores, pinned)
                 for workload in workloads
                 if workload != "pcm"
             }
@@ -449,6 +464,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--a-us", type=int, default=None, help="stand-in a before --speed (default: published)")
     parser.add_argument("--b-us", type=int, default=None, help="stand-in b before --speed (default: published)")
     parser.add_argument("--encode-threads", type=int, default=None, help="TTSQ_ENCODE_THREADS of the workers")
+    parser.add_argument(
+        "--worker-cores",
+        default="",
+        help="pin the workers to these cores (e.g. 1) and this driver and Redis to the others; "
+        "the encoder alone then runs on the workers' cores",
+    )
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--tiny", action="store_true", help="the smoke test: a few jobs, figures meaningless")
     parser.add_argument("--json", dest="json_path", help="also write the figures here")
