@@ -72,12 +72,12 @@ class Encoders:
     this process may use).
 
     The encoders (libsndfile's, through soundfile) release the interpreter lock while they work, so the
-    pool encodes on every core. It is bounded on purpose: without it every task thread whose batch has
-    just returned (up to twice the batch) encodes at once, and that many threads handing the lock back
-    and forth starve the two threads the next batch needs, the consumer that takes messages off the
-    broker and the batcher; the engine then waits for company with work sitting in Redis. Bounded,
-    those encodes queue in first-come order, a job's file is done as soon as its own turn is, and
-    the task threads wait on a future, holding no lock.
+    pool encodes on every core. It is bounded because more encodes than cores only share the same cores:
+    without it, every task thread of a batch that has just returned (up to twice the batch) encodes at
+    once, all of them finish together at the end, and meanwhile they hand the lock back and forth with
+    the consumer that takes messages off the broker and with the batcher. Bounded, encodes run first
+    come first served, each job's file is done as soon as its own turn is, and the waiting task threads
+    hold no lock. Measured in docs/benchmarks.md, "The fleet at GPU speed".
     """
 
     def __init__(self, threads: int = 0) -> None:
