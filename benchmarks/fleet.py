@@ -14,7 +14,8 @@ queue, the batcher, encoding, storage), not the device.
 For each workload, each round (rounds rotate the order, so a drift of the machine falls on all):
 
 - ``wav``, ``mp3``, ``opus`` (stored as Ogg Opus): whole-clip jobs through ``Client.submit``/``wait``;
-- ``pcm``: streaming jobs read to their end through ``Client.stream`` (16-bit PCM pieces from Redis);
+- ``pcm``: streaming jobs read to their end through ``Client.stream`` (16-bit PCM pieces from Redis) by a
+  player that starts at the first piece and plays in real time: first audio p50/p95 and its underruns;
 
 closed loop at ``--in-flight`` jobs (or Poisson arrivals at ``--rate`` jobs/s), for ``--seconds``; only the
 jobs that finish inside the window count. Per workload: jobs/s and audio-s/s per worker, the workers'
@@ -75,6 +76,8 @@ class Phase:
         self.jobs = 0
         self.audio_s = 0.0
         self.batch_sizes: list[int] = []
+        self.first_audio_s: list[float] = []
+        self.underruns_s: list[float] = []
         self.errors: list[str] = []
 
     def done(self, result: dict[str, Any], finished: float) -> None:
@@ -86,17 +89,33 @@ class Phase:
                 self.jobs += 1
                 self.audio_s += float(result["duration_s"])
                 self.batch_sizes.append(int(result["batch_size"]))
+                if "first_audio_s" in result:
+                    self.first_audio_s.append(result["first_audio_s"])
+                    self.underruns_s.append(result["underrun_s"])
 
 
 def one_job(client: Any, workload: str, text: str, timeout: float) -> dict[str, Any]:
-    """Submit one job of ``workload`` and wait for it (a stream is read to its end)."""
-    if workload == "pcm":
-        stream = client.stream(text, timeout=timeout)
-        pieces = sum(len(piece.pcm) for piece in stream)
-        if not pieces or stream.result is None:
-            raise RuntimeError("a stream ended without audio")
-        return dict(stream.result)
-    return dict(client.submit(text, format=WORKLOADS[workload]).wait(timeout))
+    """Submit one job of ``workload`` and wait for it. A stream is read to its end by a player that
+    starts at its first piece and plays in real time: its result also says when the first audio came
+    (``first_audio_s``, from the submit) and how long that player ran dry (``underrun_s``)."""
+    if workload != "pcm":
+        return dict(client.submit(text, format=WORKLOADS[workload]).wait(timeout))
+    started = time.perf_counter()
+    stream = client.stream(text, timeout=timeout)
+    first: float | None = None
+    played_until = 0.0  # when the audio received so far runs out, on the player's clock
+    underrun = 0.0
+    for piece in stream:
+        now = time.perf_counter()
+        if first is None:
+            first, played_until = now, now
+        elif now > played_until:
+            underrun += now - played_until
+            played_until = now
+        played_until += len(piece.pcm) / 2 / piece.sample_rate
+    if first is None or stream.result is None:
+        raise RuntimeError("a stream ended without audio")
+    return {**stream.result, "first_audio_s": first - started, "underrun_s": underrun}
 
 
 #: Sender threads per ``Client``: redis-py 8 pools hold at most 100 connections, and a waiting sender
@@ -169,6 +188,18 @@ def drive(
         "redis_cpu_ms_per_job": (after[1] - before[1]) * 1000 / jobs,
         "driver_cpu_ms_per_job": (after[2] - before[2]) * 1000 / jobs,
         "mean_batch": statistics.fmean(phase.batch_sizes) if phase.batch_sizes else 0.0,
+        **(_stream_figures(phase) if phase.first_audio_s else {}),
+    }
+
+
+def _stream_figures(phase: Phase) -> dict[str, float]:
+    """First audio p50/p95 (ms, from the submit) and underruns of the streams counted."""
+    first = sorted(phase.first_audio_s)
+    return {
+        "first_audio_p50_ms": 1000 * first[len(first) // 2],
+        "first_audio_p95_ms": 1000 * first[min(len(first) - 1, round(0.95 * (len(first) - 1)))],
+        "streams_with_underrun": float(sum(1 for u in phase.underruns_s if u > 0)),
+        "underrun_s_per_stream": statistics.fmean(phase.underruns_s),
     }
 
 
@@ -328,6 +359,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     f"{row['mean_batch']:>6.1f} {row['worker_cpu_ms_per_job']:>10.1f} "
                     f"{row['worker_cpu_ms_per_audio_s']:>14.2f} {row['redis_cpu_ms_per_job']:>12.2f} "
                     f"{row['driver_cpu_ms_per_job']:>13.2f}"
+                    + (
+                        f"  first audio p50/p95 {row['first_audio_p50_ms']:.0f}/{row['first_audio_p95_ms']:.0f} ms, "
+                        f"underruns in {row['streams_with_underrun']:.0f} of {row['jobs']} streams"
+                        if "first_audio_p50_ms" in row
+                        else ""
+                    )
                     + (f"  {row['errors']} failed, first: {row['first_error']}" if row["errors"] else ""),
                     flush=True,
                 )
@@ -414,6 +451,11 @@ def summarize(
     for workload, entry in summary.items():
         line = f"{workload:>8}: {entry['audio_s_per_s']:7.1f} audio-s/s, {entry['jobs_per_s']:6.1f} jobs/s, "
         line += f"batch {entry['mean_batch']:5.1f}, worker CPU {entry['worker_cpu_ms_per_job']:6.1f} ms/job"
+        if "first_audio_p50_ms" in entry:
+            line += (
+                f"; first audio p50/p95 {entry['first_audio_p50_ms']:.0f}/{entry['first_audio_p95_ms']:.0f} ms, "
+                f"{entry['underrun_s_per_stream']:.2f} s of underrun per stream"
+            )
         if "over_encoder_alone" in entry:
             line += (
                 f"; encoder alone {entry['encoder_alone_audio_s_per_s']:.0f} audio-s/s, "

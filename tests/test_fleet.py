@@ -39,6 +39,10 @@ def test_fleet_tiny_runs_every_workload_and_its_baseline(tmp_path: Path) -> None
         assert row["audio_s_per_s"] == pytest.approx(row["jobs_per_s"] * row["audio_s_per_job"])
         assert 1 <= row["mean_batch"] <= data["config"]["max_batch"]
         assert row["worker_cpu_ms_per_job"] > 0  # read from /proc: the worker did the work
+    stream = only["pcm"]  # a player at real time: when its first audio came, and how long it ran dry
+    assert 0 < stream["first_audio_p50_ms"] <= stream["first_audio_p95_ms"]
+    assert 0 <= stream["streams_with_underrun"] <= stream["jobs"] and stream["underrun_s_per_stream"] >= 0
+    assert "first_audio_p50_ms" not in only["wav"]
     (baseline,) = data["baselines"]
     assert set(baseline) == {"wav", "mp3", "opus", "streamed"}
     summary = data["summary"]
