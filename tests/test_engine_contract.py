@@ -1,4 +1,5 @@
-"""One contract, every engine: espeak, qwen (all three checkpoint kinds), qwen-fast and a plug-in engine.
+"""One contract, every engine: espeak, qwen (all three checkpoint kinds), qwen-fast, the GPU stand-in and a
+plug-in engine.
 
 The same tests run on each engine ttsq ships and on one loaded through the ``package.module:Factory``
 plug-in point, so a new engine proves it keeps the protocol the batcher and the workers rely on
@@ -108,6 +109,12 @@ SPECS: dict[str, Spec] = {
     # qwen-tts's generate_voice_clone takes no instruct: a clone cannot follow one.
     "qwen-voice_clone": Spec(_qwen("qwen"), checkpoint="base", costly=True, ignores=frozenset({"instruct"})),
     "qwen-fast": Spec(_qwen("qwen-fast", max_batch=4), checkpoint="voice_design", costly=True),
+    # The GPU stand-in of the benchmarks (ttsq.testing.standin), at no device cost so the tests stay short.
+    "standin": Spec(
+        lambda _, store: Settings(engine="standin", standin_a_us=0, standin_b_us=0, storage_url=store),
+        unspeakable="...",
+        ignores=ESPEAK_IGNORES,
+    ),
     # The fault-injecting test engine, through the plug-in point; no fault is cued here.
     "plugin": Spec(_plugin("faulty_engine:FaultyEngine"), unspeakable="...", ignores=ESPEAK_IGNORES),
 }
@@ -118,9 +125,9 @@ EXTRA = [path.strip() for path in os.environ.get("CONTRACT_ENGINE", "").split(",
 SPECS.update({path: Spec(_plugin(path, from_env=True), ignores=None) for path in EXTRA})
 
 #: Every engine ttsq ships, once, and the plug-ins.
-CORE = ["espeak", "qwen", "qwen-fast", "plugin", *EXTRA]
+CORE = ["espeak", "qwen", "qwen-fast", "standin", "plugin", *EXTRA]
 #: Also the other checkpoint kinds, for what is about modes and speakers.
-ALL_MODES = ["espeak", "qwen", "qwen-custom_voice", "qwen-voice_clone", "qwen-fast", "plugin", *EXTRA]
+ALL_MODES = ["espeak", "qwen", "qwen-custom_voice", "qwen-voice_clone", "qwen-fast", "standin", "plugin", *EXTRA]
 CONTINUOUS = ["qwen-fast", *EXTRA]
 
 
@@ -339,7 +346,7 @@ def test_a_batch_gives_one_output_per_request_in_order(subject: Subject, size: i
         assert out.samples.size == pytest.approx(frames_of_audio(cap, rate), abs=1)
 
 
-@on(["espeak", "qwen", "qwen-custom_voice", "qwen-voice_clone", "qwen-fast", "plugin", *EXTRA])
+@on(["espeak", "qwen", "qwen-custom_voice", "qwen-voice_clone", "qwen-fast", "standin", "plugin", *EXTRA])
 def test_ignored_names_exactly_the_fields_the_engine_cannot_honour(subject: Subject) -> None:
     request = subject.request(
         TEXTS[0], instruct="A calm, low voice.", seed=4, temperature=0.9, top_k=50, max_new_tokens=2

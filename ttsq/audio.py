@@ -29,6 +29,14 @@ _SOUNDFILE = {
 }
 #: Opus only runs at these rates; anything else is resampled to the next one up.
 _OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
+#: libsndfile's Opus compression level, which sets the bitrate (0 -> 256 kbit/s .. 1 -> 6 kbit/s): 0.75
+#: is about 70 kbit/s for mono speech at 24 kHz. libsndfile's default (about 35 kbit/s) puts libopus in
+#: its speech (SILK) or hybrid mode, which costs 2.5x the CPU: measured on this project's 2-core box,
+#: 28-33 ms per second of speech against 12 at this level, and 7-8 for MP3 (docs/benchmarks.md,
+#: "Encoding"). Past about 0.83 (48 kbit/s) the cost jumps back: keep a margin below it.
+OPUS_COMPRESSION = 0.75
+#: Options libsndfile is given per container when it encodes (``compression_level``, ...).
+_OPTIONS: dict[str, dict[str, Any]] = {"ogg": {"compression_level": OPUS_COMPRESSION}}
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,7 @@ def encode(
     target = encoded_rate(sample_rate, audio_format)
     mono, sample_rate = resample(mono, sample_rate, target), target
     buffer = io.BytesIO()
-    sf.write(buffer, mono, sample_rate, format=container, subtype=subtype)
+    sf.write(buffer, mono, sample_rate, format=container, subtype=subtype, **_OPTIONS.get(audio_format, {}))
     return EncodedAudio(buffer.getvalue(), CONTENT_TYPES[audio_format], sample_rate, round(duration_s, 4))
 
 
@@ -157,7 +165,14 @@ class StreamEncoder:
         else:
             container, subtype = _SOUNDFILE[audio_format]
             self._file = sf.SoundFile(
-                handle, "w", samplerate=self.sample_rate, channels=1, format=container, subtype=subtype, closefd=False
+                handle,
+                "w",
+                samplerate=self.sample_rate,
+                channels=1,
+                format=container,
+                subtype=subtype,
+                closefd=False,
+                **_OPTIONS.get(audio_format, {}),
             )
 
     def write(self, block: npt.NDArray[np.float32]) -> None:

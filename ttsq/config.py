@@ -189,6 +189,14 @@ class Settings:
     #: Intra-op threads of each thread that runs torch on a CPU (the batcher, and qwen-fast's codec
     #: thread); 0: the cores this process may use, shared out so the threads never ask for more.
     torch_threads: int = 0
+    #: Threads that encode and store finished audio in a worker, off the engine's path (the encoders
+    #: release the interpreter lock); 0: the cores this process may use.
+    encode_threads: int = 0
+    #: standin (the GPU stand-in, ``ttsq.testing.standin``): device microseconds per second of a batch's
+    #: longest audio, whatever its rows (the ``a`` of ``a + b * rows``; default from published H100 figures).
+    standin_a_us: int = 246_200
+    #: standin: device microseconds each row adds per second of the batch's longest audio (the ``b``).
+    standin_b_us: int = 5_090
     #: Port of a worker's Prometheus endpoint; a launcher gives its Nth worker this port + N. 0: off.
     metrics_port: int = 9191
     #: Address a worker's Prometheus endpoint listens on: loopback unless a scraper elsewhere needs it
@@ -240,6 +248,9 @@ class Settings:
         _check(0 <= self.tenant_max_in_flight <= 100_000, "tenant_max_in_flight", "must be 0..100000 (0: no cap)")
         self.weights  # noqa: B018  # parsed once here, so a typo stops the process at start
         _check(0 <= self.max_wait_ms <= 10_000, "max_wait_ms", "must be 0..10000")
+        _check(0 <= self.encode_threads <= 1024, "encode_threads", "must be 0..1024 (0: the usable cores)")
+        _check(0 <= self.standin_a_us <= 100_000_000, "standin_a_us", "must be 0..100000000")
+        _check(0 <= self.standin_b_us <= 100_000_000, "standin_b_us", "must be 0..100000000")
         _check(
             1 <= self.url_expiry_s <= MAX_URL_EXPIRY_S,
             "url_expiry_s",

@@ -17,6 +17,8 @@ REGISTRY: dict[str, str] = {
     "espeak": "ttsq.engines.espeak:EspeakEngine",
     "qwen": "ttsq.engines.qwen.engine:QwenEngine",
     "qwen-fast": "ttsq.engines.qwen.fast:QwenFastEngine",
+    # A GPU's batch cost with nothing computed, for benchmarks of the machinery (ttsq.testing).
+    "standin": "ttsq.testing.standin:StandInEngine",
 }
 
 

@@ -9,7 +9,8 @@ as soon as each piece is encoded.
 - ``mp3``: libsndfile's MP3 encoder at a constant bitrate, written to a file object that hands its bytes
   on (``ByteSink``). Constant, because a streamed file cannot carry the Info header a file gets at its
   end (which a variable bitrate needs for its length): the header's place is one silent frame.
-- ``opus``: Ogg Opus through libsndfile, resampled to an Opus rate as the stored file is; Ogg pages go
+- ``opus``: Ogg Opus through libsndfile, resampled to an Opus rate and at the bitrate of the stored file
+  (``ttsq.audio.OPUS_COMPRESSION``: below about 48 kbit/s libopus costs 2.5x the CPU); Ogg pages go
   out as libsndfile fills them (about a second of speech each).
 - ``flac`` does not stream: libsndfile writes a FLAC's length into its first block at the end, and a
   FLAC sent without it is one that libsndfile cannot read whole. It is sent from the stored file once
@@ -25,7 +26,7 @@ from typing import Protocol
 import numpy as np
 import soundfile as sf
 
-from ttsq.audio import Resampler, encoded_rate
+from ttsq.audio import OPUS_COMPRESSION, Resampler, encoded_rate
 
 #: OpenAI's pcm: 16-bit signed little-endian mono at this rate.
 PCM_RATE = 24_000
@@ -120,7 +121,11 @@ class SoundfileEncoder:
         rate = encoded_rate(sample_rate, stored)
         self._resampler = Resampler(sample_rate, rate)
         self._sink = ByteSink()
-        options = {"compression_level": MP3_COMPRESSION, "bitrate_mode": "CONSTANT"} if container == "MP3" else {}
+        options: dict[str, object] = (
+            {"compression_level": MP3_COMPRESSION, "bitrate_mode": "CONSTANT"}
+            if container == "MP3"
+            else {"compression_level": OPUS_COMPRESSION}
+        )
         self._file = sf.SoundFile(
             self._sink, "w", samplerate=rate, channels=1, format=container, subtype=subtype, closefd=False, **options
         )

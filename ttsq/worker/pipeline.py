@@ -8,8 +8,9 @@ order of the stages is the delivery guarantee:
    then drop a job past its deadline, and park a job whose engine call has failed to return
    ``max_attempts`` times (it kills or hangs workers; see ``ttsq.records.attempts``);
 3. synthesize in a batch (a job with an engine call that never returned runs alone);
-4. ``store_audio``: encode and ``put`` the object (idempotent: same key, same audio), then write the
-   index entry last, so the index never points at a missing object;
+4. ``store_audio``: encode (on the worker's encoder pool, ``Encoders``) and ``put`` the object
+   (idempotent: same key, same audio), then write the index entry last, so the index never points at a
+   missing object;
 5. release the single-flight claim and return; Celery acks after the return.
 
 A worker killed anywhere in 3-5 has its message redelivered, and the rerun is harmless. The document
@@ -21,16 +22,18 @@ Why one file over 400 lines: the stages above are one path, read top to bottom i
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Generic, TypeVar
 
 import ttsq.tracing as tracing
 from ttsq.app import queue_for
-from ttsq.audio import EncodedFile, encode, probe, probe_file
+from ttsq.audio import EncodedAudio, EncodedFile, encode, probe, probe_file
 from ttsq.errors import DeadlineExceeded, InvalidRequest, JobParked, JobTimeout
 from ttsq.job import JobResult, StoredAudio, SynthesisRequest, Timings, no_timings
 from ttsq.keys import content_key, object_key
@@ -56,6 +59,49 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+#: Encodes mono samples at a rate into a format (``ttsq.audio.encode``, or ``Encoders.encode``).
+Encode = Callable[["npt.NDArray[Any]", int, str], EncodedAudio]
+#: Formats whose encoding costs next to nothing (a header and a copy): encoded on the task thread, a hop
+#: through the pool would cost more than the work.
+CHEAP_FORMATS = frozenset({"wav"})
+
+
+class Encoders:
+    """Where a worker encodes finished audio: a pool of ``threads`` (``TTSQ_ENCODE_THREADS``; 0: the cores
+    this process may use).
+
+    The encoders (libsndfile's, through soundfile) release the interpreter lock while they work, so the
+    pool encodes on every core. It is bounded because more encodes than cores only share the same cores:
+    without it, every task thread of a batch that has just returned (up to twice the batch) encodes at
+    once, all of them finish together at the end, and meanwhile they hand the lock back and forth with
+    the consumer that takes messages off the broker and with the batcher. Bounded, encodes run first
+    come first served, each job's file is done as soon as its own turn is, and the waiting task threads
+    hold no lock. Measured in docs/benchmarks.md, "The fleet at GPU speed".
+    """
+
+    def __init__(self, threads: int = 0) -> None:
+        self.threads = threads or _usable_cores()
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ttsq-encode")
+
+    def encode(self, samples: npt.NDArray[Any], sample_rate: int, audio_format: str) -> EncodedAudio:
+        """``ttsq.audio.encode`` on the pool, waited for (on the caller's thread, for a cheap format). The
+        caller holds the job's encode span around the wait: the trace shows the queueing too."""
+        if audio_format in CHEAP_FORMATS:
+            return encode(samples, sample_rate, audio_format)
+        return self._pool.submit(encode, samples, sample_rate, audio_format).result()
+
+    def close(self) -> None:
+        """Let the encodes under way finish, then end the threads."""
+        self._pool.shutdown(wait=True)
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a container's cpuset narrows)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no sched_getaffinity (macOS)
+        return max(1, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
@@ -83,15 +129,18 @@ def store_audio(
     truncated: bool,
     ignored: Sequence[str],
     index: Callable[[StoredAudio], T],
+    encoder: Encode = encode,
 ) -> Stored[T]:
-    """Encode ``samples``, put them under ``key``'s object (idempotent), then index them with ``index``.
+    """Encode ``samples`` (with ``encoder``: ``Encoders.encode`` in a worker), put them under ``key``'s
+    object (idempotent), then index them with ``index``.
 
     The index entry is written last, so it never points at an object that is not there; a worker
-    killed before it leaves an object that the rerun finds and indexes.
+    killed before it leaves an object that the rerun finds and indexes. Only the encoding goes to the
+    pool: the upload and the index are waits on the network, which the task thread does as well as any.
     """
     started = time.perf_counter()
     with tracing.span("ttsq.encode", {"ttsq.format": audio_format}):
-        audio = encode(samples, sample_rate, audio_format)
+        audio = encoder(samples, sample_rate, audio_format)
     encoded = time.perf_counter()
     target = object_key(key, audio_format)
     with tracing.span("ttsq.upload", {"ttsq.object_key": target, "ttsq.bytes": len(audio.data)}) as upload:
@@ -216,6 +265,12 @@ class Pipeline:
         self.ledger = ledger
         self.results = results
         self.observer = observer
+        #: Encodes finished audio off the task threads' lock-holding path (``Encoders``).
+        self.encoders = Encoders(settings.encode_threads)
+
+    def close(self) -> None:
+        """End the encoder pool, once the encodes under way have finished."""
+        self.encoders.close()
 
     def run(
         self, kwargs: dict[str, Any], *, task_id: str, queue_wait_s: float | None, claimed_key: str | None = None
@@ -386,6 +441,7 @@ class Pipeline:
             truncated=item.output.truncated,
             ignored=item.output.ignored,
             index=lambda entry: self.cache.put(key, entry),
+            encoder=self.encoders.encode,
         )
         logger.info(
             "job %s: synthesized %s in batch %d of %d (%.2fs audio)",

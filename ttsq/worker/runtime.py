@@ -281,6 +281,7 @@ class WorkerRuntime:
         if self.releaser is not None:
             self.releaser.stop()
         self.batcher.stop()
+        self.pipeline.close()
         self._quietly(self.ledger.flush_refunds)
         if self._stats_beat.is_alive():
             self._stats_beat.join(timeout=HEARTBEAT_INTERVAL_S + 5)
