@@ -612,6 +612,9 @@ class Client:
         backend without ttsq) its message is in a queue or with a worker."""
         if self._state(task_id) != states.PENDING or self.accepted.owner(task_id) is not None:
             return True
+        # A job may finish between those two reads: its worker stores the result, then drops the record.
+        if self._state(task_id) != states.PENDING:
+            return True
         try:
             queues = queues_for(self.settings.queue)
             return message_held(self.redis.broker, task_id, queues)
