@@ -24,6 +24,9 @@ from ttsq.constants import TENANT_PATTERN
 from ttsq.errors import InvalidRequest
 
 if TYPE_CHECKING:
+    # Only under TYPE_CHECKING: content keys are also computed on Python 3.10 (tests/test_keys.py), which has none.
+    from typing import NotRequired
+
     from ttsq.config import Settings
 
 Mode = Literal["voice_design", "custom_voice", "voice_clone"]
@@ -300,6 +303,8 @@ class StoredAudio(TypedDict):
     truncated: bool
     #: Request fields the engine could not honour (for example an instruct for espeak).
     ignored: list[str]
+    #: Where the word times are stored (``ttsq.keys.words_key``), for a request that asked for them.
+    words_key: NotRequired[str]
 
 
 class JobResult(StoredAudio):
@@ -314,6 +319,9 @@ class JobResult(StoredAudio):
     timings: Timings
     #: Node name of the worker that answered ("" when the producer answered from the cache).
     worker: str
+    #: When each word is said, ``{"word", "start", "end"}`` in seconds of the stored audio: only for a
+    #: request with ``timestamps`` (docs/timestamps.md).
+    words: NotRequired[list[dict[str, Any]]]
 
 
 def no_timings() -> Timings:
