@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import soundfile as sf
 from document_corpus import corpus
-from support import WorkerProcess, run_cli, s3_keys
+from support import GatewayProcess, WorkerProcess, api_key, run_cli, s3_keys, wait_until
 
 from ttsq.alignment import parse_words, text_words
 from ttsq.client import Client
@@ -102,7 +102,18 @@ def test_captions_of_a_20000_character_document(settings: Settings, start_worker
     text = corpus(20_000)
     document.write_text(text, encoding="utf-8")
     captions = tmp_path / "book.srt"
-    out = run_cli("submit", "-f", str(document), "--captions", str(captions), "--json", settings=settings, timeout=900)
+    out = run_cli(
+        "submit",
+        "-f",
+        str(document),
+        "--captions",
+        str(captions),
+        "--format",
+        "flac",
+        "--json",
+        settings=settings,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stderr.decode()[-2000:]
     result = json.loads(out.stdout)
     cues = parse_srt(captions.read_text(encoding="utf-8"))
@@ -127,3 +138,35 @@ def parse_srt(text: str) -> list[tuple[float, float, str]]:
         )
         cues.append((start, end, " ".join(lines)))
     return cues
+
+
+def test_the_jobs_api_returns_words_and_serves_captions(
+    settings: Settings, start_worker: StartWorker, start_gateway: Callable[..., GatewayProcess]
+) -> None:
+    import httpx
+
+    start_worker(settings)
+    gateway = start_gateway(settings)
+    headers = {"Authorization": f"Bearer {api_key(settings)}"}
+    with httpx.Client(base_url=gateway.url, headers=headers, timeout=60) as api:
+        bad = api.post("/v1/jobs", json={"text": "Hello.", "timestamps": "syllable"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "timestamps"
+        plain = api.post("/v1/jobs", json={"text": "No words asked for."}).json()["id"]
+        job_id = api.post("/v1/jobs", json={"text": FORTY_WORDS, "timestamps": "word"}).json()["id"]
+        wait_until(lambda: api.get(f"/v1/jobs/{job_id}").json()["state"] == "SUCCESS", 120, "the job")
+        result = api.get(f"/v1/jobs/{job_id}").json()["result"]
+        assert [w["word"] for w in result["words"]] == FORTY_WORDS.split()
+        srt = api.get(f"/v1/jobs/{job_id}/captions.srt")
+        assert srt.status_code == 200 and srt.headers["content-type"].startswith("application/x-subrip")
+        cues = parse_srt(srt.text)
+        assert " ".join(text for _, _, text in cues) == FORTY_WORDS
+        assert cues[-1][1] <= result["duration_s"] + 1e-3
+        vtt = api.get(f"/v1/jobs/{job_id}/captions.vtt")
+        assert vtt.status_code == 200 and vtt.text.startswith("WEBVTT\n\n")
+        assert api.get(f"/v1/jobs/{job_id}/captions.ass").status_code == 404
+        wait_until(lambda: api.get(f"/v1/jobs/{plain}").json()["state"] == "SUCCESS", 120, "the plain job")
+        refused = api.get(f"/v1/jobs/{plain}/captions.srt")
+        assert refused.status_code == 409 and refused.json()["error"]["code"] == "no_timestamps"
+        # Another key sees no captions of this one's job, as for a job that never existed.
+        other = {"Authorization": f"Bearer {api_key(settings, 'other')}"}
+        assert api.get(f"/v1/jobs/{job_id}/captions.srt", headers=other).status_code == 404
