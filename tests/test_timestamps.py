@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import os
 import re
 import statistics
 from collections.abc import Callable
@@ -170,3 +171,23 @@ def test_the_jobs_api_returns_words_and_serves_captions(
         # Another key sees no captions of this one's job, as for a job that never existed.
         other = {"Authorization": f"Bearer {api_key(settings, 'other')}"}
         assert api.get(f"/v1/jobs/{job_id}/captions.srt", headers=other).status_code == 404
+
+
+def test_an_engine_without_word_times_gets_the_recognisers(
+    settings: Settings, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Acceptance 2 through a worker: the recogniser-based aligner times a wordless engine's words."""
+    pytest.importorskip("faster_whisper", reason="the recogniser-based aligner needs: pip install 'ttsq[fidelity]'")
+    tests = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])))
+    wordless = settings.replace(engine="wordless_engine:WordlessEngine")
+    worker = start_worker(wordless)
+    with Client(wordless) as client:
+        result = client.submit(FORTY_WORDS, timestamps="word", language="english").wait(timeout=240)
+    assert result["engine"] == "wordless"
+    words = parse_words(result["words"])
+    assert [w.word for w in words] == FORTY_WORDS.split()
+    assert all(0 <= w.start <= w.end <= result["duration_s"] for w in words)
+    assert all(a.start <= b.start for a, b in itertools.pairwise(words))
+    assert words[-1].start > result["duration_s"] / 2
+    assert "aligned 40 words with whisper" in worker.log()

@@ -92,10 +92,8 @@ class Settings:
     engine: str = "espeak"
     #: Word timestamps (docs/timestamps.md): the aligner for an engine that does not time its own words
     #: (espeak does): ``whisper`` (faster-whisper on the CPU, the extras ``fidelity`` and
-    #: ``fidelity-multilingual``) or ``qwen3-forced-aligner`` (Qwen3-ForcedAligner-0.6B, ``aligner_model``).
+    #: ``fidelity-multilingual``), the one so far.
     aligner: str = "whisper"
-    #: qwen3-forced-aligner: a local Qwen3-ForcedAligner checkpoint folder. Workers never download.
-    aligner_model: str = ""
     #: Queue of voice_design jobs; custom_voice and voice_clone jobs use ``<queue>.custom_voice`` and
     #: ``<queue>.voice_clone``.
     queue: str = DEFAULT_QUEUE
@@ -308,8 +306,7 @@ class Settings:
                 "s3:// URL needs a bucket name of at least 3 characters",
             )
         _check(bool(self.engine), "engine", "must not be empty")
-        aligners = ("whisper", "qwen3-forced-aligner")
-        _check(self.aligner in aligners, "aligner", f"must be one of {', '.join(aligners)}")
+        _check(self.aligner in ("whisper",), "aligner", "must be whisper (the one aligner so far)")
         _check(
             self.qwen_device == "auto"
             or self.qwen_device == "cpu"

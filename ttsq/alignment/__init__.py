@@ -14,8 +14,9 @@ Which aligner a job gets (docs/timestamps.md):
 - **whisper**: faster-whisper's word timestamps matched to the known text (``ttsq.alignment.whisper``),
   on the CPU from wheels: Whisper ``tiny.en`` for English (the extra ``fidelity``), multilingual Whisper
   ``base`` for every other language (``fidelity-multilingual``).
-- **qwen3-forced-aligner**: Qwen3-ForcedAligner-0.6B on the GPU (``ttsq.engines.qwen.aligner``), the
-  aligner vLLM-Omni serves for Qwen3-TTS: 80 ms resolution, eleven languages.
+
+Qwen3-ForcedAligner-0.6B (vLLM-Omni's aligner for Qwen3-TTS) is not here yet: docs/timestamps.md says
+what it needs.
 
 Aligners are found by name in ``ALIGNERS`` and imported only when chosen (faster-whisper and torch
 stay out of producers).
@@ -102,7 +103,6 @@ class Aligner(Protocol):
 #: name -> "module:factory" (the factory takes no arguments). ``native`` is not here: it is the engine.
 ALIGNERS: dict[str, str] = {
     "whisper": "ttsq.alignment.whisper:WhisperAligner",
-    "qwen3-forced-aligner": "ttsq.engines.qwen.aligner:ForcedAligner",
 }
 
 

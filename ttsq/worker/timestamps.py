@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ttsq.alignment import Aligner, Word, create_aligner, parse_words, words_to_json
 from ttsq.keys import canonical_json, words_key
@@ -45,10 +45,7 @@ class WordTimes:
         """The configured aligner, built on first use."""
         with self._lock:
             if self._aligner is None:
-                options: dict[str, Any] = {}
-                if self.settings.aligner == "qwen3-forced-aligner":
-                    options = {"model": self.settings.aligner_model, "device": self.settings.qwen_device}
-                self._aligner = create_aligner(self.settings.aligner, **options)
+                self._aligner = create_aligner(self.settings.aligner)
             return self._aligner
 
     def words(self, request: SynthesisRequest, output: EngineOutput) -> list[Word]:
