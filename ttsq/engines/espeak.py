@@ -207,9 +207,9 @@ _SILENCE = 300
 def word_times(
     text: str, events: Sequence[tuple[int, int, int]], samples: np.ndarray[Any, np.dtype[np.int16]], rate: int
 ) -> list[Word]:
-    """Every word of ``text`` (``text_words``) timed by espeak-ng's own events: a word starts at the
-    sample of the first word event inside it, and ends where the next word or clause starts, less the
-    silence before it. A word with no event of its own (a lone dash) is spread between its neighbours."""
+    """Every word of ``text`` (``text_words``) timed by espeak-ng's own events: a word lies between the
+    sample of the first word event inside it and the next word's or clause's, less the silence at
+    either end. A word with no event of its own (a lone dash) is spread between its neighbours."""
     spans = text_words(text)
     starts = [start for _, start, _ in spans]
     placed_at: list[int | None] = [None] * len(spans)
@@ -234,9 +234,11 @@ def word_times(
         next_index += 1
         limit = min(following[next_index], clause_ends[bisect.bisect_right(clause_ends, at)] if at < total else total)
         limit = min(max(limit, at), total)
+        # espeak places a word's event before the pause that precedes it (after a comma, a full
+        # stop): the word is said where its sound starts, and ends where its sound ends.
         loud = np.flatnonzero(np.abs(samples[at:limit].astype(np.int32)) > _SILENCE)
-        end = at + int(loud[-1]) + 1 if loud.size else limit
-        placed.append((at / rate, end / rate))
+        start, end = (at + int(loud[0]), at + int(loud[-1]) + 1) if loud.size else (at, limit)
+        placed.append((start / rate, end / rate))
     return fill_gaps([word for word, _, _ in spans], placed, total / rate)
 
 
