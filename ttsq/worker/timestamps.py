@@ -3,8 +3,9 @@
 ``WordTimes.attach`` runs inside the index step of ``store_audio`` (``ttsq.worker.pipeline``): the words
 go up first, under ``ttsq.keys.words_key`` of the job's content key (idempotent: a rerun writes the
 same key), and the index entry that names them is written last, as the audio's is. The words come from
-the engine when it times its own (espeak-ng's word events), else from the aligner ``TTSQ_ALIGNER``
-names, loaded on first use. A document's words are its chunks' words, each moved by its chunk's exact
+the engine when it times its own (espeak-ng's word events, the same on every run), else from the
+aligner ``TTSQ_ALIGNER`` names (loaded on first use) run on the stored file, so that they always fit
+the audio that is kept. A document's words are its chunks' words, each moved by its chunk's exact
 start in the stitched file (``WordTimes.document``, from the stitch's join: crossfades and pauses
 included).
 """
@@ -19,8 +20,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ttsq.alignment import Aligner, Word, create_aligner, parse_words, words_to_json
+from ttsq.audio import decode
 from ttsq.keys import canonical_json, words_key
-from ttsq.results import checked_words_key
+from ttsq.results import checked_key, checked_words_key
 
 if TYPE_CHECKING:
     from ttsq.config import Settings
@@ -48,14 +50,17 @@ class WordTimes:
                 self._aligner = create_aligner(self.settings.aligner)
             return self._aligner
 
-    def words(self, request: SynthesisRequest, output: EngineOutput) -> list[Word]:
-        """The words of ``request`` in ``output``: the engine's own, else the aligner's."""
+    def words(self, request: SynthesisRequest, output: EngineOutput, entry: StoredAudio) -> list[Word]:
+        """The words of ``request``: the engine's own, else the aligner's on the stored file (``entry``'s
+        object). The stored file, not this run's samples: when an earlier run of the key stored its audio
+        first (a redelivery), a sampling engine's two runs differ, and the words must fit what is kept."""
         if output.words is not None:
             return list(output.words)
         started = time.perf_counter()
         aligner = self.aligner()
+        samples, rate = decode(self.storage.get(checked_key(entry["object_key"])))
         with self._lock:  # one alignment at a time: the models are not shared between threads
-            words = aligner.align(output.samples, output.sample_rate, request.text, request.language)
+            words = aligner.align(samples, rate, request.text, request.language)
         logger.info("aligned %d words with %s in %.2fs", len(words), aligner.name, time.perf_counter() - started)
         return words
 
@@ -66,7 +71,7 @@ class WordTimes:
         if request.timestamps is None:
             return entry
         target = words_key(key)
-        self.storage.put(target, canonical_json(words_to_json(self.words(request, output))), "application/json")
+        self.storage.put(target, canonical_json(words_to_json(self.words(request, output, entry))), "application/json")
         entry["words_key"] = target
         return entry
 
