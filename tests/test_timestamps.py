@@ -87,6 +87,16 @@ def test_a_documents_words_lie_in_their_chunks(settings: Settings, start_worker:
     assert at == len(words)
 
 
+def test_cli_captions_of_a_clip(settings: Settings, start_worker: StartWorker, tmp_path: Path) -> None:
+    start_worker(settings)
+    captions = tmp_path / "clip.vtt"
+    out = run_cli("submit", "Hello there. How are you today?", "--captions", str(captions), settings=settings)
+    assert out.returncode == 0, out.stderr.decode()[-2000:]
+    assert b"wrote 2 captions to" in out.stderr and out.stdout.count(b"\n") == 1  # stdout: the result line
+    text = captions.read_text(encoding="utf-8")
+    assert text.startswith("WEBVTT\n\n00:00:00.") and text.endswith("How are you today?\n\n")
+
+
 def test_bad_captions_flags_are_refused_before_anything_is_sent(settings: Settings, tmp_path: Path) -> None:
     out = run_cli("submit", "Hello.", "--captions", str(tmp_path / "x.txt"), settings=settings)
     assert out.returncode != 0 and b".srt or .vtt" in out.stderr
