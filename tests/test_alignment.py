@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from ttsq.alignment import Word, fill_gaps, parse_words, text_words, words_to_json
-from ttsq.alignment.whisper import WhisperAligner, place
+from ttsq.alignment.whisper import WhisperAligner, match, place
 from ttsq.config import Settings
 from ttsq.engines.base import EngineOutput
 from ttsq.engines.espeak import EspeakEngine
@@ -149,3 +149,23 @@ def test_the_timestamps_field_is_checked(value: object) -> None:
     assert SynthesisRequest.from_dict({"text": "hi", "timestamps": False}).timestamps is None
     assert SynthesisRequest.from_dict({"text": "hi", "timestamps": "WORD"}).to_dict()["timestamps"] == "word"
     assert "timestamps" not in SynthesisRequest.from_dict({"text": "hi"}).to_dict()
+
+
+def test_matching_places_words_by_what_was_heard_in_their_place() -> None:
+    """The matching behind the recogniser-based aligner, on words a recogniser might return: digits
+    heard for number words, a word missed, Korean matched by syllables (one misheard syllable does not
+    unplace its word, which carries its particles)."""
+    heard = [Word("I", 0.0, 0.2), Word("have", 0.2, 0.5), Word("3", 0.5, 0.9), Word("cats.", 1.4, 1.9)]
+    words = match("I have three small cats.", heard, 2.0)
+    assert [(w.word, w.start, w.end) for w in words] == [
+        ("I", 0.0, 0.2),
+        ("have", 0.2, 0.5),
+        ("three", 0.5, 0.9),
+        ("small", 0.9, 1.4),  # not heard: spread over the gap between its neighbours
+        ("cats.", 1.4, 1.9),
+    ]
+    heard = [Word("저는", 0.0, 0.5), Word("매일", 0.6, 1.0), Word("아침", 1.1, 1.5), Word("공원애서", 1.6, 2.4)]
+    words = match("저는 매일 아침 공원에서 산책을 합니다.", heard, 4.0, by_characters=True)
+    assert [w.word for w in words] == ["저는", "매일", "아침", "공원에서", "산책을", "합니다."]
+    assert (words[3].start, words[3].end) == (1.6, 2.4)
+    assert words[4].start >= 2.4 and words[5].end <= 4.0
