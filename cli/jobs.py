@@ -127,6 +127,13 @@ if TYPE_CHECKING:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option(
+    "--captions",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write captions of the audio to this file, SubRip (.srt) or WebVTT (.vtt), from word "
+    "timestamps (asks for them; implies --wait; docs/timestamps.md).",
+)
+@click.option(
     "--embedded", is_flag=True, help="Start a private Redis and an in-process espeak worker for this one job."
 )
 @click.pass_context
@@ -157,6 +164,7 @@ def submit(
     output_dir: Path | None,
     stream: bool,
     as_json: bool,
+    captions: Path | None,
     embedded: bool,
 ) -> None:
     """Synthesize TEXT (or '-' to read it from stdin), or a document with -f FILE."""
@@ -192,6 +200,10 @@ def submit(
         },
     )
     kind = "lines" if each_line else "document" if text_file is not None else "job"
+    if captions is not None:
+        _captions_format(captions, kind=kind, stream=stream, embedded=embedded)
+        fields["timestamps"] = "word"
+        wait = True
     # Many short clips at once are bulk work, like a document (which is bulk unless streamed: its default).
     lane = lane or ("bulk" if each_line else None)
     fields.update({name: value for name, value in (("lane", lane), ("tenant", tenant)) if value is not None})
@@ -217,6 +229,7 @@ def submit(
             output=output,
             output_dir=output_dir,
             as_json=as_json,
+            captions=captions,
         )
     except InvalidRequest as exc:
         raise pointed_to_documents(exc, kind, settings.max_text_chars) from None
@@ -348,6 +361,7 @@ def _submit(
     output_dir: Path | None,
     as_json: bool,
     keeps_running: bool = True,
+    captions: Path | None = None,
 ) -> None:
     """Submit one job, one document, or one job per line, and report as the flags ask. ``keeps_running``:
     the job outlives this command (not so with --embedded), so Ctrl-C says how to find it again."""
@@ -385,6 +399,31 @@ def _submit(
             raise
         _interrupted([job.id])
     report(result, output=output, as_json=as_json, client=client)
+    if captions is not None:
+        _write_captions(result, captions)
+
+
+def _captions_format(path: Path, *, kind: str, stream: bool, embedded: bool) -> None:
+    """Refuse a ``--captions PATH`` that names no caption format (.srt, .vtt), or flags it cannot go with."""
+    from ttsq.captions import CAPTION_FORMATS
+
+    caption_format = path.suffix.lower().lstrip(".")
+    if caption_format not in CAPTION_FORMATS:
+        raise click.UsageError(f"--captions writes SubRip or WebVTT: name the file .srt or .vtt, not {path.name}")
+    if kind == "lines" or stream or embedded:
+        raise click.UsageError(
+            "--captions goes with one text or one document (-f), not --each-line, --stream or --embedded"
+        )
+
+
+def _write_captions(result: JobResult, path: Path) -> None:
+    """Write the result's words as captions; say so on stderr (stdout keeps the result alone)."""
+    from ttsq.alignment import parse_words
+    from ttsq.captions import captions, make_cues
+
+    words = parse_words(result.get("words"))
+    path.write_text(captions(words, path.suffix.lower().lstrip("."), duration_s=result["duration_s"]), encoding="utf-8")
+    click.echo(f"ttsq: wrote {len(make_cues(words, duration_s=result['duration_s']))} captions to {path}", err=True)
 
 
 def _accepted(job: Job, kind: str) -> None:

@@ -44,6 +44,7 @@ DOC_PAGES = {
     "high-availability.md",
     "observability.md",
     "streaming.md",
+    "timestamps.md",
 }
 
 

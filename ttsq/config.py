@@ -108,6 +108,10 @@ class Settings:
     #: Engine: ``espeak`` (CPU), ``qwen`` (Qwen3-TTS), ``qwen-fast`` (the same checkpoints through ttsq's
     #: own decode loop), or ``package.module:Factory`` for an engine of your own (called with the settings).
     engine: str = "espeak"
+    #: Word timestamps (docs/timestamps.md): the aligner for an engine that does not time its own words
+    #: (espeak does): ``whisper`` (faster-whisper on the CPU, the extras ``fidelity`` and
+    #: ``fidelity-multilingual``), the one so far.
+    aligner: str = "whisper"
     #: Queue of voice_design jobs; custom_voice and voice_clone jobs use ``<queue>.custom_voice`` and
     #: ``<queue>.voice_clone``.
     queue: str = DEFAULT_QUEUE
@@ -345,6 +349,7 @@ class Settings:
                 "s3:// URL needs a bucket name of at least 3 characters",
             )
         _check(bool(self.engine), "engine", "must not be empty")
+        _check(self.aligner in ("whisper",), "aligner", "must be whisper (the one aligner so far)")
         _check(
             self.qwen_device == "auto"
             or self.qwen_device == "cpu"

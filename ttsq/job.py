@@ -19,10 +19,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast, get_args
 
+from ttsq.alignment import TIMESTAMPS, Timestamps
 from ttsq.constants import TENANT_PATTERN
 from ttsq.errors import InvalidRequest
 
 if TYPE_CHECKING:
+    # Only under TYPE_CHECKING: content keys are also computed on Python 3.10 (tests/test_keys.py), which has none.
+    from typing import NotRequired
+
     from ttsq.config import Settings
 
 Mode = Literal["voice_design", "custom_voice", "voice_clone"]
@@ -141,6 +145,10 @@ class SynthesisRequest:
     #: (``TTSQ_CACHE_SCOPE=tenant``): part of the content key, so a tenant's cache entries, stored files
     #: and single-flight claims are its own.
     cache_scope: str = ""
+    #: ``"word"``: the result also says when each word is said (``words``, docs/timestamps.md). Part of
+    #: the content key only as this flag: the audio is stored once, under the key of the same request
+    #: without it (``ttsq.keys.audio_key``), and the word times beside it.
+    timestamps: Timestamps | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], limits: Limits | None = None) -> SynthesisRequest:
@@ -192,6 +200,8 @@ class SynthesisRequest:
         if not isinstance(cache_scope, str) or (cache_scope and not TENANT_PATTERN.fullmatch(cache_scope)):
             raise InvalidRequest("cache_scope", "expected a tenant's id (1-64 letters, digits and . _ : @ -) or ''")
 
+        timestamps = _timestamps(data.get("timestamps"))
+
         return cls(
             text=text,
             mode=cast(Mode, mode),
@@ -204,6 +214,7 @@ class SynthesisRequest:
             lane=lane,
             tenant=tenant,
             cache_scope=cache_scope,
+            timestamps=timestamps,
             **numbers,
         )
 
@@ -215,7 +226,8 @@ class SynthesisRequest:
         """The task kwargs: plain JSON, accepted back by ``from_dict``. ``stream``, ``lane`` and ``tenant``
         only when set: a worker of an earlier release, which does not know them, still takes every other job."""
         data = asdict(self)
-        for name, unset in (("stream", False), ("lane", None), ("tenant", ""), ("cache_scope", "")):
+        unsets = (("stream", False), ("lane", None), ("tenant", ""), ("cache_scope", ""), ("timestamps", None))
+        for name, unset in unsets:
             if data[name] == unset:
                 del data[name]
         return data
@@ -254,6 +266,7 @@ class RequestFields(TypedDict, total=False):
     lane: Lane
     tenant: str
     cache_scope: str
+    timestamps: Timestamps
 
 
 class Timings(TypedDict):
@@ -290,6 +303,8 @@ class StoredAudio(TypedDict):
     truncated: bool
     #: Request fields the engine could not honour (for example an instruct for espeak).
     ignored: list[str]
+    #: Where the word times are stored (``ttsq.keys.words_key``), for a request that asked for them.
+    words_key: NotRequired[str]
 
 
 class JobResult(StoredAudio):
@@ -304,6 +319,9 @@ class JobResult(StoredAudio):
     timings: Timings
     #: Node name of the worker that answered ("" when the producer answered from the cache).
     worker: str
+    #: When each word is said, ``{"word", "start", "end"}`` in seconds of the stored audio: only for a
+    #: request with ``timestamps`` (docs/timestamps.md).
+    words: NotRequired[list[dict[str, Any]]]
 
 
 def no_timings() -> Timings:
@@ -388,6 +406,14 @@ def scheduling(data: Mapping[str, Any]) -> tuple[Lane | None, str]:
             "tenant", "expected a name of 1-64 letters, digits and . _ : @ - (an identifier, never a secret)"
         )
     return cast("Lane | None", lane), tenant
+
+
+def _timestamps(value: Any) -> Timestamps | None:
+    if value is None or value is False:
+        return None
+    if not isinstance(value, str) or value.lower() not in TIMESTAMPS:
+        raise InvalidRequest("timestamps", f"expected false or one of {', '.join(TIMESTAMPS)}, got {str(value)[:40]!r}")
+    return cast(Timestamps, value.lower())
 
 
 def _deadline(value: Any) -> float | None:

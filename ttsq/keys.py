@@ -9,6 +9,7 @@ round-trip form, so the bytes are the same on every Python 3 version and every m
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -47,6 +48,29 @@ def content_key(request: SynthesisRequest, identity: EngineIdentity) -> str:
     for name in SCHEDULING_FIELDS:
         material.pop(name, None)
     return hashlib.sha256(canonical_json(material)).hexdigest()
+
+
+def audio_key(request: SynthesisRequest, identity: EngineIdentity) -> str:
+    """The content key whose object holds a request's audio: its own key, or for a request that asks
+    for word timestamps, the key of the same request without them (one stored file serves both; the
+    words are stored beside it, under ``words_key`` of the request's own key)."""
+    if request.timestamps is None:
+        return content_key(request, identity)
+    return content_key(dataclasses.replace(request, timestamps=None), identity)
+
+
+def words_key(key: str) -> str:
+    """Where the word times of a content key (or a document key) live in storage, beside the audio."""
+    return f"audio/{key[:2]}/{key}.words.json"
+
+
+#: Every key ``words_key`` makes, and nothing else.
+WORDS_KEY_PATTERN = re.compile(r"audio/([0-9a-f]{2})/(\1[0-9a-f]{62})\.words\.json")
+
+
+def is_words_key(value: object) -> bool:
+    """Whether ``value`` is a key ``words_key`` could have made (checked before storage reads it)."""
+    return isinstance(value, str) and WORDS_KEY_PATTERN.fullmatch(value) is not None
 
 
 def object_key(key: str, audio_format: str) -> str:

@@ -24,10 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
+from ttsq.alignment import parse_words, words_to_json
 from ttsq.constants import REQUEUED_STATE
 from ttsq.errors import CorruptRecord, JobError, JobFailed, TTSQError
 from ttsq.job import JobResult, no_timings
-from ttsq.keys import is_object_key
+from ttsq.keys import is_object_key, is_words_key
 from ttsq.redaction import printable
 
 if TYPE_CHECKING:
@@ -67,17 +68,32 @@ class Results:
     def job(
         self, key: str, stored: StoredAudio, *, cached: bool, batch_size: int = 0, timings: Timings | None = None
     ) -> JobResult:
-        """The result of ``ttsq.synthesize`` for stored audio."""
-        return JobResult(
-            key=key,
-            url=self.sign(stored["object_key"]),
-            url_expires_s=self.expires_s,
-            cached=cached,
-            **stored,
-            batch_size=batch_size,
-            timings=timings or no_timings(),
-            worker=self.worker,
+        """The result of ``ttsq.synthesize`` for stored audio (with its words, when they are stored)."""
+        # A dict, cast: mypy cannot see that ``stored`` may bring ``words_key`` and leaves out ``words``.
+        result = cast(
+            "JobResult",
+            {
+                "key": key,
+                "url": self.sign(stored["object_key"]),
+                "url_expires_s": self.expires_s,
+                "cached": cached,
+                **stored,
+                "batch_size": batch_size,
+                "timings": timings or no_timings(),
+                "worker": self.worker,
+            },
         )
+        if "words_key" in stored:
+            result["words"] = self.words(stored["words_key"])
+        return result
+
+    def words(self, key: object) -> list[dict[str, Any]]:
+        """The word times stored under ``key`` (an index entry's ``words_key``, read back: checked)."""
+        try:
+            value = json.loads(self._storage().get(checked_words_key(key)))
+        except ValueError:
+            raise CorruptRecord("words", "stored word times are not JSON") from None
+        return words_to_json(parse_words(value))
 
     def document(self, record: dict[str, Any], *, cached: bool) -> DocumentResult:
         """The result of ``ttsq.document`` for a stitched document's index record."""
@@ -93,6 +109,8 @@ class Results:
             document=record["document"],
             chunks=record["chunks"],
         )
+        if "words_key" in record["audio"]:
+            base["words"] = self.words(record["audio"]["words_key"])
         return cast("DocumentResult", base)
 
     def refresh(self, result: JobResult) -> JobResult:
@@ -115,6 +133,13 @@ def checked_key(value: object) -> str:
     """``value`` if it is an object key ttsq makes (``audio/<2 hex>/<64 hex>.<format>``); else ``CorruptRecord``."""
     if not is_object_key(value):
         raise CorruptRecord("object_key", f"{str(value)[:100]!r} is not a key ttsq stores audio under")
+    return str(value)
+
+
+def checked_words_key(value: object) -> str:
+    """``value`` if it is a key ttsq stores word times under (``ttsq.keys.words_key``); else ``CorruptRecord``."""
+    if not is_words_key(value):
+        raise CorruptRecord("words_key", f"{str(value)[:100]!r} is not a key ttsq stores word times under")
     return str(value)
 
 

@@ -24,6 +24,7 @@ import numpy.typing as npt
 from ttsq.errors import InvalidRequest
 
 if TYPE_CHECKING:
+    from ttsq.alignment import Word
     from ttsq.config import Settings
     from ttsq.job import SynthesisRequest
 
@@ -165,6 +166,9 @@ class EngineOutput:
     truncated: bool = False
     #: Request fields this engine could not honour.
     ignored: tuple[str, ...] = field(default=())
+    #: When each word of the text is said, for an engine that knows (``timestamps`` asked, espeak's word
+    #: events); None: the worker's aligner finds them (``ttsq.alignment``).
+    words: tuple[Word, ...] | None = None
 
 
 #: Receives a streaming row's audio while the engine makes it (``SynthesisRequest.stream``): each call

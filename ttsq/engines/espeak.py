@@ -7,6 +7,7 @@ settings; it says so in each result's ``ignored`` list instead of dropping them 
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import logging
 import unicodedata
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ttsq.alignment import Word, fill_gaps, text_words
 from ttsq.engines.base import FRAMES_PER_SECOND, EngineIdentity, EngineOutput, Piece
 from ttsq.errors import EngineError, EngineUnavailable, InvalidRequest
 
@@ -43,7 +45,26 @@ _POS_CHARACTER = 1
 _CHARS_UTF8 = 1
 _IGNORED = ("instruct", "seed", "temperature", "top_p", "top_k", "repetition_penalty")
 
-_SynthCallback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
+
+class _Event(ctypes.Structure):
+    """espeak-ng's ``espeak_EVENT`` (speak_lib.h): what its synthesis callback reports beside the audio."""
+
+    _fields_ = (
+        ("type", ctypes.c_int),
+        ("unique_identifier", ctypes.c_uint),
+        ("text_position", ctypes.c_int),  # 1-based, in characters of the text (espeakCHARS_UTF8)
+        ("length", ctypes.c_int),
+        ("audio_position", ctypes.c_int),  # milliseconds
+        ("sample", ctypes.c_int),  # samples since the start of the synthesis: the exact position
+        ("user_data", ctypes.c_void_p),
+        ("id", ctypes.c_void_p),
+    )
+
+
+_EVENT_LIST_TERMINATED = 0
+_EVENT_WORD = 1
+_EVENT_END = 5  # the end of a clause or sentence
+_SynthCallback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.POINTER(_Event))
 
 
 class EspeakEngine:
@@ -58,6 +79,8 @@ class EspeakEngine:
     def __init__(self, settings: Settings) -> None:
         self._lib: Any = None
         self._chunks: list[np.ndarray[Any, np.dtype[np.int16]]] = []
+        #: The current call's word and clause-end events: (type, text position, sample).
+        self._events: list[tuple[int, int, int]] = []
         #: Where the current row's audio goes as it is made, and how many samples it may still take.
         self._piece: Piece | None = None
         self._room = 0
@@ -137,7 +160,10 @@ class EspeakEngine:
             truncated = samples.size > cap
             samples = samples[:cap]
         ignored = tuple(name for name in _IGNORED if getattr(request, name) not in (None, ""))
-        return EngineOutput(samples, self.identity.sample_rate, truncated=truncated, ignored=ignored)
+        words = None
+        if request.timestamps:
+            words = tuple(word_times(request.text, self._events, samples, self.identity.sample_rate))
+        return EngineOutput(samples, self.identity.sample_rate, truncated=truncated, ignored=ignored, words=words)
 
     def _speak(self, text: str, voice: str) -> np.ndarray[Any, np.dtype[np.int16]]:
         if self._lib is None:
@@ -145,6 +171,7 @@ class EspeakEngine:
         if self._lib.espeak_SetVoiceByName(voice.encode()) != 0:
             raise EngineError(f"espeak-ng has no voice {voice!r}")
         self._chunks.clear()
+        self._events.clear()
         data = text.encode("utf-8")
         self._lib.espeak_Synth(data, len(data) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None)
         if not self._chunks:
@@ -152,6 +179,14 @@ class EspeakEngine:
         return np.concatenate(self._chunks)
 
     def _collect(self, wav: Any, n_samples: int, events: Any) -> int:
+        index = 0
+        # The word events come with the audio they start in; reading them costs a few attribute
+        # reads per word, so they are always kept (timestamps need no second synthesis).
+        while events and (kind := events[index].type) != _EVENT_LIST_TERMINATED:
+            if kind in (_EVENT_WORD, _EVENT_END):
+                event = events[index]
+                self._events.append((kind, event.text_position, event.sample))
+            index += 1
         if wav and n_samples > 0:
             # Copy the bytes out: np.ctypeslib.as_array would make (and cache forever) a ctypes array
             # type per distinct chunk length, which a soak of distinct texts sees as a steady leak.
@@ -163,6 +198,48 @@ class EspeakEngine:
                     self._room -= handed.size
                 self._piece(handed)
         return 0
+
+
+#: A sample quieter than this (of int16's full scale) is silence, when a word's end is trimmed.
+_SILENCE = 300
+
+
+def word_times(
+    text: str, events: Sequence[tuple[int, int, int]], samples: np.ndarray[Any, np.dtype[np.int16]], rate: int
+) -> list[Word]:
+    """Every word of ``text`` (``text_words``) timed by espeak-ng's own events: a word lies between the
+    sample of the first word event inside it and the next word's or clause's, less the silence at
+    either end. A word with no event of its own (a lone dash) is spread between its neighbours."""
+    spans = text_words(text)
+    starts = [start for _, start, _ in spans]
+    placed_at: list[int | None] = [None] * len(spans)
+    clause_ends: list[int] = []
+    for kind, position, sample in events:
+        if kind == _EVENT_END:
+            clause_ends.append(sample)
+            continue
+        index = bisect.bisect_right(starts, position - 1) - 1
+        if 0 <= index < len(spans) and position - 1 < spans[index][2] and placed_at[index] is None:
+            placed_at[index] = sample
+    total = int(samples.shape[0])
+    clause_ends.append(total)
+    clause_ends.sort()
+    following = [*[at for at in placed_at if at is not None], total]
+    placed: list[tuple[float, float] | None] = []
+    next_index = 0
+    for at in placed_at:
+        if at is None:
+            placed.append(None)
+            continue
+        next_index += 1
+        limit = min(following[next_index], clause_ends[bisect.bisect_right(clause_ends, at)] if at < total else total)
+        limit = min(max(limit, at), total)
+        # espeak places a word's event before the pause that precedes it (after a comma, a full
+        # stop): the word is said where its sound starts, and ends where its sound ends.
+        loud = np.flatnonzero(np.abs(samples[at:limit].astype(np.int32)) > _SILENCE)
+        start, end = (at + int(loud[0]), at + int(loud[-1]) + 1) if loud.size else (at, limit)
+        placed.append((start / rate, end / rate))
+    return fill_gaps([word for word, _, _ in spans], placed, total / rate)
 
 
 def guess_language(text: str) -> str:

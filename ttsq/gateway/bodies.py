@@ -82,6 +82,11 @@ class _RequestFields(BaseModel):
         "",
         description="Whose work this is, for fair shares. With API keys it is the key's id, and may be left out.",
     )
+    timestamps: SkipValidation[str | bool | None] = Field(
+        None,
+        description='"word": the result also says when each word is said (`words`), and '
+        "`GET /v1/jobs/{id}/captions.srt` or `.vtt` serves captions (docs/timestamps.md).",
+    )
     stream: SkipValidation[bool] = Field(
         False,
         description="Also write the audio to the job's Redis stream as it is made (docs/streaming.md). The speech "

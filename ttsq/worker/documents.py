@@ -438,7 +438,9 @@ class Documents:
                         if name != "seed" or plan.get("seed_given", True)
                     }
                 ),
-                index=lambda entry: self._index(key, entry, plan, joiner, rate, cached_keys),
+                index=lambda entry: self._index(
+                    key, self._words(key, entry, entries, joiner, rate), plan, joiner, rate, cached_keys
+                ),
             )
         finally:
             runtime.ledger.refund(task_id)
@@ -524,6 +526,13 @@ class Documents:
         ttl_s = self.settings.cache_ttl_s or None
         self._redis.set(DOCUMENT_PREFIX + key, canonical_json(record).decode(), ex=ttl_s)
         return record
+
+    def _words(
+        self, key: str, entry: StoredAudio, entries: Sequence[StoredAudio | None], joiner: Joiner, rate: int
+    ) -> StoredAudio:
+        """The document's index entry, naming its words once they are stored (if its chunks have them)."""
+        target = self.runtime.pipeline.word_times.document(key, entries, joiner.spans, rate)
+        return entry if target is None else {**entry, "words_key": target}
 
     def _park(self, task: Any, plan: Mapping[str, Any], attempts: int) -> None:
         task_id = task.request.id

@@ -36,10 +36,11 @@ from ttsq.app import queue_for
 from ttsq.audio import EncodedAudio, EncodedFile, encode, probe, probe_file
 from ttsq.errors import DeadlineExceeded, InvalidRequest, JobParked, JobTimeout
 from ttsq.job import JobResult, StoredAudio, SynthesisRequest, Timings, no_timings
-from ttsq.keys import content_key, object_key
+from ttsq.keys import audio_key, content_key, object_key
 from ttsq.observer import JobReport
 from ttsq.records.attempts import ParkedJob
 from ttsq.worker.streaming import StreamWriter
+from ttsq.worker.timestamps import WordTimes
 
 if TYPE_CHECKING:
     import numpy as np
@@ -265,6 +266,7 @@ class Pipeline:
         self.ledger = ledger
         self.results = results
         self.observer = observer
+        self.word_times = WordTimes(settings, storage)
         #: Encodes finished audio off the task threads' lock-holding path (``Encoders``).
         self.encoders = Encoders(settings.encode_threads)
 
@@ -431,16 +433,18 @@ class Pipeline:
         if writer is not None:
             # The audio goes out before it is encoded and stored: that wait is what streaming saves.
             writer.finish(item.output)
+        output = item.output
         stored = store_audio(
             self.storage,
-            item.output.samples,
-            item.output.sample_rate,
-            key=key,
+            output.samples,
+            output.sample_rate,
+            # A request with timestamps shares the audio of the same request without them.
+            key=audio_key(request, self.engine.identity),
             audio_format=request.format,
             identity=self.engine.identity,
-            truncated=item.output.truncated,
-            ignored=item.output.ignored,
-            index=lambda entry: self.cache.put(key, entry),
+            truncated=output.truncated,
+            ignored=output.ignored,
+            index=lambda entry: self.cache.put(key, self.word_times.attach(request, key, output, entry)),
             encoder=self.encoders.encode,
         )
         logger.info(
