@@ -11,11 +11,15 @@ import sys
 import textwrap
 from collections.abc import Callable
 
-from support import WorkerProcess, settings_env
+import httpx
+import openai
+import pytest
+from support import GatewayProcess, WorkerProcess, api_key, queue_length, settings_env
 
 from ttsq.config import Settings
 
 StartWorker = Callable[..., WorkerProcess]
+StartGateway = Callable[..., GatewayProcess]
 
 
 def test_client_with_no_argument_reads_the_environment(settings: Settings, start_worker: StartWorker) -> None:
@@ -41,3 +45,70 @@ def test_settings_is_part_of_the_public_face() -> None:
     import ttsq
 
     assert "Settings" in ttsq.__all__ and ttsq.Settings is Settings
+
+
+@pytest.fixture
+def served(settings: Settings, start_worker: StartWorker, start_gateway: StartGateway) -> tuple[GatewayProcess, str]:
+    start_worker(settings)
+    return start_gateway(settings), api_key(settings)
+
+
+def test_a_client_written_for_vllm_omni_or_sglang_omni_streams_pcm_unchanged(
+    served: tuple[GatewayProcess, str],
+) -> None:
+    """Why 3: such a client sends ``stream: true`` and ``non_streaming_mode: false`` with every request,
+    and reads the pcm rate from ``X-Sample-Rate``."""
+    gateway, token = served
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=token, max_retries=0)
+    peers = {"stream": True, "non_streaming_mode": False, "task_type": "VoiceDesign", "language": "English"}
+    with client.audio.speech.with_streaming_response.create(
+        model="tts-1", voice="alloy", input="Spoken for a peer's client.", response_format="pcm", extra_body=peers
+    ) as response:
+        pcm = b"".join(response.iter_bytes(4096))
+        assert response.headers["x-sample-rate"] == "24000"
+        assert response.headers["content-type"] == "audio/pcm"
+        assert sorted(response.headers["x-ttsq-ignored"].split(",")) == ["non_streaming_mode", "voice"]
+    assert len(pcm) / 2 / 24_000 > 0.5  # seconds of 16-bit mono speech, not an SSE body
+    # Not streamed when a peer's client asks for the whole clip; the same audio (a cache hit now).
+    whole = httpx.post(
+        f"{gateway.url}/v1/audio/speech",
+        headers={"Authorization": f"Bearer {token}"},
+        json={
+            "model": "tts-1",
+            "input": "Spoken for a peer's client.",
+            "response_format": "pcm",
+            **peers,
+            "stream": False,
+        },
+        timeout=60,
+    )
+    assert whole.status_code == 200 and whole.content == pcm
+    mp3 = client.audio.speech.create(model="tts-1", voice="alloy", input="Not pcm.", response_format="mp3")
+    assert "x-sample-rate" not in mp3.response.headers
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"stream": "yes"}, "stream"),
+        ({"non_streaming_mode": 0}, "non_streaming_mode"),
+        ({"sample_rate": True}, "sample_rate"),
+        ({"task_type": "Karaoke"}, "task_type"),
+        ({"stage_params": []}, "stage_params"),
+        ({"not_a_field": 1}, "not_a_field"),  # strict as before: only the peers' documented fields ride along
+        ({"speed": 1.5}, "speed"),  # OpenAI's own fields stay strict
+    ],
+)
+def test_a_peers_field_of_the_wrong_type_is_refused_naming_it(
+    settings: Settings, start_gateway: StartGateway, extra: dict[str, object], param: str
+) -> None:
+    gateway = start_gateway(settings)
+    answer = httpx.post(
+        f"{gateway.url}/v1/audio/speech",
+        headers={"Authorization": f"Bearer {api_key(settings)}"},
+        json={"model": "tts-1", "input": "Hello.", "response_format": "pcm", **extra},
+        timeout=30,
+    )
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == param
+    assert queue_length(settings) == 0

@@ -34,7 +34,6 @@ from ttsq.gateway.bodies import (
     SpeechRequest,
     VoiceUpload,
 )
-from ttsq.gateway.encoders import stream_from_worker
 from ttsq.gateway.errors import ApiError
 from ttsq.gateway.middleware import arrival
 from ttsq.gateway.speech import ClientGone, SpeechAudio, final_state_error, result_of
@@ -128,9 +127,7 @@ async def create_speech(
     body = speech.fields()
     named = gateway.client.redis.named_voices
     parsed: openai.Speech = await gateway.submit(lambda: openai.parse(body, gateway.client.identities(), named.find))
-    # A job streams, and so does a document (longer than one job), chunk by chunk; flac is sent from the
-    # stored file.
-    streamed = stream_from_worker(parsed.response_format)
+    streamed = parsed.streamed
     fields = {name: value for name, value in parsed.fields.items() if name != "stream"}
     if streamed:
         fields["stream"] = True
@@ -146,7 +143,7 @@ async def create_speech(
         with anyio.CancelScope(shield=True):
             await audio.aclose()
         raise
-    headers = audio.headers()
+    headers = {**audio.headers(), **parsed.headers()}
 
     async def charged(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         try:
