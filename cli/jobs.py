@@ -171,7 +171,7 @@ def submit(
     if embedded and not wait:
         raise click.UsageError("--embedded waits for its one job: it cannot be combined with --no-wait")
     if stream:
-        _check_stream_flags(each_line, output, audio_format, wait=wait, embedded=embedded)
+        _check_stream_flags(each_line, output, audio_format, wait=wait)
     text = _input_text(text, text_file)
     fields = _request_fields(
         mode=mode,
@@ -199,7 +199,15 @@ def submit(
     try:
         if embedded:
             _submit_embedded(
-                settings, kind, text, fields, timeout=timeout, output=output, output_dir=output_dir, as_json=as_json
+                settings,
+                kind,
+                text,
+                fields,
+                timeout=timeout,
+                output=output,
+                output_dir=output_dir,
+                as_json=as_json,
+                stream=stream,
             )
             return
         from ttsq.client import Client
@@ -222,14 +230,12 @@ def submit(
         raise pointed_to_documents(exc, kind, settings.max_text_chars) from None
 
 
-def _check_stream_flags(
-    each_line: bool, output: Path | None, audio_format: str | None, *, wait: bool, embedded: bool
-) -> None:
+def _check_stream_flags(each_line: bool, output: Path | None, audio_format: str | None, *, wait: bool) -> None:
     """--stream plays one text or document as it is made: flags that mean something else are refused."""
     if each_line:
         raise click.UsageError("--stream plays one text or one document (-f) as it is made, not --each-line")
-    if not wait or embedded:
-        raise click.UsageError("--stream waits for its audio: it cannot be combined with --no-wait or --embedded")
+    if not wait:
+        raise click.UsageError("--stream waits for its audio: it cannot be combined with --no-wait")
     if output is not None and format_of_output(output) not in (None, "wav"):
         raise click.UsageError(f"--stream writes WAV as it comes: name the file .wav, not {output.name}")
     if audio_format is not None and audio_format.lower() != "wav":
@@ -249,9 +255,11 @@ def _stream(
     timeout: float,
     output: Path | None,
     as_json: bool,
+    keeps_running: bool = True,
 ) -> None:
     """Play one job or document as it is made: a WAV whose header says "until the data ends", then its
-    samples as they arrive, flushed piece by piece; a file has its sizes set once the last piece is in."""
+    samples as they arrive, flushed piece by piece; a file has its sizes set once the last piece is in.
+    ``keeps_running``: as for ``_submit``."""
     from ttsq.audio import wav_header
 
     stream: AudioStream | DocumentStream
@@ -259,7 +267,7 @@ def _stream(
         stream = client.stream_document(text, timeout=timeout, **fields)
     else:
         stream = client.stream(text, timeout=timeout, **fields)
-    if stream.job.result is None and stream.job.id is not None:
+    if stream.job.result is None and stream.job.id is not None and keeps_running:
         _accepted(stream.job, kind)
     _show_waits_on_redis()
     sink = open(output, "wb") if output is not None else sys.stdout.buffer  # noqa: SIM115 (closed below)
@@ -278,7 +286,7 @@ def _stream(
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return
         except KeyboardInterrupt:
-            if stream.job.id is None:
+            if stream.job.id is None or not keeps_running:
                 raise
             _interrupted([stream.job.id])
         if output is not None and rate:
@@ -439,8 +447,10 @@ def _submit_embedded(
     output: Path | None,
     output_dir: Path | None,
     as_json: bool,
+    stream: bool = False,
 ) -> None:
-    """The same, through a private Redis and an in-process espeak worker started for this one run."""
+    """The same, through a private Redis and an in-process espeak worker started for this one run
+    (``stream``: played as it is made, as ``--stream`` does)."""
     import signal
 
     from ttsq.client import Client
@@ -463,8 +473,12 @@ def _submit_embedded(
             default_options=Options.from_settings(settings),
         )
     with Embedded(settings.replace(engine="espeak")) as stack:
+        client = Client(stack.settings, redis=stack.owner)
+        if stream:
+            _stream(client, kind, text, fields, timeout=timeout, output=output, as_json=as_json, keeps_running=False)
+            return
         _submit(
-            Client(stack.settings, redis=stack.owner),
+            client,
             kind,
             text,
             fields,

