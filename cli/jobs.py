@@ -123,7 +123,8 @@ if TYPE_CHECKING:
     "--stream",
     is_flag=True,
     help="Write the audio as the worker makes it, as WAV: to stdout (pipe it to a player: "
-    "| ffplay -nodisp -, | aplay) or to -o FILE.wav, which grows as it comes; the result goes to stderr.",
+    "| ffplay -nodisp -, | aplay) or to -o FILE.wav (written aside as .FILE.wav.part, moved into place once "
+    "whole: a broken stream leaves no FILE.wav); the result goes to stderr.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option(
@@ -270,8 +271,11 @@ def _stream(
     if stream.job.result is None and stream.job.id is not None and keeps_running:
         _accepted(stream.job, kind)
     _show_waits_on_redis()
-    sink = open(output, "wb") if output is not None else sys.stdout.buffer  # noqa: SIM115 (closed below)
-    written, rate = 0, 0
+    # A file is written aside and moved into place once whole: a stream that breaks (its worker died, a
+    # stall, Ctrl-C) leaves no short WAV that looks complete, and no earlier FILE.wav is overwritten by one.
+    partial = output.with_name(f".{output.name}.part") if output is not None else None
+    sink = open(partial, "wb") if partial is not None else sys.stdout.buffer  # noqa: SIM115 (closed below)
+    written, rate, whole = 0, 0, False
     try:
         try:
             for piece in stream:
@@ -289,12 +293,17 @@ def _stream(
             if stream.job.id is None or not keeps_running:
                 raise
             _interrupted([stream.job.id])
-        if output is not None and rate:
+        if partial is not None and rate:
             sink.seek(0)
             sink.write(wav_header(rate, written))
+        whole = True
     finally:
-        if output is not None:
+        if partial is not None and output is not None:
             sink.close()
+            if whole:
+                os.replace(partial, output)
+            else:
+                partial.unlink(missing_ok=True)
     if stream.result is not None:
         # stdout carries the audio, unless it went to a file: then the result goes to stderr.
         line = json.dumps(stream.result, ensure_ascii=False) if as_json else summary(stream.result)

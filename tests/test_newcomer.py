@@ -26,6 +26,7 @@ from ttsq.config import Settings
 
 StartWorker = Callable[..., WorkerProcess]
 StartGateway = Callable[..., GatewayProcess]
+TEXT = "The quick brown fox jumps over the lazy dog, and streams as it goes."
 
 
 def test_client_with_no_argument_reads_the_environment(settings: Settings, start_worker: StartWorker) -> None:
@@ -206,3 +207,40 @@ def test_submit_streams_from_an_embedded_run(tmp_path: Path) -> None:
     audio, rate = soundfile.read(output, dtype="int16")
     assert rate == 22050 and len(audio) / rate > 0.5
     assert done.stdout.startswith(f"wrote {output}")
+
+
+@pytest.mark.slow
+def test_a_broken_stream_leaves_no_file_that_looks_whole(
+    settings: Settings,
+    start_worker: StartWorker,
+    faulty_engine: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Why 6: ``--stream -o x.wav`` exited 1 after its worker died, leaving a short clip as a valid WAV."""
+    once = tmp_path / "crash-once"
+    once.touch()
+    monkeypatch.setenv("FAULTY_ENGINE_ONCE", str(once))
+    faulty = settings.replace(engine=faulty_engine)
+    env = settings_env(faulty)
+    first = start_worker(faulty, name="first")
+    output = tmp_path / "x.wav"
+    output.write_bytes(b"an earlier file, kept")
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "ttsq.cli.main", "submit", "--stream", "[crash-after-audio] " + TEXT, "-o", output],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert cli.stderr is not None and b"accepted" in cli.stderr.readline()
+        assert first.process is not None and first.process.wait(timeout=60) == -9  # died mid-stream
+        start_worker(faulty, name="second")  # runs the job again: the first take cannot go on
+        _, stderr = cli.communicate(timeout=180)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+    assert cli.returncode == 1, stderr
+    assert output.read_bytes() == b"an earlier file, kept"
+    assert sorted(path.name for path in tmp_path.glob("*x.wav*")) == ["x.wav"]  # and no part left behind
