@@ -21,6 +21,8 @@ from ttsq.errors import InvalidRequest, TTSQError
 from ttsq.job import FORMATS, LANGUAGES, JobResult
 
 from .common import (
+    OUTPUT_EXTENSIONS,
+    fail,
     format_of_output,
     one_line_errors,
     pointed_to_documents,
@@ -71,7 +73,7 @@ if TYPE_CHECKING:
     "--format",
     "audio_format",
     default=None,
-    help=f"Output format: {', '.join(FORMATS)}. Default: from the -o extension, else wav.",
+    help=f"Output format: {', '.join(FORMATS)} (opus: Ogg Opus, as ogg). Default: from the -o extension, else wav.",
 )
 @click.option("--seed", type=int, default=None, help="Sampling seed (part of the cache key).")
 @click.option("--temperature", type=float, default=None, help="Sampling temperature (engine default if unset).")
@@ -130,6 +132,12 @@ if TYPE_CHECKING:
 @click.option(
     "--embedded", is_flag=True, help="Start a private Redis and an in-process espeak worker for this one job."
 )
+@click.option(
+    "--wait-for-worker",
+    is_flag=True,
+    help="Queue the job and wait (up to --timeout) even when no worker has announced itself; without it, a "
+    "waiting submit with no worker to serve it fails at once, naming the mode and the queue.",
+)
 @click.pass_context
 @one_line_errors
 def submit(
@@ -159,6 +167,7 @@ def submit(
     stream: bool,
     as_json: bool,
     embedded: bool,
+    wait_for_worker: bool,
 ) -> None:
     """Synthesize TEXT (or '-' to read it from stdin), or a document with -f FILE."""
     if (text is None) == (text_file is None):
@@ -213,11 +222,16 @@ def submit(
             return
         from ttsq.client import Client
 
+        client = Client(settings)
+        if not wait_for_worker and (wait or output is not None or output_dir is not None or stream):
+            # Asked once a job is checked and not in the cache, just before it would be queued.
+            mode = str(fields.get("mode", "voice_design"))
+            client.admit = lambda queue: _require_worker(client, mode, queue)
         if stream:
-            _stream(Client(settings), kind, text, fields, timeout=timeout, output=output, as_json=as_json)
+            _stream(client, kind, text, fields, timeout=timeout, output=output, as_json=as_json)
             return
         _submit(
-            Client(settings),
+            client,
             kind,
             text,
             fields,
@@ -229,6 +243,22 @@ def submit(
         )
     except InvalidRequest as exc:
         raise pointed_to_documents(exc, kind, settings.max_text_chars) from None
+
+
+def _require_worker(client: Client, mode: str, queue: str) -> None:
+    """A submit that waits for its audio fails at once, queueing nothing, when no worker of the deployment
+    has announced itself (none heard from in ``IDENTITY_MAX_AGE_S``: one that is restarting still
+    counts), instead of waiting out --timeout in silence. ``--no-wait`` queues for later, and
+    ``--wait-for-worker`` waits."""
+    from ttsq.constants import IDENTITY_MAX_AGE_S
+
+    if not client.identities():
+        fail(
+            f"no worker serves {mode} on queue {queue}: none has announced itself "
+            f"in the last {IDENTITY_MAX_AGE_S:.0f} s. Start one (ttsq worker), or run everything in one command "
+            "(ttsq submit --embedded, ttsq serve --embedded); --wait-for-worker queues the job and waits for one",
+            1,
+        )
 
 
 def _check_stream_flags(each_line: bool, output: Path | None, audio_format: str | None, *, wait: bool) -> None:
@@ -336,6 +366,8 @@ def _request_fields(
 ) -> dict[str, Any]:
     """The request fields the flags give (validated later, at the edge, like any other input)."""
     named = format_of_output(output) if output is not None else None
+    if audio_format is not None:  # `--format opus` is Ogg Opus, as a .opus name is
+        audio_format = OUTPUT_EXTENSIONS.get(audio_format.lower(), audio_format)
     if audio_format is None:
         audio_format = named or "wav"
     elif named is not None and named != audio_format.lower():
@@ -386,11 +418,13 @@ def _submit(
         queued: dict[str, Any] = {"id": job.id, "key": job.key, "state": "PENDING"}
         if kind == "document":
             queued["chunks"] = job.chunks
-        click.echo(
-            json.dumps(queued)
-            if as_json
-            else f"queued {job.id}" + (f" ({job.chunks} chunks)" if kind == "document" else "")
-        )
+        if as_json:
+            click.echo(json.dumps(queued))
+            return
+        # The id alone on stdout, as the docs promise, so that `id=$(ttsq submit ... --no-wait)` holds it.
+        if kind == "document":
+            click.echo(f"ttsq: document queued ({job.chunks} chunks)", err=True)
+        click.echo(job.id)
         return
     if job.result is None and job.id is not None and keeps_running:
         _accepted(job, kind)

@@ -7,6 +7,7 @@ Each test names the point of the issue's "Why" it covers; the end-to-end one (``
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -14,13 +15,14 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 import soundfile
-from support import GatewayProcess, WorkerProcess, api_key, queue_length, settings_env
+from support import GatewayProcess, WorkerProcess, api_key, queue_length, run_cli, settings_env, wait_until
 
 from ttsq.config import Settings
 
@@ -244,3 +246,103 @@ def test_a_broken_stream_leaves_no_file_that_looks_whole(
     assert cli.returncode == 1, stderr
     assert output.read_bytes() == b"an earlier file, kept"
     assert sorted(path.name for path in tmp_path.glob("*x.wav*")) == ["x.wav"]  # and no part left behind
+
+
+def test_a_waiting_submit_with_no_worker_says_so_at_once(settings: Settings) -> None:
+    """Why 7: ``ttsq submit`` waited out its 300 s in silence with no worker at all."""
+    out = run_cli("submit", "Nobody is there.", settings=settings, timeout=60)  # not its --timeout of 300 s
+    message = out.stderr.decode().strip()
+    assert out.returncode == 1 and len(message.splitlines()) == 1, message
+    assert f"no worker serves voice_design on queue {settings.queue}" in message and "--wait-for-worker" in message
+    assert queue_length(settings) == 0  # nothing queued
+    # Asked to wait, it queues and waits (here, out its timeout); --no-wait queues for later, as before.
+    waited = run_cli("submit", "Nobody yet.", "--wait-for-worker", "--timeout", "1", settings=settings)
+    assert waited.returncode == 1 and waited.stderr.decode().strip().endswith("not done after 1.0s"), waited.stderr
+    queued = run_cli("submit", "For later.", "--no-wait", settings=settings)
+    assert queued.returncode == 0 and queue_length(settings) == 2, queued.stderr
+
+
+def test_the_speech_route_with_no_worker_is_a_503_at_once_unless_asked_to_wait(
+    settings: Settings, start_gateway: StartGateway, start_worker: StartWorker
+) -> None:
+    """Why 7: ``POST /v1/audio/speech`` waited silently while /readyz said ``workers: false``."""
+    gateway, token = start_gateway(settings), api_key(settings)
+    body = {"model": "tts-1", "input": "Anyone there?", "response_format": "wav"}
+    with httpx.Client(base_url=gateway.url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as api:
+        refused = api.post("/v1/audio/speech", json=body)
+        assert refused.status_code == 503, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "no_worker" and f"voice_design on queue {settings.queue}" in error["message"]
+        assert queue_length(settings) == 0
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(api.post, "/v1/audio/speech", json=body, headers={"X-TTSQ-Wait-For-Worker": "true"})
+            wait_until(lambda: queue_length(settings) == 1, 30, "the job queued")
+            start_worker(settings)
+            answer = waiting.result(timeout=120)
+    assert answer.status_code == 200 and answer.content[:4] == b"RIFF", answer.text
+
+
+@pytest.mark.parametrize("benchmark", ["failover.py", "streaming.py"])
+def test_a_benchmark_where_the_source_tree_shadows_the_install_refuses_at_once(benchmark: str, tmp_path: Path) -> None:
+    """Why 5: after a plain ``pip install .``, ``python benchmarks/failover.py`` from the checkout ran 127 s,
+    its workers dying at import (``No module named 'ttsq.cli'``: the checkout's ``ttsq/`` comes first on
+    ``sys.path`` for ``python -m``). Here a ``ttsq/`` that is not the installed one shadows it (this
+    venv's editable install would find ``ttsq.cli`` behind the checkout's own copy)."""
+    (tmp_path / "ttsq").mkdir()
+    (tmp_path / "ttsq" / "__init__.py").write_text("")
+    script = Path(__file__).parent.parent / "benchmarks" / benchmark
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TTSQ_")}
+    out = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "shadows the installed ttsq" in out.stderr and "pip install -e '.[gateway]'" in out.stderr
+
+
+# --- Why 8: the papercuts -------------------------------------------------------------------------
+
+
+def test_no_wait_prints_the_bare_id_and_cancelling_a_finished_job_exits_1(
+    settings: Settings, start_worker: StartWorker
+) -> None:
+    queued = run_cli("submit", "Queued for later.", "--no-wait", settings=settings)
+    job_id = queued.stdout.decode().strip()
+    assert queued.returncode == 0 and re.fullmatch(r"[0-9a-f-]{36}", job_id), queued.stdout  # `$(...)` holds it
+    start_worker(settings)
+    done = run_cli("result", job_id, "--json", settings=settings)
+    assert done.returncode == 0, done.stderr
+    cancelled = run_cli("cancel", job_id, settings=settings)
+    assert cancelled.returncode == 1 and b"already finished (SUCCESS)" in cancelled.stderr, cancelled
+
+
+def test_voices_list_names_the_named_voices_and_format_opus_is_ogg_opus(settings: Settings, tmp_path: Path) -> None:
+    added = run_cli("voices", "named", "add", "narrator", "--instruct", "A calm voice.", settings=settings)
+    assert added.returncode == 0, added.stderr
+    listed = run_cli("voices", "list", settings=settings)
+    assert listed.returncode == 0 and "1 named voice: `ttsq voices named list`" in listed.stdout.decode(), listed
+    # --format opus -o x.opus was refused as "--format opus and -o x.opus disagree ... name the file .opus".
+    queued = run_cli("submit", "Ogg Opus.", "--format", "opus", "-o", str(tmp_path / "x.opus"), "--no-wait", "--json",
+                     "--wait-for-worker", "--timeout", "1", settings=settings)  # fmt: skip
+    assert b"disagree" not in queued.stderr and b"not done after" in queued.stderr, queued.stderr
+
+
+def test_an_empty_input_is_refused_naming_input(settings: Settings, start_gateway: StartGateway) -> None:
+    gateway = start_gateway(settings)
+    answer = httpx.post(
+        f"{gateway.url}/v1/audio/speech",
+        headers={"Authorization": f"Bearer {api_key(settings)}"},
+        json={"model": "tts-1", "voice": "alloy", "input": "  "},
+        timeout=30,
+    )
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "input", answer.text
+
+
+def test_failed_dead_and_retry_say_which_failures_each_covers() -> None:
+    from click.testing import CliRunner
+
+    from ttsq.cli.main import cli
+
+    said = {name: CliRunner().invoke(cli, [name, "--help"]).output for name in ("failed", "dead", "retry")}
+    assert "ttsq dead" in said["failed"] and "ttsq status ID" in said["failed"]
+    assert "ttsq failed" in said["dead"] and "ttsq status ID" in said["dead"]
+    assert "ttsq failed" in said["retry"] and "submitted again" in said["retry"]

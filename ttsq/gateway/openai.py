@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ttsq.app import queue_for
 from ttsq.audio import decode, resample
 from ttsq.errors import InvalidRequest
 from ttsq.gateway.encoders import stream_from_worker
-from ttsq.job import MODES, REFERENCE_PATTERN
+from ttsq.job import MODES, REFERENCE_PATTERN, Limits, SynthesisRequest
 
 if TYPE_CHECKING:
     from ttsq.engines.base import EngineIdentity
@@ -85,6 +86,9 @@ PEER_FIELDS: dict[str, type] = {
     "duration_tokens": int,
     "stage_params": dict,
 }
+#: The header that asks the speech route to queue the job and wait when no worker has announced itself
+#: (``unserved``), as a job of the jobs API always does.
+WAIT_FOR_WORKER_HEADER = "X-TTSQ-Wait-For-Worker"
 #: ``task_type`` (Qwen3-TTS's names for its three checkpoints) -> ttsq's mode.
 TASK_TYPES = {"voicedesign": "voice_design", "customvoice": "custom_voice", "base": "voice_clone"}
 _DATED_MODEL = re.compile(r"gpt-4o(-mini)?-tts(-\d{4}-\d{2}-\d{2})?")
@@ -127,6 +131,8 @@ def check(body: Any) -> Mapping[str, Any]:
         raise InvalidRequest("body", "expected a JSON object")
     if not isinstance(body.get("input"), str):
         raise InvalidRequest("input", "is required: the text to speak")
+    if not body["input"].strip():  # OpenAI's name for it, not ttsq's `text`
+        raise InvalidRequest("input", "is empty: the text to speak")
     mode, model = body.get("mode"), body.get("model")
     if mode is not None and (not isinstance(mode, str) or mode not in MODES):
         raise InvalidRequest("mode", f"expected one of {', '.join(MODES)}")
@@ -144,8 +150,9 @@ def check(body: Any) -> Mapping[str, Any]:
     if isinstance(voice, str) and not voice.strip():
         raise InvalidRequest(
             "voice",
-            "is empty: leave it out, or name a named voice or a speaker (GET /v1/audio/voices), a stored "
-            "voice (voices/<sha256>.wav) or one of OpenAI's voice names",
+            "is empty: name a named voice or a speaker (GET /v1/audio/voices), a stored voice "
+            "(voices/<sha256>.wav), or one of OpenAI's voice names (alloy: ignored where the fleet has no such "
+            "speaker), or leave it out where your client allows",
         )
     response_format = body.get("response_format", "mp3")
     if response_format == "aac":
@@ -201,6 +208,27 @@ def parse(body: Any, fleet: Mapping[str, EngineIdentity], find: FindVoice | None
         stream_format=body.get("stream_format", "audio"),
         ignored=tuple(ignored),
         stream=body.get("stream"),
+    )
+
+
+def unserved(
+    speech: Speech, fleet: Mapping[str, EngineIdentity], queue: str, headers: Mapping[str, str], limits: Limits
+) -> str | None:
+    """Why the speech route should answer 503 at once instead of waiting for audio no one will make: no
+    worker of the deployment has announced itself (``Client.identities``: none heard from within
+    ``IDENTITY_MAX_AGE_S``, so a worker that is restarting still counts), and the request did not ask to
+    wait (``WAIT_FOR_WORKER_HEADER``). None when it should go on. A wrong field is still the 400 naming
+    it (``InvalidRequest``), checked first as ``Client.submit`` would: the fleet is the last question."""
+    if fleet or headers.get(WAIT_FOR_WORKER_HEADER, "").strip().lower() in ("1", "true", "yes"):
+        return None
+    text = speech.text if len(speech.text) <= limits.max_text_chars else "x"  # a document: its fields only
+    fields = {name: value for name, value in speech.fields.items() if name != "options"}  # a document's
+    SynthesisRequest.from_dict({**fields, "text": text}, limits)
+    mode = str(speech.fields.get("mode", "voice_design"))
+    return (
+        f"no worker serves {mode} on queue {queue_for(queue, mode)}: none has announced itself. Start one "
+        f"(ttsq worker), or everything at once (ttsq serve --embedded); {WAIT_FOR_WORKER_HEADER}: true queues "
+        "the job and waits for one"
     )
 
 

@@ -126,7 +126,16 @@ async def create_speech(
     arrived = arrival(request)
     body = speech.fields()
     named = gateway.client.redis.named_voices
-    parsed: openai.Speech = await gateway.submit(lambda: openai.parse(body, gateway.client.identities(), named.find))
+
+    def parse() -> tuple[openai.Speech, str | None]:
+        fleet = gateway.client.identities()
+        speech = openai.parse(body, fleet, named.find)
+        return speech, openai.unserved(speech, fleet, gateway.settings.queue, request.headers, gateway.client.limits)
+
+    checked: tuple[openai.Speech, str | None] = await gateway.submit(parse)
+    parsed, unserved = checked
+    if unserved is not None:  # said at once, not after the request's whole wait (docs/gateway.md)
+        raise ApiError(503, unserved, type="server_error", code="no_worker", headers={"Retry-After": "5"})
     streamed = parsed.streamed
     fields = {name: value for name, value in parsed.fields.items() if name != "stream"}
     if streamed:
