@@ -71,6 +71,7 @@ def test_broker_down_is_one_line_not_a_traceback(settings: Settings, cache_down:
         *cache,
         "submit",
         "hello",
+        "--wait-for-worker",  # past the check for a worker (the cache database may be up): to the broker
         settings=settings,
         timeout=60,
     )
