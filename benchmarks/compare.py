@@ -38,6 +38,7 @@ from typing import Any
 from ttsq.config import Settings
 from ttsq.constants import FLEET_PREFIX
 from ttsq.ops import bench
+from ttsq.ops.preflight import require_command_line
 from ttsq.ops.redis_server import RedisServer, free_port, parent_death_signal
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -462,6 +463,7 @@ def format_figures(data: Mapping[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    require_command_line()  # before minutes of work that would end in workers that never start
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--jobs", type=int, default=200, help="timed jobs per system per round")
     parser.add_argument("--concurrency", type=int, default=16, help="jobs in flight (closed loop)")

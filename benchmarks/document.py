@@ -32,6 +32,7 @@ from ttsq.config import Settings
 from ttsq.document import Document, Options
 from ttsq.job import Limits
 from ttsq.ops.embedded import Embedded
+from ttsq.ops.preflight import require_command_line
 
 
 def corpus(chars: int) -> str:
@@ -42,6 +43,7 @@ def corpus(chars: int) -> str:
 
 
 def main() -> int:
+    require_command_line()  # before minutes of work that would end in workers that never start
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--chars", type=int, default=20_000, help="document length in characters")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; medians are printed")

@@ -37,6 +37,7 @@ import redis
 
 from ttsq.client import Client
 from ttsq.config import Settings
+from ttsq.ops.preflight import require_command_line
 from ttsq.ops.redis_server import RedisServer
 
 
@@ -82,6 +83,7 @@ class Sampler:
 
 
 def main() -> int:
+    require_command_line()  # before minutes of work that would end in workers that never start
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="10000,50000", help="document lengths in characters, comma-separated")
     parser.add_argument("--formats", default="ogg,mp3,wav", help="output formats, comma-separated")

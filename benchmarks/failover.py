@@ -58,6 +58,7 @@ from ttsq.gateway.apikeys import ApiKeys
 from ttsq.job import SynthesisRequest
 from ttsq.keys import content_key
 from ttsq.ops.redis_server import free_port
+from ttsq.ops.preflight import require_command_line
 from ttsq.ops.sentinel import MASTER_NAME, SentinelTopology
 from ttsq.records.connection import connect
 
@@ -311,6 +312,7 @@ def _whereabouts(topology: SentinelTopology, task_id: str) -> str:
 
 
 def main() -> int:
+    require_command_line()  # before minutes of work that would end in workers that never start
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=10, help="failovers, one per trial (default 10)")
     parser.add_argument("--jobs", type=int, default=300, help="jobs per burst (default 300)")

@@ -37,6 +37,7 @@ from typing import Any
 from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.ops.embedded import Embedded
+from ttsq.ops.preflight import require_command_line
 from ttsq.splitter import normalize
 from ttsq.testing.fidelity import CharacterReport, Recognizer, Report, check, check_characters
 
@@ -184,6 +185,7 @@ def format_korean_table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    require_command_line()  # before minutes of work that would end in workers that never start
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--engines", default="espeak,qwen", help="comma-separated engines to measure")
     parser.add_argument(

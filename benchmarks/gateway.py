@@ -44,6 +44,7 @@ from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.constants import FLEET_PREFIX
 from ttsq.gateway.apikeys import ApiKeys
+from ttsq.ops.preflight import require_command_line
 from ttsq.ops.redis_server import RedisServer, free_port
 from ttsq.records.connection import connect
 
@@ -79,6 +80,7 @@ def process_figures(pid: int) -> tuple[int, int]:
 
 
 def main() -> int:
+    require_command_line()  # before minutes of work that would end in workers that never start
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hits", type=int, default=400, help="cache-hit requests per path (default 400)")
     parser.add_argument("--jobs", type=int, default=40, help="synthesized jobs per path, one at a time (40)")

@@ -44,6 +44,7 @@ from ttsq.client import Client, Job
 from ttsq.config import Settings
 from ttsq.constants import FLEET_NODES_PREFIX, FLEET_PREFIX
 from ttsq.job import Lane
+from ttsq.ops.preflight import require_command_line
 from ttsq.ops.redis_server import RedisServer
 
 # Run as a script, this folder is on the path, not the repository: compare.py's process helpers are
@@ -206,6 +207,7 @@ def _p95(values: list[float]) -> float:
 
 
 def main() -> int:
+    require_command_line()  # before minutes of work that would end in workers that never start
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--engine", choices=["espeak", "qwen-fast"], default="espeak")
     parser.add_argument("--model", default="", help="qwen-fast: a VoiceDesign checkpoint; default: a tiny one")

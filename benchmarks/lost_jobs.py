@@ -43,6 +43,7 @@ from ttsq.constants import FLEET_PREFIX
 from ttsq.errors import BrokerError
 from ttsq.job import SynthesisRequest
 from ttsq.keys import content_key
+from ttsq.ops.preflight import require_command_line
 from ttsq.ops.redis_server import RedisServer
 
 
@@ -170,6 +171,7 @@ def run(kind: str, jobs: int, folder: Path, *, grace_s: int, pace_s: float, appe
 
 
 def main() -> int:
+    require_command_line()  # before minutes of work that would end in workers that never start
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=10, help="trials of each kind of loss (default 10)")
     parser.add_argument("--jobs", type=int, default=300, help="jobs per burst (default 300)")

@@ -44,6 +44,7 @@ from typing import Any
 
 from ttsq.config import Settings
 from ttsq.constants import FLEET_PREFIX
+from ttsq.ops.preflight import require_command_line
 from ttsq.ops.redis_server import RedisServer
 
 # Run as a script, this folder is on the path, not the repository: compare.py's process helpers are
@@ -90,6 +91,7 @@ def through_queue(client: Any, texts: list[str], frames: int, timeout: float) ->
 
 
 def main() -> None:
+    require_command_line()  # before minutes of work that would end in workers that never start
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="an existing VoiceDesign checkpoint folder")
     parser.add_argument("--systems", default="qwen@20,qwen,qwen-fast#{cores},qwen-fast")

@@ -35,6 +35,7 @@ from typing import Any
 from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.constants import FLEET_PREFIX
+from ttsq.ops.preflight import require_command_line
 from ttsq.ops.redis_server import RedisServer
 from ttsq.records.owner import RedisOwner
 from ttsq.records.stats import FLUSH_INTERVAL_S
@@ -85,6 +86,7 @@ def start_worker(settings: Settings, name: str, log: Path) -> subprocess.Popen[b
 
 
 def main() -> int:
+    require_command_line()  # before minutes of work that would end in workers that never start
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=10_000, help="jobs to run (default 10000)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")

@@ -45,6 +45,7 @@ import numpy as np
 
 from ttsq.config import Settings
 from ttsq.constants import FLEET_PREFIX
+from ttsq.ops.preflight import require_command_line
 from ttsq.ops.redis_server import RedisServer, free_port, parent_death_signal
 from ttsq.records.connection import connect
 
@@ -342,6 +343,7 @@ def _iter_ints(text: str) -> Iterator[int]:
 
 
 def main() -> int:
+    require_command_line()  # before minutes of work that would end in workers that never start
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", default="espeak", choices=["espeak", "qwen-fast"])
     parser.add_argument("--via", default="client", choices=["client", "gateway"])

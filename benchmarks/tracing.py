@@ -42,6 +42,7 @@ import redis
 
 from ttsq.config import Settings
 from ttsq.constants import FLEET_PREFIX
+from ttsq.ops.preflight import require_command_line
 from ttsq.ops.redis_server import RedisServer, free_port
 
 # Run as a script, this folder is on the path, not the repository: compare.py's process helpers are
@@ -210,6 +211,7 @@ def _row(pair: dict[str, Any]) -> str:
 
 
 def main() -> None:
+    require_command_line()  # before minutes of work that would end in workers that never start
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=8)
     parser.add_argument("--jobs", type=int, default=300)

@@ -156,7 +156,9 @@ def flower(
 @click.pass_context
 @one_line_errors
 def failed(ctx: click.Context, as_json: bool) -> None:
-    """List parked jobs: those that crashed or hung their worker too often (never their text)."""
+    """List parked jobs: those that crashed or hung their worker too often (never their text); `ttsq
+    retry ID` runs one again. Not here: a job that ran and failed with an error (its state is FAILURE:
+    `ttsq status ID`), nor a message no worker would run (`ttsq dead`)."""
     from ttsq.client import Client
 
     jobs = [job.summary() for job in Client(settings_of(ctx)).parked()]
@@ -178,7 +180,8 @@ def failed(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 @one_line_errors
 def retry(ctx: click.Context, job_id: str) -> None:
-    """Re-queue parked job JOB_ID under its own id, with its attempts cleared."""
+    """Re-queue parked job JOB_ID (one `ttsq failed` lists) under its own id, with its attempts cleared.
+    A job that failed with an error is submitted again instead; a dead message cannot be retried."""
     from ttsq.client import Client
 
     click.echo(f"queued {Client(settings_of(ctx)).retry(job_id)}")
@@ -193,8 +196,10 @@ def retry(ctx: click.Context, job_id: str) -> None:
 @one_line_errors
 def dead(ctx: click.Context, as_json: bool, purge: bool) -> None:
     """List messages workers refused to run (malformed envelopes, unknown tasks), newest first: when,
-    queue, why and task id, never their text. They are kept raw in Redis (the last 1000). The ids and
-    names come from the messages: control characters in them are shown as escapes."""
+    queue, why and task id, never their text. Not here: jobs that ran and failed (`ttsq status ID`), nor
+    jobs parked after crashing their worker (`ttsq failed`); a dead message is not retried. They are
+    kept raw in Redis (the last 1000). The ids and names come from the messages: control characters in
+    them are shown as escapes."""
     from ttsq.records.connection import redis_errors
     from ttsq.records.owner import RedisOwner
     from ttsq.redaction import printable

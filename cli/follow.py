@@ -4,6 +4,7 @@ call it off."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -71,8 +72,8 @@ def result(ctx: click.Context, job_id: str, timeout: float, output: Path | None,
 @one_line_errors
 def cancel(ctx: click.Context, job_id: str, as_json: bool) -> None:
     """Cancel job JOB_ID if it has not finished: a queued job (or document) never runs; a job a worker
-    is already running finishes. Exit 1 for an id ttsq never
-    accepted."""
+    is already running finishes. Exit 1 for an id ttsq never accepted, and for a job that had already
+    finished (nothing was cancelled)."""
     from ttsq.client import Client
 
     state = Client(settings_of(ctx)).cancel(job_id)
@@ -81,4 +82,6 @@ def cancel(ctx: click.Context, job_id: str, as_json: bool) -> None:
     elif state == "REVOKED":
         click.echo(f"cancelled {job_id}")
     else:
-        click.echo(f"not cancelled: job {job_id} had already finished ({state})")
+        click.echo(f"ttsq: not cancelled: job {job_id} had already finished ({state})", err=True)
+    if state != "REVOKED":
+        sys.exit(1)

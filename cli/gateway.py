@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .common import one_line_errors, settings_of
+
+if TYPE_CHECKING:
+    from ttsq.config import Settings
 
 
 @click.command()
@@ -28,9 +32,15 @@ from .common import one_line_errors, settings_of
     help="Port to listen on (default 8080).",
 )
 @click.option("--log-level", default=None, help="uvicorn's log level (default: TTSQ_LOG_LEVEL).")
+@click.option(
+    "--embedded",
+    is_flag=True,
+    help="Start a private Redis and an in-process worker (espeak unless TTSQ_ENGINE says otherwise) with the "
+    "gateway, on loopback; print its URL and an API key, as shell lines; Ctrl-C stops them all.",
+)
 @click.pass_context
 @one_line_errors
-def serve(ctx: click.Context, host: str | None, port: int | None, log_level: str | None) -> None:
+def serve(ctx: click.Context, host: str | None, port: int | None, log_level: str | None, embedded: bool) -> None:
     """Run the HTTP gateway: OpenAI's speech API, a jobs API and voices, over this deployment's Redis.
     It holds no model; run more of it behind a load balancer to scale."""
     from ttsq.errors import EngineUnavailable
@@ -44,17 +54,44 @@ def serve(ctx: click.Context, host: str | None, port: int | None, log_level: str
         raise EngineUnavailable(f"the gateway needs its extra: pip install 'ttsq[gateway]' ({exc})") from exc
     level = (log_level or settings.log_level).lower()
     json_logs = settings.log_format == "json"
+    log_config = _json_logging(level) if json_logs else uvicorn.config.LOGGING_CONFIG
+    if embedded:
+        _serve_embedded(settings, level, log_config)
+        return
     uvicorn.run(
         create_gateway(settings),
         host=settings.gateway_host,
         port=settings.gateway_port,
         log_level=level,
         server_header=False,
-        log_config=_json_logging(level) if json_logs else uvicorn.config.LOGGING_CONFIG,
+        log_config=log_config,
         # On a terminal uvicorn colours parts of its messages; the log guard (ttsq.logs) would show
         # those escape sequences as text. (The JSON config has no colours to turn off.)
         use_colors=None if json_logs else False,
     )
+
+
+def _serve_embedded(settings: Settings, level: str, log_config: dict[str, Any]) -> None:
+    """``serve --embedded``: the URL and key first, on stdout, as lines another shell can paste; the
+    rest (uvicorn's log, the worker's) on stderr. Ctrl-C and SIGTERM stop everything, exit 0."""
+    import signal
+
+    from ttsq.ops.embedded import Serving, serve
+
+    def announce(serving: Serving) -> None:
+        for line in serving.exports():
+            click.echo(line)
+        click.echo(
+            f"ttsq: serving on {serving.url} with a private Redis and an in-process {settings.engine} worker; "
+            "paste the lines above into another shell (OpenAI's SDK, Client() and ttsq read them); "
+            "Ctrl-C stops everything",
+            err=True,
+        )
+
+    # While Redis and the worker start (serve takes both signals over once they are up), a SIGTERM
+    # still stops what has started on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    serve(settings, announce=announce, log_level=level, log_config=log_config)
 
 
 def _json_logging(level: str) -> dict[str, Any]:

@@ -21,6 +21,8 @@ from ttsq.errors import InvalidRequest, TTSQError
 from ttsq.job import FORMATS, LANGUAGES, JobResult
 
 from .common import (
+    OUTPUT_EXTENSIONS,
+    fail,
     format_of_output,
     one_line_errors,
     pointed_to_documents,
@@ -71,7 +73,7 @@ if TYPE_CHECKING:
     "--format",
     "audio_format",
     default=None,
-    help=f"Output format: {', '.join(FORMATS)}. Default: from the -o extension, else wav.",
+    help=f"Output format: {', '.join(FORMATS)} (opus: Ogg Opus, as ogg). Default: from the -o extension, else wav.",
 )
 @click.option("--seed", type=int, default=None, help="Sampling seed (part of the cache key).")
 @click.option("--temperature", type=float, default=None, help="Sampling temperature (engine default if unset).")
@@ -123,7 +125,8 @@ if TYPE_CHECKING:
     "--stream",
     is_flag=True,
     help="Write the audio as the worker makes it, as WAV: to stdout (pipe it to a player: "
-    "| ffplay -nodisp -, | aplay) or to -o FILE.wav, which grows as it comes; the result goes to stderr.",
+    "| ffplay -nodisp -, | aplay) or to -o FILE.wav (written aside as .FILE.wav.part, moved into place once "
+    "whole: a broken stream leaves no FILE.wav); the result goes to stderr.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option(
@@ -135,6 +138,12 @@ if TYPE_CHECKING:
 )
 @click.option(
     "--embedded", is_flag=True, help="Start a private Redis and an in-process espeak worker for this one job."
+)
+@click.option(
+    "--wait-for-worker",
+    is_flag=True,
+    help="Queue the job and wait (up to --timeout) even when no worker has announced itself; without it, a "
+    "waiting submit with no worker to serve it fails at once, naming the mode and the queue.",
 )
 @click.pass_context
 @one_line_errors
@@ -166,6 +175,7 @@ def submit(
     as_json: bool,
     captions: Path | None,
     embedded: bool,
+    wait_for_worker: bool,
 ) -> None:
     """Synthesize TEXT (or '-' to read it from stdin), or a document with -f FILE."""
     if (text is None) == (text_file is None):
@@ -179,7 +189,7 @@ def submit(
     if embedded and not wait:
         raise click.UsageError("--embedded waits for its one job: it cannot be combined with --no-wait")
     if stream:
-        _check_stream_flags(each_line, output, audio_format, wait=wait, embedded=embedded)
+        _check_stream_flags(each_line, output, audio_format, wait=wait)
     text = _input_text(text, text_file)
     fields = _request_fields(
         mode=mode,
@@ -211,16 +221,29 @@ def submit(
     try:
         if embedded:
             _submit_embedded(
-                settings, kind, text, fields, timeout=timeout, output=output, output_dir=output_dir, as_json=as_json
+                settings,
+                kind,
+                text,
+                fields,
+                timeout=timeout,
+                output=output,
+                output_dir=output_dir,
+                as_json=as_json,
+                stream=stream,
             )
             return
         from ttsq.client import Client
 
+        client = Client(settings)
+        if not wait_for_worker and (wait or output is not None or output_dir is not None or stream):
+            # Asked once a job is checked and not in the cache, just before it would be queued.
+            mode = str(fields.get("mode", "voice_design"))
+            client.admit = lambda queue: _require_worker(client, mode, queue)
         if stream:
-            _stream(Client(settings), kind, text, fields, timeout=timeout, output=output, as_json=as_json)
+            _stream(client, kind, text, fields, timeout=timeout, output=output, as_json=as_json)
             return
         _submit(
-            Client(settings),
+            client,
             kind,
             text,
             fields,
@@ -235,14 +258,28 @@ def submit(
         raise pointed_to_documents(exc, kind, settings.max_text_chars) from None
 
 
-def _check_stream_flags(
-    each_line: bool, output: Path | None, audio_format: str | None, *, wait: bool, embedded: bool
-) -> None:
+def _require_worker(client: Client, mode: str, queue: str) -> None:
+    """A submit that waits for its audio fails at once, queueing nothing, when no worker of the deployment
+    has announced itself (none heard from in ``IDENTITY_MAX_AGE_S``: one that is restarting still
+    counts), instead of waiting out --timeout in silence. ``--no-wait`` queues for later, and
+    ``--wait-for-worker`` waits."""
+    from ttsq.constants import IDENTITY_MAX_AGE_S
+
+    if not client.identities():
+        fail(
+            f"no worker serves {mode} on queue {queue}: none has announced itself "
+            f"in the last {IDENTITY_MAX_AGE_S:.0f} s. Start one (ttsq worker), or run everything in one command "
+            "(ttsq submit --embedded, ttsq serve --embedded); --wait-for-worker queues the job and waits for one",
+            1,
+        )
+
+
+def _check_stream_flags(each_line: bool, output: Path | None, audio_format: str | None, *, wait: bool) -> None:
     """--stream plays one text or document as it is made: flags that mean something else are refused."""
     if each_line:
         raise click.UsageError("--stream plays one text or one document (-f) as it is made, not --each-line")
-    if not wait or embedded:
-        raise click.UsageError("--stream waits for its audio: it cannot be combined with --no-wait or --embedded")
+    if not wait:
+        raise click.UsageError("--stream waits for its audio: it cannot be combined with --no-wait")
     if output is not None and format_of_output(output) not in (None, "wav"):
         raise click.UsageError(f"--stream writes WAV as it comes: name the file .wav, not {output.name}")
     if audio_format is not None and audio_format.lower() != "wav":
@@ -262,9 +299,11 @@ def _stream(
     timeout: float,
     output: Path | None,
     as_json: bool,
+    keeps_running: bool = True,
 ) -> None:
     """Play one job or document as it is made: a WAV whose header says "until the data ends", then its
-    samples as they arrive, flushed piece by piece; a file has its sizes set once the last piece is in."""
+    samples as they arrive, flushed piece by piece; a file has its sizes set once the last piece is in.
+    ``keeps_running``: as for ``_submit``."""
     from ttsq.audio import wav_header
 
     stream: AudioStream | DocumentStream
@@ -272,11 +311,14 @@ def _stream(
         stream = client.stream_document(text, timeout=timeout, **fields)
     else:
         stream = client.stream(text, timeout=timeout, **fields)
-    if stream.job.result is None and stream.job.id is not None:
+    if stream.job.result is None and stream.job.id is not None and keeps_running:
         _accepted(stream.job, kind)
     _show_waits_on_redis()
-    sink = open(output, "wb") if output is not None else sys.stdout.buffer  # noqa: SIM115 (closed below)
-    written, rate = 0, 0
+    # A file is written aside and moved into place once whole: a stream that breaks (its worker died, a
+    # stall, Ctrl-C) leaves no short WAV that looks complete, and no earlier FILE.wav is overwritten by one.
+    partial = output.with_name(f".{output.name}.part") if output is not None else None
+    sink = open(partial, "wb") if partial is not None else sys.stdout.buffer  # noqa: SIM115 (closed below)
+    written, rate, whole = 0, 0, False
     try:
         try:
             for piece in stream:
@@ -291,15 +333,20 @@ def _stream(
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return
         except KeyboardInterrupt:
-            if stream.job.id is None:
+            if stream.job.id is None or not keeps_running:
                 raise
             _interrupted([stream.job.id])
-        if output is not None and rate:
+        if partial is not None and rate:
             sink.seek(0)
             sink.write(wav_header(rate, written))
+        whole = True
     finally:
-        if output is not None:
+        if partial is not None and output is not None:
             sink.close()
+            if whole:
+                os.replace(partial, output)
+            else:
+                partial.unlink(missing_ok=True)
     if stream.result is not None:
         # stdout carries the audio, unless it went to a file: then the result goes to stderr.
         line = json.dumps(stream.result, ensure_ascii=False) if as_json else summary(stream.result)
@@ -332,6 +379,8 @@ def _request_fields(
 ) -> dict[str, Any]:
     """The request fields the flags give (validated later, at the edge, like any other input)."""
     named = format_of_output(output) if output is not None else None
+    if audio_format is not None:  # `--format opus` is Ogg Opus, as a .opus name is
+        audio_format = OUTPUT_EXTENSIONS.get(audio_format.lower(), audio_format)
     if audio_format is None:
         audio_format = named or "wav"
     elif named is not None and named != audio_format.lower():
@@ -383,11 +432,13 @@ def _submit(
         queued: dict[str, Any] = {"id": job.id, "key": job.key, "state": "PENDING"}
         if kind == "document":
             queued["chunks"] = job.chunks
-        click.echo(
-            json.dumps(queued)
-            if as_json
-            else f"queued {job.id}" + (f" ({job.chunks} chunks)" if kind == "document" else "")
-        )
+        if as_json:
+            click.echo(json.dumps(queued))
+            return
+        # The id alone on stdout, as the docs promise, so that `id=$(ttsq submit ... --no-wait)` holds it.
+        if kind == "document":
+            click.echo(f"ttsq: document queued ({job.chunks} chunks)", err=True)
+        click.echo(job.id)
         return
     if job.result is None and job.id is not None and keeps_running:
         _accepted(job, kind)
@@ -478,8 +529,10 @@ def _submit_embedded(
     output: Path | None,
     output_dir: Path | None,
     as_json: bool,
+    stream: bool = False,
 ) -> None:
-    """The same, through a private Redis and an in-process espeak worker started for this one run."""
+    """The same, through a private Redis and an in-process espeak worker started for this one run
+    (``stream``: played as it is made, as ``--stream`` does)."""
     import signal
 
     from ttsq.client import Client
@@ -502,8 +555,12 @@ def _submit_embedded(
             default_options=Options.from_settings(settings),
         )
     with Embedded(settings.replace(engine="espeak")) as stack:
+        client = Client(stack.settings, redis=stack.owner)
+        if stream:
+            _stream(client, kind, text, fields, timeout=timeout, output=output, as_json=as_json, keeps_running=False)
+            return
         _submit(
-            Client(stack.settings, redis=stack.owner),
+            client,
             kind,
             text,
             fields,

@@ -47,11 +47,13 @@ def voices_list(ctx: click.Context, as_json: bool) -> None:
 
     with Client(settings_of(ctx)) as client:
         found = [voice.summary() for voice in list_voices(client.storage)]
+        named = 0 if found or as_json else len(client.redis.named_voices.list())
     if as_json:
         click.echo(json.dumps(found))
         return
     if not found:
-        click.echo("no voices (`ttsq voices add FILE`)")
+        also = f"; {named} named voice{'s' if named != 1 else ''}: `ttsq voices named list`" if named else ""
+        click.echo(f"no stored reference voices (`ttsq voices add FILE`){also}")
     for voice in found:
         click.echo(
             f"{voice['reference']}  {voice['duration_s']} s  {'with' if voice['transcript'] else 'no'} transcript"

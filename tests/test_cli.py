@@ -71,6 +71,7 @@ def test_broker_down_is_one_line_not_a_traceback(settings: Settings, cache_down:
         *cache,
         "submit",
         "hello",
+        "--wait-for-worker",  # past the check for a worker (the cache database may be up): to the broker
         settings=settings,
         timeout=60,
     )
@@ -101,7 +102,7 @@ def test_storage_down_is_one_line(settings: Settings, start_worker: StartWorker,
 
 
 def test_timeout_is_one_line(settings: Settings) -> None:
-    out = run_cli("submit", "nobody listens", "--timeout", "1", settings=settings)
+    out = run_cli("submit", "nobody listens", "--timeout", "1", "--wait-for-worker", settings=settings)
     lines = out.stderr.decode().strip().splitlines()
     assert out.returncode == 1 and len(lines) == 2, lines
     assert re.fullmatch(r"ttsq: job \S+ accepted; waiting for it", lines[0]), lines

@@ -6,7 +6,9 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -214,7 +216,7 @@ def test_the_gateway_example_runs_against_a_real_gateway(
 ) -> None:
     start_worker(settings)
     gateway = start_gateway(settings)
-    env = {**settings_env(settings), "GATEWAY_URL": gateway.url, "GATEWAY_KEY": api_key(settings)}
+    env = {**settings_env(settings), "OPENAI_BASE_URL": f"{gateway.url}/v1", "OPENAI_API_KEY": api_key(settings)}
     command = ["bash", str(EXAMPLES / name)] if name.endswith(".sh") else [sys.executable, str(EXAMPLES / name)]
     out = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
@@ -297,6 +299,77 @@ def test_the_examples_shown_in_the_docs_are_the_files() -> None:
             else:
                 assert block.count("\n") >= 3 and block in content, f"{page.name} quotes {path} as it no longer is"
     assert shown == {*CHECKS, *GATEWAY_CHECKS, TLS_OVERRIDE.name}
+
+
+# --- every Python and shell block of docs/ --------------------------------------------------------
+
+#: A fenced Python or shell block, and the marker that precedes an example file's copy.
+BLOCK = re.compile(r"^```(python|bash|sh|shell)\n(.*?)^```$", re.S | re.M)
+#: The first line of a block the tests cannot run, saying why: ``# not run here: needs a GPU``.
+NOT_RUN = re.compile(r"\A# not run here: (\S.{9,})$", re.M)
+
+
+def doc_blocks() -> tuple[list[tuple[str, str, str]], list[tuple[str, str]]]:
+    """The blocks of docs/ to run, as ``(where, language, code)``, and those that say why they cannot, as
+    ``(where, why)``. An example file's copy is neither: the example tests above run the file itself."""
+    run, skipped = [], []
+    for page in sorted(DOCS.glob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        for match in BLOCK.finditer(text):
+            where = f"{page.name}:{text[: match.start()].count(chr(10)) + 1}"
+            if re.search(r"^<!-- (?:example|excerpt): \S+ -->\n\Z", text[: match.start()], re.M):
+                continue
+            language, code = match.group(1), match.group(2)
+            why = NOT_RUN.search(code)
+            if why:
+                skipped.append((where, why.group(1)))
+            else:
+                run.append((where, language, code))
+    return run, skipped
+
+
+def test_every_python_and_shell_block_of_the_docs_runs_or_says_why_not() -> None:
+    run, skipped = doc_blocks()
+    pages = {where.split(":")[0] for where, *_ in run}
+    assert {"gateway.md", "streaming.md"} <= pages, pages  # the newcomer's road, run as written
+    assert all(len(why) >= 10 for _, why in skipped)
+    # A marker anywhere but the first line says nothing about the block: it would be run, and fail.
+    for where, _, code in run:
+        assert "# not run here" not in code, f"{where}: the marker goes on the block's first line"
+
+
+@pytest.mark.slow  # a private Redis, a worker and a gateway, then every block: minutes on two cores
+def test_the_docs_blocks_run_against_ttsq_serve_embedded(tmp_path: Path) -> None:
+    """As a reader runs them: ``ttsq serve --embedded`` in one shell, its ``export`` lines in another,
+    then each block of docs/ in turn, in one folder (a block may use a file an earlier one wrote)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TTSQ_", "OPENAI_"))}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])  # `ttsq`, `python`
+    server = subprocess.Popen(
+        [sys.executable, "-m", "ttsq.cli.main", "serve", "--embedded", "--port", "0"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=(tmp_path / "serve.log").open("wb"),
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        exports = {}
+        for line in (server.stdout.readline().strip() for _ in range(3)):
+            assert line.startswith("export "), (tmp_path / "serve.log").read_text()
+            exports.update(pair.split("=", 1) for pair in line.removeprefix("export ").split())
+        failed = []
+        for where, language, code in doc_blocks()[0]:
+            command = [sys.executable, "-c", code] if language == "python" else ["bash", "-euo", "pipefail", "-c", code]
+            out = subprocess.run(
+                command, cwd=tmp_path, env={**env, **exports}, capture_output=True, text=True, timeout=180
+            )
+            if out.returncode != 0:
+                failed.append(f"{where} ({language}) exited {out.returncode}: {out.stderr[-1500:]}")
+        assert failed == [], "\n".join(failed)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(60) == 0, (tmp_path / "serve.log").read_text()[-3000:]
 
 
 # --- links and the front page ----------------------------------------------------------------------

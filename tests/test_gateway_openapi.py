@@ -16,11 +16,14 @@ from support import GatewayProcess, api_key
 
 from ttsq.config import Settings
 from ttsq.gateway.bodies import JobRequest, SpeechRequest
+from ttsq.gateway.openai import PEER_FIELDS
 from ttsq.job import SynthesisRequest
 from ttsq.voices import MAX_REFERENCE_BYTES
 
 StartGateway = Callable[..., GatewayProcess]
 OPENAI_FIELDS = {"model", "input", "voice", "instructions", "response_format", "speed", "stream_format"}
+#: ttsq's own fields, and other Qwen3-TTS servers' extension fields (vLLM-Omni, SGLang-Omni), beside OpenAI's.
+SPEECH_FIELDS = OPENAI_FIELDS | set(PEER_FIELDS)
 # cache_scope is the gateway's to set (TTSQ_CACHE_SCOPE), never a body's: a key must not pick another tenant's cache.
 TTSQ_FIELDS = {field.name for field in dataclasses.fields(SynthesisRequest)} - {"cache_scope"}
 
@@ -45,7 +48,7 @@ def test_openapi_declares_every_request_body(gateway: tuple[GatewayProcess, str]
     assert posts == ["/generate", "/v1/audio/speech", "/v1/audio/voices", "/v1/jobs", "/v1/jobs/batch", "/v1/voices"]
 
     speech = body_schema(spec, "/v1/audio/speech")
-    assert OPENAI_FIELDS | (TTSQ_FIELDS - {"text", "format"}) | {"options"} == set(speech["properties"])
+    assert SPEECH_FIELDS | (TTSQ_FIELDS - {"text", "format"}) | {"options"} == set(speech["properties"])
     assert speech["required"] == ["input"]  # model may be left out when mode is given
     assert speech["properties"]["response_format"]["enum"] == ["mp3", "opus", "flac", "wav", "pcm"]
     job = body_schema(spec, "/v1/jobs")
@@ -74,7 +77,7 @@ def test_openapi_declares_every_request_body(gateway: tuple[GatewayProcess, str]
 def test_the_declared_fields_are_the_validation_points_fields() -> None:
     """A field ``SynthesisRequest`` gains and the bodies do not declare would be refused as unknown."""
     assert set(JobRequest.model_fields) == TTSQ_FIELDS | {"options"}
-    assert set(SpeechRequest.model_fields) == OPENAI_FIELDS | (TTSQ_FIELDS - {"text", "format"}) | {"options"}
+    assert set(SpeechRequest.model_fields) == SPEECH_FIELDS | (TTSQ_FIELDS - {"text", "format"}) | {"options"}
 
 
 def refused(response: httpx.Response) -> tuple[int, str | None, str | None]:

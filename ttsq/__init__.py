@@ -2,7 +2,10 @@
 
 The public face::
 
-    from ttsq import Client, SynthesisRequest, JobResult, TTSQError
+    from ttsq import Client, Settings, SynthesisRequest, JobResult, TTSQError
+
+``Client()`` with no argument reads its settings from ``TTSQ_*`` as the command line does;
+``Client(Settings.from_env(redis_url=...))`` overrides some of them.
 
 Follow one job through the code in the order of the data flow: ``job`` (what a job is) → ``keys``
 (its content hash) → ``client`` (cache short-circuit, single flight, ``records.submit.send_job``) →
@@ -16,6 +19,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from ttsq.config import Settings
 from ttsq.constants import VERSION
 from ttsq.errors import (
     BrokerError,
@@ -57,6 +61,7 @@ __all__ = [
     "JobParked",
     "JobResult",
     "JobTimeout",
+    "Settings",
     "StorageError",
     "StreamBroken",
     "SynthesisRequest",

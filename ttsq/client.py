@@ -298,7 +298,7 @@ class Client:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: Settings | None = None,
         *,
         app: Celery | None = None,
         admit: Callable[[str], None] | None = None,
@@ -307,7 +307,12 @@ class Client:
         """``admit`` (the HTTP gateway's admission control) is called with a job's queue before it is
         accepted, after the cache has been asked: it raises to refuse the job, and nothing is queued.
         ``redis`` is the process's Redis owner where it has one (the gateway's); by default the client
-        owns its own."""
+        owns its own. Without ``settings`` the client reads ``TTSQ_*`` from the environment, as the
+        command line does (``Settings.from_env()``)."""
+        if settings is None:
+            from ttsq.config import Settings
+
+            settings = Settings.from_env()
         self.settings = settings
         self.admit = admit
         tracing.setup("ttsq-client")  # OTEL_* decides, once per process (docs/observability.md, "Traces")

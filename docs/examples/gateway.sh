@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The gateway with curl: OpenAI's speech endpoint, then a job through the jobs API.
-#   GATEWAY_URL: the gateway's address; GATEWAY_KEY: a key from `ttsq keys add NAME`.
+#   OPENAI_BASE_URL and OPENAI_API_KEY: the lines `ttsq serve --embedded` prints (or your gateway's
+#   http://HOST:8080/v1 and a key from `ttsq keys add NAME`).
 set -euo pipefail
-GATEWAY=${GATEWAY_URL:-http://127.0.0.1:8080}
-AUTH="Authorization: Bearer $GATEWAY_KEY"
+GATEWAY=${OPENAI_BASE_URL%/v1}
+AUTH="Authorization: Bearer $OPENAI_API_KEY"
 
 # OpenAI's speech API: the audio itself, Korean with a voice described in words.
 curl -sSf "$GATEWAY/v1/audio/speech" -H "$AUTH" -H "Content-Type: application/json" -o hello.mp3 \

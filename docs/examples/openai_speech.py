@@ -4,9 +4,9 @@ import os
 
 import openai
 
-client = openai.OpenAI(
-    base_url=os.environ.get("GATEWAY_URL", "http://127.0.0.1:8080") + "/v1", api_key=os.environ["GATEWAY_KEY"]
-)  # a key from `ttsq keys add NAME`
+# OPENAI_BASE_URL and OPENAI_API_KEY: the lines `ttsq serve --embedded` prints, or your gateway's
+# http://HOST:8080/v1 and a key from `ttsq keys add NAME`.
+client = openai.OpenAI()
 
 with client.audio.speech.with_streaming_response.create(
     model="gpt-4o-mini-tts",  # OpenAI's model names mean the fleet's default mode

@@ -30,6 +30,8 @@ MAX_BATCH_REQUESTS = 100
 # Checked at submit, on a thread, against the settings' limits: on the event loop, the character checks of
 # a megabyte of text would stall every other request for a quarter of a second.
 _FREE_TEXTS = ("text", "instruct")
+_PEER = "vLLM-Omni's and SGLang-Omni's field."
+_IGNORED = "Accepted, and reported in X-TTSQ-Ignored."
 _MODES = "voice_design: a voice described in `instruct`; custom_voice: a `speaker`; voice_clone: a `reference`."
 
 
@@ -90,7 +92,7 @@ class _RequestFields(BaseModel):
     stream: SkipValidation[bool] = Field(
         False,
         description="Also write the audio to the job's Redis stream as it is made (docs/streaming.md). The speech "
-        "route sets it itself wherever it streams.",
+        "route streams wherever the format allows unless it is false (as vLLM-Omni's and SGLang-Omni's flag).",
     )
 
     def fields(self) -> dict[str, Any]:
@@ -207,6 +209,26 @@ class SpeechRequest(_RequestFields):
         json_schema_extra={"enum": list(openai.STREAM_FORMATS)},
     )
     mode: SkipValidation[Mode | None] = Field(None, description=f"{_MODES} Absent: what `model` and `voice` imply.")
+    # Other Qwen3-TTS servers' extension fields (vLLM-Omni, SGLang-Omni): their clients run unchanged.
+    task_type: SkipValidation[str | None] = Field(
+        None, description=f"{_PEER} VoiceDesign, CustomVoice or Base: the mode, where `mode` is not given."
+    )
+    ref_audio: SkipValidation[str | None] = Field(
+        None, description=f"{_PEER} A stored voice (`voices/<sha256>.wav`) is the `reference`; a URL is ignored."
+    )
+    non_streaming_mode: SkipValidation[bool | None] = Field(None, description=f"{_PEER} {_IGNORED}")
+    ref_text: SkipValidation[str | None] = Field(
+        None, description=f"{_PEER} {_IGNORED} A stored voice keeps its transcript (`POST /v1/voices`)."
+    )
+    x_vector_only_mode: SkipValidation[bool | None] = Field(None, description=f"{_PEER} {_IGNORED}")
+    sample_rate: SkipValidation[int | None] = Field(
+        None, description=f"{_PEER} pcm is 24000 Hz (`X-Sample-Rate`); another rate is ignored."
+    )
+    initial_codec_chunk_frames: SkipValidation[int | None] = Field(None, description=f"{_PEER} {_IGNORED}")
+    references: SkipValidation[list[Any] | None] = Field(None, description=f"{_PEER} {_IGNORED}")
+    token_count: SkipValidation[int | None] = Field(None, description=f"{_PEER} {_IGNORED}")
+    duration_tokens: SkipValidation[int | None] = Field(None, description=f"{_PEER} {_IGNORED}")
+    stage_params: SkipValidation[dict[str, Any] | None] = Field(None, description=f"{_PEER} {_IGNORED}")
 
     @model_validator(mode="before")
     @classmethod

@@ -7,6 +7,11 @@ along as extra body fields, and what ttsq cannot do (``aac``, a ``speed`` other 
 naming the field. A ``voice`` that names a named voice (``ttsq.records.named_voices``) fills in the fields
 it stands for, where the request leaves them out. Every field: docs/gateway.md, "With OpenAI's client,
 unchanged".
+
+Clients written for other Qwen3-TTS servers run unchanged too: the extension fields vLLM-Omni and
+SGLang-Omni document for their speech endpoint (``PEER_FIELDS``) are accepted, honoured where they mean
+something here (``stream``, ``task_type``, a stored reference in ``ref_audio``) and otherwise reported in
+``X-TTSQ-Ignored``, never refused for being there. OpenAI's own fields stay as strict as OpenAI's.
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ttsq.app import queue_for
 from ttsq.audio import decode, resample
 from ttsq.errors import InvalidRequest
-from ttsq.job import MODES, REFERENCE_PATTERN
+from ttsq.gateway.encoders import stream_from_worker
+from ttsq.job import MODES, REFERENCE_PATTERN, Limits, SynthesisRequest
 
 if TYPE_CHECKING:
     from ttsq.engines.base import EngineIdentity
@@ -61,6 +68,29 @@ PCM_RATE = 24_000
 #: OpenAI's stream_format: the audio itself, or server-sent events carrying it.
 STREAM_FORMATS = ("audio", "sse")
 _OPENAI_FIELDS = {"model", "input", "voice", "instructions", "response_format", "speed", "stream_format"}
+#: The extension fields of other Qwen3-TTS servers' ``/v1/audio/speech`` (vLLM-Omni's
+#: ``OpenAICreateSpeechRequest``, SGLang-Omni's ``CreateSpeechRequest``) that ttsq's own request fields do
+#: not already spell the same way (``language``, ``max_new_tokens``, ``speaker``, the sampling fields),
+#: with the JSON type each must have: a value of another type is refused naming the field, ``null`` is
+#: the field left out. ``stream`` is ttsq's own field too; the speech route honours it.
+PEER_FIELDS: dict[str, type] = {
+    "task_type": str,
+    "non_streaming_mode": bool,
+    "ref_audio": str,
+    "ref_text": str,
+    "x_vector_only_mode": bool,
+    "sample_rate": int,
+    "initial_codec_chunk_frames": int,
+    "references": list,
+    "token_count": int,
+    "duration_tokens": int,
+    "stage_params": dict,
+}
+#: The header that asks the speech route to queue the job and wait when no worker has announced itself
+#: (``unserved``), as a job of the jobs API always does.
+WAIT_FOR_WORKER_HEADER = "X-TTSQ-Wait-For-Worker"
+#: ``task_type`` (Qwen3-TTS's names for its three checkpoints) -> ttsq's mode.
+TASK_TYPES = {"voicedesign": "voice_design", "customvoice": "custom_voice", "base": "voice_clone"}
 _DATED_MODEL = re.compile(r"gpt-4o(-mini)?-tts(-\d{4}-\d{2}-\d{2})?")
 
 
@@ -74,8 +104,23 @@ class Speech:
     response_format: str
     content_type: str
     stream_format: str
-    #: Request fields the gateway could not honour (an OpenAI voice name), reported with the result's own.
+    #: Request fields the gateway could not honour (an OpenAI voice name, a peer's extension field),
+    #: reported with the result's own.
     ignored: tuple[str, ...]
+    #: ``stream`` as sent (vLLM-Omni's and SGLang-Omni's flag): False asks for the whole clip once it is
+    #: made; None (absent) and True stream wherever the format allows (``Speech.streamed``).
+    stream: bool | None = None
+
+    @property
+    def streamed(self) -> bool:
+        """Whether the audio is sent as the worker makes it: a job streams, and so does a document (chunk
+        by chunk), unless the request said ``stream: false``; flac is sent from the stored file."""
+        return stream_from_worker(self.response_format) and self.stream is not False
+
+    def headers(self) -> dict[str, str]:
+        """What the answer's headers say of its audio: ``pcm`` is headerless, so its rate rides along in
+        ``X-Sample-Rate``, which clients of other Qwen3-TTS servers read."""
+        return {"X-Sample-Rate": str(PCM_RATE)} if self.response_format == "pcm" else {}
 
 
 def check(body: Any) -> Mapping[str, Any]:
@@ -86,6 +131,8 @@ def check(body: Any) -> Mapping[str, Any]:
         raise InvalidRequest("body", "expected a JSON object")
     if not isinstance(body.get("input"), str):
         raise InvalidRequest("input", "is required: the text to speak")
+    if not body["input"].strip():  # OpenAI's name for it, not ttsq's `text`
+        raise InvalidRequest("input", "is empty: the text to speak")
     mode, model = body.get("mode"), body.get("model")
     if mode is not None and (not isinstance(mode, str) or mode not in MODES):
         raise InvalidRequest("mode", f"expected one of {', '.join(MODES)}")
@@ -103,8 +150,9 @@ def check(body: Any) -> Mapping[str, Any]:
     if isinstance(voice, str) and not voice.strip():
         raise InvalidRequest(
             "voice",
-            "is empty: leave it out, or name a named voice or a speaker (GET /v1/audio/voices), a stored "
-            "voice (voices/<sha256>.wav) or one of OpenAI's voice names",
+            "is empty: name a named voice or a speaker (GET /v1/audio/voices), a stored voice "
+            "(voices/<sha256>.wav), or one of OpenAI's voice names (alloy: ignored where the fleet has no such "
+            "speaker), or leave it out where your client allows",
         )
     response_format = body.get("response_format", "mp3")
     if response_format == "aac":
@@ -118,6 +166,16 @@ def check(body: Any) -> Mapping[str, Any]:
         raise InvalidRequest("speed", f"{speed} cannot be applied: ttsq speaks at the model's own pace (1.0)")
     if body.get("stream_format", "audio") not in STREAM_FORMATS:
         raise InvalidRequest("stream_format", "expected audio or sse")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise InvalidRequest("stream", f"expected true or false, got {type(stream).__name__}")
+    for name, expected in PEER_FIELDS.items():
+        value = body.get(name)
+        if value is not None and type(value) is not expected:  # JSON's types exactly: true is no int here
+            raise InvalidRequest(name, f"expected {expected.__name__}, got {type(value).__name__}")
+    task_type = body.get("task_type")
+    if task_type is not None and _task_mode(task_type) is None:
+        raise InvalidRequest("task_type", "expected VoiceDesign, CustomVoice or Base")
     return body
 
 
@@ -125,12 +183,13 @@ def parse(body: Any, fleet: Mapping[str, EngineIdentity], find: FindVoice | None
     """An OpenAI speech request body as a ttsq job; ``InvalidRequest`` naming the field otherwise.
     ``find`` looks a ``voice`` up among the named voices (none are looked up without it)."""
     check(body)
+    ignored: list[str] = []
+    body = _peer_fields(body, ignored)
     mode = _mode(body.get("model"), body.get("mode"), fleet)
     extra = {name: value for name, value in body.items() if name not in _OPENAI_FIELDS}
     fields: dict[str, Any] = {**extra, "mode": mode}
     if body.get("instructions") is not None:
         fields["instruct"] = body["instructions"]
-    ignored: list[str] = []
     voice = _voice_name(body.get("voice"))
     named = find(voice) if find is not None and isinstance(voice, str) else None
     if named is not None:
@@ -139,6 +198,8 @@ def parse(body: Any, fleet: Mapping[str, EngineIdentity], find: FindVoice | None
         fields["mode"] = _voice(voice, mode, fields, fleet, ignored)
     response_format = body.get("response_format", "mp3")
     fields["format"], content_type = FORMATS[response_format]
+    if body.get("stream") is True and not stream_from_worker(response_format):
+        ignored.append("stream")
     return Speech(
         text=body["input"],
         fields=fields,
@@ -146,7 +207,58 @@ def parse(body: Any, fleet: Mapping[str, EngineIdentity], find: FindVoice | None
         content_type=content_type,
         stream_format=body.get("stream_format", "audio"),
         ignored=tuple(ignored),
+        stream=body.get("stream"),
     )
+
+
+def unserved(
+    speech: Speech, fleet: Mapping[str, EngineIdentity], queue: str, headers: Mapping[str, str], limits: Limits
+) -> str | None:
+    """Why the speech route should answer 503 at once instead of waiting for audio no one will make: no
+    worker of the deployment has announced itself (``Client.identities``: none heard from within
+    ``IDENTITY_MAX_AGE_S``, so a worker that is restarting still counts), and the request did not ask to
+    wait (``WAIT_FOR_WORKER_HEADER``). None when it should go on. A wrong field is still the 400 naming
+    it (``InvalidRequest``), checked first as ``Client.submit`` would: the fleet is the last question."""
+    if fleet or headers.get(WAIT_FOR_WORKER_HEADER, "").strip().lower() in ("1", "true", "yes"):
+        return None
+    text = speech.text if len(speech.text) <= limits.max_text_chars else "x"  # a document: its fields only
+    fields = {name: value for name, value in speech.fields.items() if name != "options"}  # a document's
+    SynthesisRequest.from_dict({**fields, "text": text}, limits)
+    mode = str(speech.fields.get("mode", "voice_design"))
+    return (
+        f"no worker serves {mode} on queue {queue_for(queue, mode)}: none has announced itself. Start one "
+        f"(ttsq worker), or everything at once (ttsq serve --embedded); {WAIT_FOR_WORKER_HEADER}: true queues "
+        "the job and waits for one"
+    )
+
+
+def _task_mode(task_type: str) -> str | None:
+    """ttsq's mode for a ``task_type`` (``VoiceDesign``, ``voice_design``, ``Base``...), None if none."""
+    return TASK_TYPES.get(task_type.replace("_", "").replace("-", "").lower())
+
+
+def _peer_fields(body: Mapping[str, Any], ignored: list[str]) -> dict[str, Any]:
+    """The body with the peers' extension fields taken out: what means something here becomes ttsq's own
+    field (``task_type`` the mode, a stored voice in ``ref_audio`` the reference, where the request does
+    not say them itself), the rest is appended to ``ignored``. ``null`` is the field left out."""
+    rest = {name: value for name, value in body.items() if name not in PEER_FIELDS}
+    if rest.get("stream") is None:
+        rest.pop("stream", None)
+    peers = {name: body[name] for name in PEER_FIELDS if body.get(name) is not None}
+    task_type, ref_audio = peers.pop("task_type", None), peers.pop("ref_audio", None)
+    if task_type is not None and rest.get("mode") is None:
+        rest["mode"] = _task_mode(task_type)
+    elif task_type is not None:
+        ignored.append("task_type")  # the request's own mode wins
+    if ref_audio is not None and REFERENCE_PATTERN.fullmatch(ref_audio) and "reference" not in rest:
+        rest["reference"] = ref_audio
+        rest.setdefault("mode", "voice_clone")
+    elif ref_audio is not None:
+        ignored.append("ref_audio")  # a URL, a data: URI or a path: ttsq clones only stored voices
+    if peers.get("sample_rate") == PCM_RATE:
+        peers.pop("sample_rate")  # what is sent anyway
+    ignored.extend(peers)
+    return rest
 
 
 def _mode(model: Any, mode: Any, fleet: Mapping[str, EngineIdentity]) -> str:

@@ -37,7 +37,6 @@ from ttsq.gateway.bodies import (
     SpeechRequest,
     VoiceUpload,
 )
-from ttsq.gateway.encoders import stream_from_worker
 from ttsq.gateway.errors import ApiError
 from ttsq.gateway.middleware import arrival
 from ttsq.gateway.speech import ClientGone, SpeechAudio, final_state_error, result_of
@@ -130,10 +129,17 @@ async def create_speech(
     arrived = arrival(request)
     body = speech.fields()
     named = gateway.client.redis.named_voices
-    parsed: openai.Speech = await gateway.submit(lambda: openai.parse(body, gateway.client.identities(), named.find))
-    # A job streams, and so does a document (longer than one job), chunk by chunk; flac is sent from the
-    # stored file.
-    streamed = stream_from_worker(parsed.response_format)
+
+    def parse() -> tuple[openai.Speech, str | None]:
+        fleet = gateway.client.identities()
+        speech = openai.parse(body, fleet, named.find)
+        return speech, openai.unserved(speech, fleet, gateway.settings.queue, request.headers, gateway.client.limits)
+
+    checked: tuple[openai.Speech, str | None] = await gateway.submit(parse)
+    parsed, unserved = checked
+    if unserved is not None:  # said at once, not after the request's whole wait (docs/gateway.md)
+        raise ApiError(503, unserved, type="server_error", code="no_worker", headers={"Retry-After": "5"})
+    streamed = parsed.streamed
     fields = {name: value for name, value in parsed.fields.items() if name != "stream"}
     if streamed:
         fields["stream"] = True
@@ -149,7 +155,7 @@ async def create_speech(
         with anyio.CancelScope(shield=True):
             await audio.aclose()
         raise
-    headers = audio.headers()
+    headers = {**audio.headers(), **parsed.headers()}
 
     async def charged(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         try:

