@@ -57,8 +57,8 @@ from ttsq.errors import BrokerError, UnknownJob
 from ttsq.gateway.apikeys import ApiKeys
 from ttsq.job import SynthesisRequest
 from ttsq.keys import content_key
-from ttsq.ops.redis_server import free_port
 from ttsq.ops.preflight import require_command_line
+from ttsq.ops.redis_server import free_port
 from ttsq.ops.sentinel import MASTER_NAME, SentinelTopology
 from ttsq.records.connection import connect
 
