@@ -469,3 +469,71 @@ def test_the_encoders_pieces_joined_are_one_readable_file(response_format: str) 
     # mp3 keeps its encoder's delay and padding and one silent first frame (no Info header to trim them).
     assert seconds == pytest.approx(2.0, abs=0.15 if response_format == "mp3" else 0.03)
     assert np.sqrt(np.mean(samples**2)) > 0.1
+
+
+# -- backpressure: slow and silent clients hold a bounded buffer, and give it back ------------------
+
+
+def long_text(n: int, chars: int) -> str:
+    """About ``chars`` characters of English for espeak (2,700: about 2.5 minutes of audio), distinct by ``n``."""
+    words = f"Client {n} listens to a long passage about rivers, mills and the weather over the hills."
+    return " ".join([words] * (chars // len(words) + 1))
+
+
+def rss_bytes(gateway: GatewayProcess) -> int:
+    with open(f"/proc/{gateway.process.pid}/status") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+
+@pytest.mark.slow
+def test_clients_that_read_slowly_or_never_cost_a_bounded_buffer_and_give_it_back(
+    served: tuple[GatewayProcess, str],
+) -> None:
+    """Acceptance (issue 41): 10 clients that never read and 10 that read 4 KB every half second, then
+    all close: the gateway's memory within 80 MB of where it started 20 s later (an unbounded queue per
+    reader took it up 271 MB and kept it), and the streams read beside them are the stored files."""
+    gateway, token = served
+    with http(gateway, token) as api:  # warm: the first stream's imports and encoders are counted before
+        api.post("/v1/audio/speech", json={"model": "tts-1", "input": "Warm up.", "response_format": "wav"})
+    before = rss_bytes(gateway)
+    stop = threading.Event()
+    opened: list[str] = []
+
+    def client(n: int, reads: bool) -> None:
+        body = {"model": "tts-1", "input": long_text(n, 2700), "response_format": "wav"}
+        with http(gateway, token) as api, api.stream("POST", "/v1/audio/speech", json=body) as response:
+            opened.append(response.headers["x-ttsq-job-id"])
+            chunks = response.iter_raw(4096)
+            while not stop.wait(0.5):
+                if reads:
+                    next(chunks, None)
+
+    clients = [threading.Thread(target=client, args=(n, n % 2 == 0), daemon=True) for n in range(20)]
+    for thread in clients:
+        thread.start()
+    # Beside them, clients that read as fast as the audio comes: their streams are the stored files.
+    fast = [
+        Reader(gateway, token, {"model": "tts-1", "input": long_text(100 + n, 700), "response_format": "wav"})
+        for n in range(3)
+    ]
+    for reader in fast:
+        reader.start()
+    for reader in fast:
+        reader.join(120)
+        assert reader.done and reader.error is None and reader.status == 200
+        stored, _ = stored_wav(gateway, token, reader.headers["x-ttsq-job-id"])
+        assert bytes(reader.received[44:]) == stored.astype("<i2").tobytes()
+    wait_until(lambda: len(opened) == 20, 120, "every slow client's first audio")
+    with http(gateway, token) as api:  # every slow client's job is made: the window has moved past them
+        for job_id in opened:
+            wait_until(lambda j=job_id: api.get(f"/v1/jobs/{j}").json()["state"] == "SUCCESS", 120, "the job")
+    held = rss_bytes(gateway)
+    stop.set()
+    for thread in clients:
+        thread.join(30)
+    wait_until(lambda: metric(gateway, "ttsq_gateway_streams_read") == 0, 30, "every reader gone")
+    time.sleep(20)  # what the acceptance measures: memory 20 s after the clients left, not a timing
+    after = rss_bytes(gateway)
+    print(f"gateway RSS: {before} at the start, {held} with the clients open, {after} 20 s after they left")
+    assert after - before < 80 * 2**20, f"gateway RSS went from {before} to {held} (clients open) to {after} bytes"
