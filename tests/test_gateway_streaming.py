@@ -537,3 +537,38 @@ def test_clients_that_read_slowly_or_never_cost_a_bounded_buffer_and_give_it_bac
     after = rss_bytes(gateway)
     print(f"gateway RSS: {before} at the start, {held} with the clients open, {after} 20 s after they left")
     assert after - before < 80 * 2**20, f"gateway RSS went from {before} to {held} (clients open) to {after} bytes"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("response_format", ["wav", "mp3"])
+def test_a_client_that_falls_behind_the_window_gets_the_rest_from_the_stored_file(
+    settings: Settings,
+    start_worker: StartWorker,
+    start_gateway: StartGateway,
+    faulty_engine: str,
+    response_format: str,
+) -> None:
+    """A client that stops reading after its first audio: its reader stops at its bound, the worker
+    trims the stream past it, and what the client reads later comes from the stored file, from the
+    sample it had reached: for wav the stored samples, byte for byte."""
+    faulty = settings.replace(engine=faulty_engine)
+    start_worker(faulty.replace(stream_window_s=1))
+    gateway, token = start_gateway(faulty.replace(gateway_stream_buffer_bytes=4096)), api_key(settings)
+    # [slow]: the gateway reads the stream from its start. Longer than what the sockets between
+    # gateway and client buffer (megabytes on loopback): about 4 minutes of audio.
+    body = {"model": "tts-1", "input": "[slow] " + long_text(7, 4500), "response_format": response_format}
+    with http(gateway, token) as api, api.stream("POST", "/v1/audio/speech", json=body) as response:
+        job_id = response.headers["x-ttsq-job-id"]
+        chunks = response.iter_raw(1024)
+        data = next(chunks)
+        wait_until(lambda: api.get(f"/v1/jobs/{job_id}").json()["state"] == "SUCCESS", 60, "the job")
+        assert stream_entries(settings, job_id)[0] == "audio"  # the start and the early pieces are gone
+        data += b"".join(chunks)
+    if response_format == "wav":
+        stored, _ = stored_wav(gateway, token, job_id)
+        assert data[44:] == stored.astype("<i2").tobytes()
+    else:
+        with http(gateway, token) as api:
+            duration = float(api.get(f"/v1/jobs/{job_id}").json()["result"]["duration_s"])
+        samples, rate = soundfile.read(io.BytesIO(data), dtype="float32")
+        assert len(samples) / rate == pytest.approx(duration, abs=0.15)  # one file, its whole length
