@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import signal
 import threading
 import time
 import wave
@@ -572,3 +573,54 @@ def test_a_client_that_falls_behind_the_window_gets_the_rest_from_the_stored_fil
             duration = float(api.get(f"/v1/jobs/{job_id}").json()["result"]["duration_s"])
         samples, rate = soundfile.read(io.BytesIO(data), dtype="float32")
         assert len(samples) / rate == pytest.approx(duration, abs=0.15)  # one file, its whole length
+
+
+def test_a_late_reader_sends_the_bytes_a_live_one_would(
+    settings: Settings, start_worker: StartWorker, start_gateway: StartGateway
+) -> None:
+    """A gateway paused (SIGSTOP) while the worker writes and trims the whole stream: its reader finds
+    the stream moved past it and goes on from the stored file; its pcm and wav are the bytes a live
+    reader sends (a wav with the streamed header), not the stored file as is."""
+    start_worker(settings.replace(stream_window_s=1))
+    gateway, token = start_gateway(settings), api_key(settings)
+    cache = redis.Redis.from_url(settings.cache_url, decode_responses=True)
+    for response_format in ("wav", "pcm"):
+        body = {
+            "model": "tts-1",
+            "input": f"{TEXT} {TEXT} Late, in {response_format}.",
+            "response_format": response_format,
+        }
+        reader = Reader(gateway, token, body)
+        reader.start()
+        wait_until(lambda: metric(gateway, "ttsq_gateway_streams_read") == 1, 30, "the reader open")
+        gateway.process.send_signal(signal.SIGSTOP)
+        try:
+            wait_until(
+                lambda: any(
+                    fields["kind"] == "end"
+                    for key in cache.keys(STREAM_PREFIX + "*")
+                    for _, fields in cache.xrange(key)
+                ),
+                60,
+                "the job's whole stream written while the gateway is paused",
+            )
+        finally:
+            gateway.process.send_signal(signal.SIGCONT)
+        reader.join(60)
+        assert reader.error is None and reader.status == 200
+        stored, rate = stored_wav(gateway, token, reader.headers["x-ttsq-job-id"])
+        data = bytes(reader.received)
+        if response_format == "wav":
+            assert data[4:8] == b"\xff\xff\xff\xff" and data[44:] == stored.astype("<i2").tobytes()
+        else:
+            received = np.frombuffer(data, dtype="<i2").astype(np.int32)
+            expected = np.interp(
+                np.arange(round(stored.size * 24_000 / rate)) * (rate / 24_000),
+                np.arange(stored.size),
+                stored / 32768.0,
+            )
+            assert received.size == expected.size
+            assert np.abs(received - np.clip(np.floor(expected * 32768.0), -32768, 32767)).max() <= 1
+        for key in cache.keys(STREAM_PREFIX + "*"):
+            cache.delete(key)  # this test's own streams: the next format looks for its own end
+    cache.close()

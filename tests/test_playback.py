@@ -84,7 +84,7 @@ def test_a_late_reader_whose_first_pieces_were_trimmed_reads_the_stored_file_fro
         stream.audio(seq, piece(10, seq))
     stream.trim_to(2)  # the window: the start and the first pieces are gone
     playback = new()
-    assert playback.entries(stream.entries, 1.0) == [] and playback.phase == "behind"
+    assert playback.entries(stream.entries, 1.0) == [] and playback.phase == "behind" and playback.trimmed
     stream.add("end", payload={})
     assert playback.entries(stream.entries[-1:], 2.0) == [FromStored(0)]
 
@@ -139,7 +139,8 @@ def test_a_reader_that_played_nothing_follows_a_rerun() -> None:
 def test_an_end_with_nothing_played_and_an_error_and_a_bad_rate() -> None:
     stream = Stream()
     stream.add("end", payload={})
-    assert new().entries(stream.entries, 1.0) == [FromStored(0)]  # a cache hit at the worker
+    hit = new()
+    assert hit.entries(stream.entries, 1.0) == [FromStored(0)] and not hit.trimmed  # a cache hit at the worker
     failed = Stream()
     failed.add("error", payload={"type": "EngineError", "message": "out of memory"})
     assert new().entries(failed.entries, 1.0) == [Failed("EngineError", "out of memory")]

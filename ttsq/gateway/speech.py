@@ -288,10 +288,19 @@ class SpeechAudio:
             return
         # The reader is let go before the file is read: Redis is no longer read for this response.
         result = await self._result()
-        if coder is None or not playback.played:  # nothing sent yet: the stored file as it is
-            async for chunk in self._stored(result):
+        fmt = self.speech.response_format
+        if not playback.played:
+            if not playback.trimmed or fmt not in ("pcm", "wav"):  # the stored file as it is, as a cache hit
+                async for chunk in self._stored(result):
+                    yield chunk
+                return
+            # A late reader: the bytes the stream would have sent (a wav's streamed header, pcm's pieces).
+            rate = int(result["sample_rate"])
+            coder = encoder(fmt, rate)
+            async for chunk in self._rest_of(result, 0, coder, rate):
                 yield chunk
             return
+        assert coder is not None
         async for chunk in self._rest_of(result, resume.offset, coder, playback.sample_rate):
             yield chunk
 

@@ -112,6 +112,9 @@ class Playback:
         #: Samples played so far.
         self.offset = 0
         self.played = False
+        #: The stream had moved past this reader (it came late or fell behind the window): what it
+        #: missed is in the stored file. False for a job that never streamed to it at all.
+        self.trimmed = False
         self._expected = 0  # the next piece's seq
         self._last_news = now
         self._last_check = now
@@ -187,13 +190,13 @@ class Playback:
         if entry.run and self.run and entry.run != self.run:  # a rerun whose start was trimmed
             if self.played:
                 return self._rerun()
-            self.phase, self.run = "behind", entry.run  # came late to the rerun: its stored file
+            self.phase, self.run, self.trimmed = "behind", entry.run, True  # came late to the rerun
             return []
         if self.phase == "behind":
             return []  # the stored file has it
         if self.phase == "waiting" or entry.seq > self._expected:
             if head or self.phase == "waiting":  # trimmed before this reader got it
-                self.phase = "behind"
+                self.phase, self.trimmed = "behind", True
                 self.run = self.run or entry.run
                 return []
             return self._end(
