@@ -41,7 +41,7 @@ from ttsq.client import DocumentStream
 from ttsq.errors import CorruptRecord, InvalidRequest, JobFailed, JobParked, JobTimeout, StreamBroken, TTSQError
 from ttsq.gateway.encoders import Encoder, PcmEncoder, encoder
 from ttsq.gateway.errors import ApiError, Interrupted
-from ttsq.records.playback import Broken, CheckState, Done, Failed, FromStored, Play, Playback, stored_pcm
+from ttsq.records.playback import RATES, Broken, CheckState, Done, Failed, FromStored, Play, Playback, stored_pcm
 from ttsq.results import checked_key
 
 if TYPE_CHECKING:
@@ -296,6 +296,8 @@ class SpeechAudio:
                 return
             # A late reader: the bytes the stream would have sent (a wav's streamed header, pcm's pieces).
             rate = int(result["sample_rate"])
+            if rate not in RATES:
+                raise ApiError(500, f"job {self.job.id}: its result names a rate of {rate} Hz", code="corrupt_record")
             coder = encoder(fmt, rate)
             async for chunk in self._rest_of(result, 0, coder, rate):
                 yield chunk

@@ -24,13 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ttsq.records.streams import StreamEntry
-
-if TYPE_CHECKING:
-    import numpy as np
-    import numpy.typing as npt
 
 #: A started stream with no new piece for this long is broken (seconds): its worker stalled or died
 #: (the job itself comes back by redelivery and completes).
@@ -278,8 +274,21 @@ def _pcm16_data_start(head: bytes) -> int | None:
 
 
 def _decoded_pcm(data: bytes, offset: int, piece_bytes: int) -> Iterator[bytes]:
-    from ttsq.audio import decode, pcm_pieces
+    """Any file libsndfile reads, decoded a piece at a time from sample ``offset`` (channels averaged and
+    converted as ``ttsq.audio.decode`` and the stored WAV do): the compressed file and one piece held."""
+    import io
 
-    samples: npt.NDArray[np.float32]
-    samples, rate = decode(data)
-    yield from pcm_pieces(samples[offset:], rate, piece_bytes / 2 / rate)
+    import soundfile as sf
+
+    from ttsq.audio import pcm16
+
+    step = max(1, piece_bytes // 2)
+    with sf.SoundFile(io.BytesIO(data)) as decoded:
+        if offset and decoded.seekable():
+            decoded.seek(min(offset, decoded.frames))
+        else:
+            skip = offset
+            while skip > 0 and (read := len(decoded.read(min(step, skip), dtype="float32", always_2d=True))):
+                skip -= read
+        while len(block := decoded.read(step, dtype="float32", always_2d=True)):
+            yield pcm16(block.mean(axis=1))
