@@ -16,6 +16,14 @@ serve`` read through the official ``openai`` package (``with_streaming_response`
   download, or the gateway's plain response): time to the last byte (p50/p95);
 - **the floor**: the engine's own first piece in this process, no queue (measured once, first).
 
+``--redis-bytes N`` measures instead what Redis holds per stream being made (docs/deployment.md, "Redis
+sizing"): N streams of ``--clip-s`` seconds of 24 kHz audio written by the worker's own ``StreamWriter``
+into a private redis-server, left open (no ``end``: streams being made), Redis's ``used_memory`` over
+N; in the same run the same streams kept whole (what every stream held before it kept a window), and
+then at rest: after their ``end`` and ``TTSQ_STREAM_GRACE_S``.
+
+    python benchmarks/streaming.py --redis-bytes 50 [--clip-s 60] [--window-s 5]
+
 espeak is too fast for one clip to show anything: its requests are documents (``--doc-chars``, 8,000 by
 default), which stream chunk by chunk. qwen-fast runs a tiny random-weight checkpoint on the CPU (or
 ``TTSQ_QWEN_MODEL``), each clip capped at ``--frames`` codec frames (125: ten seconds).
@@ -231,6 +239,45 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return figures
 
 
+def redis_bytes(args: argparse.Namespace) -> dict[str, Any]:
+    """Redis bytes per stream being made, windowed and kept whole, and at rest after the grace."""
+    from ttsq.engines.base import EngineOutput
+    from ttsq.observer import Observer
+    from ttsq.records.streams import AudioStreams
+    from ttsq.worker.streaming import StreamWriter
+
+    rate, grace_s = 24_000, 1
+    rng = np.random.default_rng(41)
+    # Speech-like in what matters here: base64 of 16-bit samples is the same size whatever they are.
+    clip = (rng.standard_normal(int(args.clip_s * rate)) * 0.1).astype(np.float32)
+    redis = RedisServer().start()
+    try:
+        client = connect(f"{redis.url}/2")
+        figures: dict[str, Any] = {"streams": args.redis_bytes, "clip_s": args.clip_s, "rate": rate}
+
+        def used() -> int:
+            return int(client.info("memory")["used_memory"])
+
+        for name, window_s in (("whole", args.clip_s + 1.0), ("windowed", float(args.window_s))):
+            streams = AudioStreams(client, window_s=window_s, grace_s=grace_s)
+            before = used()
+            ids = [f"bench-{name}-{n}" for n in range(args.redis_bytes)]
+            for task_id in ids:
+                writer = StreamWriter(streams, task_id, sample_rate=rate, observer=Observer(), sent_at=None)
+                writer.finish(EngineOutput(samples=clip, sample_rate=rate))
+            open_bytes = used() - before
+            figures[f"{name}_bytes_per_stream"] = round(open_bytes / args.redis_bytes)
+            for task_id in ids:
+                streams.end(task_id, {"duration_s": args.clip_s})
+            time.sleep(grace_s + 1.5)
+            figures[f"{name}_at_rest_bytes"] = used() - before
+            figures[f"{name}_keys_at_rest"] = len(client.keys("ttsq:stream:bench-*"))
+        figures["window_s"] = args.window_s
+        return figures
+    finally:
+        redis.stop()
+
+
 def _corpus(chars: int) -> str:
     """The tests' document (``tests/document_corpus.py``), cut back to a word under ``chars``."""
     sys.path.insert(0, str(ROOT / "tests"))
@@ -354,9 +401,23 @@ def main() -> int:
     parser.add_argument("--device", default="auto", help="TTSQ_QWEN_DEVICE of the worker")
     parser.add_argument("--max-batch", type=int, default=8, help="the worker's slots (at least the concurrency)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument("--redis-bytes", type=int, default=0, help="measure Redis bytes per open stream, N streams")
+    parser.add_argument("--clip-s", type=float, default=60.0, help="--redis-bytes: seconds of audio per stream")
+    parser.add_argument("--window-s", type=int, default=Settings().stream_window_s, help="--redis-bytes: the window")
     args = parser.parse_args()
-    figures = run(args)
-    _print(figures)
+    if args.redis_bytes:
+        figures = redis_bytes(args)
+        print(
+            f"ttsq stream memory: {figures['streams']} open streams of {figures['clip_s']:.0f} s "
+            f"at {figures['rate']} Hz; "
+            f"Redis bytes per stream being made: {figures['windowed_bytes_per_stream']:,} with a "
+            f"{figures['window_s']} s window, {figures['whole_bytes_per_stream']:,} kept whole; after end + grace: "
+            f"{figures['windowed_at_rest_bytes']:,} bytes ({figures['windowed_keys_at_rest']} keys) against "
+            f"{figures['whole_at_rest_bytes']:,} ({figures['whole_keys_at_rest']} keys)"
+        )
+    else:
+        figures = run(args)
+        _print(figures)
     if args.json is not None:
         args.json.write_text(json.dumps(figures, indent=2))
     return 0

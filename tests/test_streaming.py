@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -12,11 +13,12 @@ import numpy as np
 import pytest
 import soundfile as sf
 from document_corpus import corpus
-from support import WorkerProcess, run_cli
+from support import WorkerProcess, run_cli, wait_until
 
 from ttsq.app import make_app
 from ttsq.client import AudioPiece, AudioStream, Client, Job
 from ttsq.config import Settings
+from ttsq.constants import STREAM_PREFIX
 from ttsq.engines.base import EngineIdentity
 from ttsq.engines.espeak import EspeakEngine
 from ttsq.errors import CorruptRecord, InvalidRequest, StreamBroken
@@ -264,4 +266,88 @@ def test_an_identical_request_joins_the_running_stream_from_its_first_piece(
     assert heard[0] == heard[1] and heard[0]
     assert first.result is not None and second.result is not None
     assert first.result["key"] == second.result["key"]
+    client.close()
+
+
+# -- what a stream holds: a window, then nothing a short grace after its end ------------------------
+
+
+def long_text(n: int, chars: int = 700) -> str:
+    """About ``chars`` characters of English for espeak (700: about 42 s of audio), distinct by ``n``."""
+    words = f"Stream {n} reads a long passage about rivers, mills and the weather over the hills, sentence by sentence."
+    return " ".join([words] * (chars // len(words) + 1))
+
+
+def test_readers_late_behind_or_back_after_the_grace_play_the_stored_file_from_where_they_were(
+    settings: Settings, start_worker: StartWorker
+) -> None:
+    windowed = settings.replace(stream_window_s=1, stream_grace_s=2)
+    start_worker(windowed)
+    client = Client(windowed)
+    owner = RedisOwner(windowed, role="test")
+    live = client.stream(long_text(1), timeout=90)
+    job = live.job
+    # Two readers play their first piece, then stop: one comes back once the job is done (the window
+    # has moved past it), the other once its stream has expired.
+    behind, gone = (iter(AudioStream(client, job, timeout=90)) for _ in range(2))
+    heard = {"behind": next(behind).pcm, "gone": next(gone).pcm}
+    result = client.wait(job.id or "", timeout=90)
+    stored, rate = wav_pcm(client.download(result))
+    entries = owner.streams.read(job.id or "", block_s=0.1)
+    audio = [entry for entry in entries if entry.kind == "audio"]
+    # The stream kept its last second or so of audio and the end: the start and the rest were trimmed.
+    assert entries[0].kind == "audio" and entries[-1].kind == "end" and audio[0].seq > 10
+    assert sum(len(entry.pcm) for entry in audio) <= 2 * rate * 2  # at most the window and one piece
+    assert audio[-1].at + len(audio[-1].pcm) // 2 == len(stored) // 2  # pieces say the sample they start at
+
+    heard["behind"] += b"".join(piece.pcm for piece in behind)
+    late = AudioStream(client, job, timeout=90)  # arrives after the end: the stream no longer starts
+    heard["late"] = b"".join(piece.pcm for piece in late)
+    assert late.result is not None and late.result["key"] == result["key"]
+    wait_until(lambda: not owner.cache.exists(STREAM_PREFIX + (job.id or "")), 30, "the stream to expire")
+    heard["gone"] += b"".join(piece.pcm for piece in gone)
+    heard["live"] = b"".join(piece.pcm for piece in live)
+    assert len(heard["behind"]) > 1000
+    for name, pcm in heard.items():
+        assert pcm == stored, name  # byte for byte, whichever way each reader got there
+    owner.close()
+    client.close()
+
+
+@pytest.mark.slow
+def test_thirty_long_streams_leave_redis_as_they_found_it_after_the_grace(
+    settings: Settings, start_worker: StartWorker
+) -> None:
+    """Acceptance (issue 41): 30 long streams read to the end, then the grace: Redis's memory within
+    40 MB of where it started (every clip whole for 15 minutes took it up 439 MB)."""
+    graced = settings.replace(stream_grace_s=2)
+    start_worker(graced)
+    client = Client(graced)
+    owner = RedisOwner(graced, role="test")
+    client.wait(client.submit("Warm up the worker.").id or "", timeout=60)
+    before = int(owner.cache.info("memory")["used_memory"])
+    texts = [long_text(n) for n in range(30)]
+    heard: dict[int, tuple[bytes, dict[str, object]]] = {}
+
+    def read(n: int) -> None:
+        stream = client.stream(texts[n], timeout=300)
+        pcm = b"".join(piece.pcm for piece in stream)
+        assert stream.result is not None
+        heard[n] = (pcm, dict(stream.result))
+
+    threads = [threading.Thread(target=read, args=(n,)) for n in range(30)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    assert len(heard) == 30
+    seconds = sum(len(pcm) / 2 / int(result["sample_rate"]) for pcm, result in heard.values())  # type: ignore[call-overload]
+    assert seconds > 30 * 30  # long streams: over 900 s of audio (1,268 s here), about 75 MB as whole streams
+    wait_until(lambda: not owner.cache.keys(STREAM_PREFIX + "*"), 60, "every stream gone after its grace")
+    after = int(owner.cache.info("memory")["used_memory"])
+    print(f"Redis used_memory: {before} before, {after} after {seconds:.0f} s of audio streamed and the grace")
+    assert after - before < 40 * 2**20, f"Redis went from {before} to {after} bytes"
+    pcm, result = heard[7]
+    assert pcm == wav_pcm(client.download(result))[0]  # type: ignore[arg-type]
+    owner.close()
     client.close()

@@ -42,6 +42,7 @@ from ttsq.records.attempts import ParkedJob
 from ttsq.records.connection import patiently
 from ttsq.records.owner import RedisOwner
 from ttsq.records.plans import chunk_task_ids
+from ttsq.records.playback import STALL_S, STATE_CHECK_S, Broken, CheckState, Done, Failed, FromStored, Play, Playback
 from ttsq.records.queues import message_held
 from ttsq.results import Results
 from ttsq.sending import WITHDRAW_PATIENCE_S, Outgoing, send_job, sending
@@ -107,10 +108,11 @@ class AudioPiece:
 STORED_PIECE_S = 0.5
 #: How long a started stream may go without a new piece before its reader gives up on it (seconds):
 #: the worker stalled or died; the job itself comes back by redelivery and completes.
-STREAM_STALL_S = 30.0
-#: While no worker has started a streaming job, its reader looks at the job's state this often, so a
-#: job cancelled or failed before it started ends the stream.
-STREAM_STATE_CHECK_S = 2.0
+STREAM_STALL_S = STALL_S
+#: While a streaming job plays nothing (not started, or its reader waits for the stored file), its
+#: reader looks at the job's state this often, so a job cancelled or failed before it started ends the
+#: stream.
+STREAM_STATE_CHECK_S = STATE_CHECK_S
 
 
 class AudioStream:
@@ -118,9 +120,12 @@ class AudioStream:
     result once the last piece has been read (``Client.stream``).
 
     A cache hit, or a job that joined an identical one that is not streaming, plays the stored file.
-    A stream that breaks (its worker died after pieces were read, or stalled for ``STREAM_STALL_S``)
-    raises ``StreamBroken``: never a short clip that looks complete. The job still completes; ``wait``
-    on ``job.id`` for its result."""
+    A reader that comes late, falls behind the stream's window (``TTSQ_STREAM_WINDOW_S``) or comes back
+    after it expired continues from the stored file at the sample it had reached, once the job is done:
+    the same samples. A stream that breaks (its worker died after pieces were read, or stalled for
+    ``STREAM_STALL_S``) raises ``StreamBroken``: never a short clip that looks complete. The job still
+    completes; ``wait`` on ``job.id`` for its result. The rules are ``ttsq.records.playback``'s, shared
+    with the gateway; this drives them with blocking reads."""
 
     def __init__(self, client: Client, job: Job, *, timeout: float | None) -> None:
         self.client = client
@@ -135,57 +140,49 @@ class AudioStream:
         assert self.job.source_id is not None
         task_id, streams = self.job.source_id, self.client.redis.streams
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        after, rate, played, expected = "0-0", 0, False, 0
-        last_news = time.monotonic()
-        last_check = 0.0
+        playback = Playback(
+            task_id, now=time.monotonic(), first_audio_by=deadline, stall_s=STREAM_STALL_S, check_s=STREAM_STATE_CHECK_S
+        )
+        after = "0-0"
         while True:
-            now = time.monotonic()
-            if deadline is not None and now > deadline:
+            if deadline is not None and time.monotonic() > deadline:
                 raise JobTimeout(f"job {task_id} not streamed within {self.timeout}s")
             entries = streams.read(task_id, after=after, block_s=1.0)
-            if not entries:
-                now = time.monotonic()
-                if rate and now - last_news > STREAM_STALL_S:
-                    raise StreamBroken(
-                        f"job {task_id}: no audio for {STREAM_STALL_S:.0f}s (its worker stalled or died)"
-                    )
-                if not rate and now - last_check > STREAM_STATE_CHECK_S:
-                    # Not started: a job that ended without streaming (cancelled, failed at the gate,
-                    # or joined to an identical job that does not stream) is answered by its result.
-                    last_check = now
-                    if self.client._state(task_id) in states.READY_STATES:
-                        yield from self._stored(self.client.wait(task_id, timeout=self.timeout))
-                        return
-                continue
-            last_news = time.monotonic()
-            for entry in entries:
-                after = entry.id
-                if entry.kind == "start":
-                    if played:
-                        raise StreamBroken(
-                            f"job {task_id} was run again after part of its audio was streamed (its worker "
-                            "stopped); the job completes: wait for its result for the whole file"
-                        )
-                    rate, expected = entry.sample_rate, 0
-                elif entry.kind == "audio":
-                    if entry.seq != expected or not rate:
-                        raise StreamBroken(f"job {task_id}: audio piece {expected} is missing from its stream")
-                    expected += 1
-                    played = True
-                    yield AudioPiece(entry.pcm, rate)
-                else:  # end or error: the job's own stored result says which, read the one way results are
-                    result = self.client.wait(task_id, timeout=self.timeout)
-                    if not played:  # a cache hit at the worker streams nothing: the stored file does
-                        yield from self._stored(result)
-                    self.result = result
+            if entries:
+                after = entries[-1].id
+            actions = playback.entries(entries, time.monotonic())
+            if actions and isinstance(actions[-1], CheckState):
+                if self.client._state(task_id) not in states.READY_STATES:
+                    continue
+                # Over: what the stream still holds comes first; nothing more, and the stored file has it.
+                entries = streams.read(task_id, after=after, block_s=0.001)
+                if entries:
+                    after = entries[-1].id
+                    actions = playback.entries(entries, time.monotonic())
+                else:
+                    actions = playback.job_over()
+            for action in actions:
+                if isinstance(action, Play):
+                    yield AudioPiece(action.pcm, action.sample_rate)
+                elif isinstance(action, FromStored):
+                    yield from self._stored(self.client.wait(task_id, timeout=self.timeout), action.offset)
                     return
+                elif isinstance(action, Done | Failed):
+                    # The job's own stored result says how it ended, read the one way results are.
+                    self.result = self.client.wait(task_id, timeout=self.timeout)
+                    return
+                elif isinstance(action, Broken):
+                    if action.code == "timeout":
+                        raise JobTimeout(f"job {task_id} not streamed within {self.timeout}s")
+                    raise StreamBroken(action.message)
 
-    def _stored(self, result: JobResult) -> Iterator[AudioPiece]:
+    def _stored(self, result: JobResult, offset: int = 0) -> Iterator[AudioPiece]:
+        """The stored file's samples from ``offset`` on."""
         from ttsq.audio import decode, pcm_pieces
 
         self.result = result
         samples, rate = decode(self.client.download(result))
-        for pcm in pcm_pieces(samples, rate, STORED_PIECE_S):
+        for pcm in pcm_pieces(samples[offset:], rate, STORED_PIECE_S):
             yield AudioPiece(pcm, rate)
 
 
@@ -247,6 +244,7 @@ class DocumentStream(AudioStream):
 
         streams, after, rate = self.client.redis.streams, "0-0", 0
         pieces: list[bytes] = []
+        whole = False  # every piece of the run so far was read (the stream keeps a window, not the clip)
         last_check = time.monotonic()
         while True:
             entry = self.client.cache.get(key)
@@ -255,10 +253,13 @@ class DocumentStream(AudioStream):
             for item in streams.read(task_id, after=after, block_s=0.5):
                 after = item.id
                 if item.kind == "start":  # a first take, or a rerun: nothing of this chunk was played
-                    pieces, rate = [], item.sample_rate
+                    pieces, rate, whole = [], item.sample_rate, True
                 elif item.kind == "audio":
+                    # A piece out of order: the ones before it were trimmed; the cache has the chunk
+                    # once it is done (its end comes after the index entry).
+                    whole = whole and item.seq == len(pieces)
                     pieces.append(item.pcm)
-                elif item.kind == "end" and pieces and rate:
+                elif item.kind == "end" and pieces and rate and whole:
                     pcm = np.frombuffer(b"".join(pieces), dtype="<i2")
                     return pcm.astype(np.float32) / np.float32(32768.0), rate
                 elif item.kind == "error":  # the chunk failed: so does the document; its error says why

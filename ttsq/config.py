@@ -227,6 +227,18 @@ class Settings:
     #: How long ``/v1/audio/speech`` and ``/generate`` wait for their audio before answering 504 (the
     #: job goes on; its id is in the ``X-TTSQ-Job-Id`` header).
     gateway_wait_s: int = 300
+    # Streams (``stream: true``, every job of the gateway's speech route): docs/streaming.md.
+    #: Seconds of audio a job's Redis stream keeps behind its newest piece; older pieces are trimmed as
+    #: the worker appends. A reader further behind (or later) continues from the stored file at the
+    #: sample it had reached. Redis holds about this times 64 KB per stream being made (24 kHz).
+    stream_window_s: int = 5
+    #: How long a job's stream stays readable after its ``end`` or ``error`` entry (seconds); a reader
+    #: that comes back later reads the job's stored file.
+    stream_grace_s: int = 30
+    #: Bytes of encoded audio the gateway holds for one reader whose client is slower than the stream:
+    #: past it, the reader stops reading Redis until the client catches up, and then continues from
+    #: the stored file if the stream has moved on.
+    gateway_stream_buffer_bytes: int = 262_144
     # Long documents (``ttsq submit -f``): split into chunk jobs, stitched into one file.
     #: Longest document accepted (``ttsq submit -f``), in characters after normalization.
     max_document_chars: int = 200_000
@@ -305,6 +317,13 @@ class Settings:
         _check(self.gateway_max_queue >= 0, "gateway_max_queue", "must be >= 0 (0: no limit)")
         _check(1024 <= self.gateway_max_body_bytes <= 64 * 2**20, "gateway_max_body_bytes", "must be 1024..67108864")
         _check(1 <= self.gateway_wait_s <= 3600, "gateway_wait_s", "must be 1..3600")
+        _check(1 <= self.stream_window_s <= 600, "stream_window_s", "must be 1..600")
+        _check(1 <= self.stream_grace_s <= 3600, "stream_grace_s", "must be 1..3600")
+        _check(
+            4096 <= self.gateway_stream_buffer_bytes <= 256 * 2**20,
+            "gateway_stream_buffer_bytes",
+            "must be 4096..268435456",
+        )
         _check(1 <= self.max_document_chars <= 10_000_000, "max_document_chars", "must be 1..10000000")
         _check(20 <= self.doc_max_chars <= 100_000, "doc_max_chars", "must be 20..100000")
         _check(

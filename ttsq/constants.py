@@ -47,6 +47,11 @@ WORKER_PREFIX = "ttsq:worker:"  # + node name -> JSON heartbeat of a live worker
 RESTARTS_KEY = "ttsq:restarts"  # hash: node name -> times a launcher restarted it
 WAITS_PREFIX = "ttsq:waits:"  # + Unix minute -> hash: "<bucket>|<tenant>" -> jobs that waited so long; TTL below
 
+#: A job's stream expires this long after an entry other than its last (seconds): longer than any pause
+#: of a live writer, short enough that the stream of a worker that died goes by itself. After its
+#: ``end`` or ``error`` it goes ``TTSQ_STREAM_GRACE_S`` later (``ttsq.records.streams``).
+STREAM_LIVE_TTL_S = 120
+
 #: How long per-minute counters are kept (seconds): ``ttsq stats`` looks back at most this far.
 MINUTE_STATS_TTL_S = 2 * 3600
 #: A worker rewrites its heartbeat this often (seconds); it expires after the TTL if the worker dies.

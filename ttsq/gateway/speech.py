@@ -7,7 +7,9 @@ Where the audio comes from:
 - a job that streams (``stream: true``, which the gateway sets on every single job of the speech route):
   its stream, read through the process's one ``StreamReader``, each piece encoded on arrival
   (``ttsq.gateway.encoders``); a cache hit at the worker, or a job joined to an identical one that does
-  not stream (single flight), ends with the stored file once it is done, as ``AudioStream`` does;
+  not stream (single flight), ends with the stored file once it is done, as ``AudioStream`` does; a
+  reader that came late, or whose client fell so far behind that the stream's window moved past it,
+  goes on from the stored file at the sample it had reached (``ttsq.records.playback`` says when);
 - a document (longer than one job): its stitched audio chunk by chunk in reading order, each chunk once
   it is complete, joined as the stitch joins it (``ttsq.client.DocumentStream``, on a thread: a playing
   document holds one thread of the gateway's pool while it waits for its next chunk);
@@ -15,7 +17,7 @@ Where the audio comes from:
 
 Failures before the first audio are HTTP errors in OpenAI's shape, as before (a cancelled job 410, a
 failed one 500, no audio in time 504). After it, the response has already said 200: a stream that
-breaks (its job run again after pieces were sent, no piece for ``STALL_S``, a job that failed) raises
+breaks (its job run again after pieces were sent, no piece for ``playback.STALL_S``, a job that failed) raises
 ``Interrupted`` from the body, which SSE turns into a ``speech.audio.error`` event and the raw response
 into a connection closed before its last chunk (``ttsq.gateway.middleware.Observe``): never a short clip
 that looks complete.
@@ -39,6 +41,7 @@ from ttsq.client import DocumentStream
 from ttsq.errors import CorruptRecord, InvalidRequest, JobFailed, JobParked, JobTimeout, StreamBroken, TTSQError
 from ttsq.gateway.encoders import Encoder, PcmEncoder, encoder
 from ttsq.gateway.errors import ApiError, Interrupted
+from ttsq.records.playback import RATES, Broken, CheckState, Done, Failed, FromStored, Play, Playback, stored_pcm
 from ttsq.results import checked_key
 
 if TYPE_CHECKING:
@@ -50,19 +53,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: A started stream with no new piece for this long is broken (seconds): its worker stalled or died
-#: (the job itself comes back by redelivery and completes).
-STALL_S = 30.0
-#: While no worker has started a streaming job, its state is read this often (seconds), so a job that
-#: ends without streaming (cancelled, failed before its engine, joined to one that does not stream)
-#: is answered.
-STATE_CHECK_S = 2.0
 #: Readers wait for entries in ticks of this long (seconds).
 TICK_S = 1.0
 #: Seconds of audio per piece when a stored WAV is sent as pcm.
 STORED_PIECE_S = 0.5
-#: The rates a stream's ``start`` may name (Hz); anything else is a record ttsq did not write.
-RATES = range(4_000, 192_001)
 
 
 class ClientGone(Exception):
@@ -239,86 +233,93 @@ class SpeechAudio:
             pieces.close()
 
     async def _streamed(self) -> AsyncGenerator[bytes, None]:
-        """The job's stream, piece by piece, encoded as it comes (mirrors ``ttsq.client.AudioStream``)."""
+        """The job's stream, piece by piece, encoded as it comes; from the stored file where the stream
+        has moved on (``ttsq.records.playback``, the rules ``ttsq.client.AudioStream`` drives too)."""
         task_id = self.job.source_id or ""
         gateway = self.gateway
         loop_time = anyio.current_time
-        deadline = loop_time() + gateway.settings.gateway_wait_s
-        rate, expected, played = 0, 0, False
+        playback = Playback(task_id, now=loop_time(), first_audio_by=loop_time() + gateway.settings.gateway_wait_s)
         coder: Encoder | None = None
-        last_news = last_check = loop_time()
+        resume: FromStored | None = None
         async with gateway.streams.open(task_id) as subscription:
-            while True:
+            while resume is None and not playback.over:
                 try:
                     entries = await subscription.get(TICK_S)
                 except CorruptRecord as exc:
-                    raise self._broken(f"job {task_id}: {exc}", "corrupt_record", played) from None
-                now = loop_time()
-                if not entries:
-                    if not played and now > deadline:
-                        raise self._broken(
-                            f"job {task_id}: no audio within {gateway.settings.gateway_wait_s:.0f}s", "timeout", played
-                        )
-                    if rate and now - last_news > STALL_S:
-                        raise Interrupted(
-                            f"job {task_id}: no audio for {STALL_S:.0f}s (its worker stalled or died); the job "
-                            "goes on: GET /v1/jobs/{id}/audio has the whole file once it is done",
-                            "stream_broken",
-                        )
-                    if not rate and now - last_check > STATE_CHECK_S:
-                        last_check = now
-                        if self._disconnected is not None and await self._disconnected():
-                            raise ClientGone
-                        stored = await gateway.waiter.stored(task_id)
-                        if stored.done:  # ended without streaming: its result answers
-                            async for chunk in self._stored(await self._result()):
-                                yield chunk
-                            return
-                    continue
-                last_news = now
-                for entry in entries:
-                    if entry.kind == "start":
-                        if played:
-                            raise Interrupted(
-                                f"job {task_id} was run again after part of its audio was sent (its worker "
-                                "stopped); the job completes: GET /v1/jobs/{id}/audio has the whole file",
-                                "stream_broken",
-                            )
-                        if entry.sample_rate not in RATES:
-                            raise self._broken(
-                                f"job {task_id}: stream names a rate of {entry.sample_rate} Hz",
-                                "corrupt_record",
-                                played,
-                            )
-                        rate, expected = entry.sample_rate, 0
-                        coder = encoder(self.speech.response_format, rate)
-                    elif entry.kind == "audio":
-                        if entry.seq != expected or coder is None:
-                            raise self._broken(
-                                f"job {task_id}: audio piece {expected} is missing from its stream",
-                                "stream_broken",
-                                played,
-                            )
-                        expected += 1
-                        played = True
-                        self.streamed_s += len(entry.pcm) / 2 / rate
-                        yield await _encoded(coder.feed, entry.pcm, self.speech.response_format)
-                    elif entry.kind == "end":
-                        if not played:  # a cache hit at the worker (or no samples): the stored file
-                            async for chunk in self._stored(await self._result()):
-                                yield chunk
-                            return
-                        payload = entry.payload or {}
-                        ignored = payload.get("ignored")
+                    raise self._broken(f"job {task_id}: {exc}", "corrupt_record", playback.played) from None
+                actions = playback.entries(entries, loop_time())
+                if actions and isinstance(actions[-1], CheckState):
+                    if self._disconnected is not None and await self._disconnected():
+                        raise ClientGone
+                    if not (await gateway.waiter.stored(task_id)).done:
+                        continue
+                    # Over: what the stream still holds comes first; nothing more, and the stored file has it.
+                    entries = await subscription.get(TICK_S)
+                    actions = playback.entries(entries, loop_time()) if entries else playback.job_over()
+                for action in actions:
+                    if isinstance(action, Play):
+                        if coder is None:
+                            coder = encoder(self.speech.response_format, action.sample_rate)
+                        self.streamed_s += len(action.pcm) / 2 / action.sample_rate
+                        yield await _encoded(coder.feed, action.pcm, self.speech.response_format)
+                    elif isinstance(action, FromStored):
+                        resume = action
+                    elif isinstance(action, Done):
+                        ignored = action.payload.get("ignored")
                         if isinstance(ignored, list):
                             self.ignored = [str(name)[:40] for name in ignored[:20]]
                         assert coder is not None
                         yield await _encoded(_finish(coder), b"", self.speech.response_format)
-                        return
-                    else:  # error: the worker's own word on why the job failed
-                        payload = entry.payload or {}
-                        kind, message = str(payload.get("type", "error"))[:60], str(payload.get("message", ""))[:300]
-                        raise self._failed(task_id, kind, message, played)
+                    elif isinstance(action, Failed):
+                        raise self._failed(task_id, action.kind, action.message, playback.played)
+                    elif isinstance(action, Broken):
+                        if action.code == "timeout":
+                            action = Broken(
+                                f"job {task_id}: no audio within {gateway.settings.gateway_wait_s:.0f}s", "timeout"
+                            )
+                        elif action.code == "stream_broken":
+                            action = Broken(
+                                f"{action.message}; the job goes on: GET /v1/jobs/{{id}}/audio has the whole file "
+                                "once it is done",
+                                action.code,
+                            )
+                        raise self._broken(action.message, action.code, playback.played)
+        if resume is None:
+            return
+        # The reader is let go before the file is read: Redis is no longer read for this response.
+        result = await self._result()
+        fmt = self.speech.response_format
+        if not playback.played:
+            if not playback.trimmed or fmt not in ("pcm", "wav"):  # the stored file as it is, as a cache hit
+                async for chunk in self._stored(result):
+                    yield chunk
+                return
+            # A late reader: the bytes the stream would have sent (a wav's streamed header, pcm's pieces).
+            rate = int(result["sample_rate"])
+            if rate not in RATES:
+                raise ApiError(500, f"job {self.job.id}: its result names a rate of {rate} Hz", code="corrupt_record")
+            coder = encoder(fmt, rate)
+            async for chunk in self._rest_of(result, 0, coder, rate):
+                yield chunk
+            return
+        assert coder is not None
+        async for chunk in self._rest_of(result, resume.offset, coder, playback.sample_rate):
+            yield chunk
+
+    async def _rest_of(self, result: JobResult, offset: int, coder: Encoder, rate: int) -> AsyncGenerator[bytes, None]:
+        """The stored file's samples from ``offset`` on, through the encoder the stream's pieces went
+        through: for pcm and wav the bytes the stream would have sent (its pieces are the stored WAV's
+        samples). Read from storage as the client takes them: one storage chunk held at a time."""
+        self.result = result
+        self.ignored = [str(name) for name in result.get("ignored", [])]
+        storage, object_key = self.gateway.client.storage, checked_key(result["object_key"])
+        chunks = await anyio.to_thread.run_sync(storage.stream, object_key)
+        piece_bytes = max(2, int(rate * STORED_PIECE_S) * 2)
+        pieces = stored_pcm(iter(lambda: next(chunks, b""), b""), offset, piece_bytes)
+        while (pcm := await anyio.to_thread.run_sync(next, pieces, None)) is not None:
+            self.streamed_s += len(pcm) / 2 / rate
+            yield await _encoded(coder.feed, pcm, self.speech.response_format)
+        yield await _encoded(_finish(coder), b"", self.speech.response_format)
 
     def _broken(self, message: str, code: str, played: bool) -> Exception:
         """A stream that cannot go on: before any audio an HTTP error, after it an interruption."""

@@ -74,7 +74,7 @@ class Gateway:
         self.cache = self.redis.async_client(settings.cache_url)
         self.waiter = ResultWaiter(self.redis.async_client(settings.result_backend))
         #: Jobs' audio streams, read on one connection of the cache pool (``ttsq.gateway.streams``).
-        self.streams = StreamReader(self.cache)
+        self.streams = StreamReader(self.cache, buffer_bytes=settings.gateway_stream_buffer_bytes)
         self._authorize = register_async(self.cache, "authorize")
         self._charge = register_async(self.cache, "charge")
         self._charge_once = register_async(self.cache, "charge_once")

@@ -8,14 +8,22 @@ in one ``XREAD`` over all the streams its readers follow, each after the last en
 got; it hands each reader the entries after that reader's own position. A reader that opens a new
 stream wakes the blocked read (``CLIENT UNBLOCK`` on the pool, one round trip) so its first entries
 are not held behind the block time. The worker only ever appends: nothing here blocks a worker.
+
+Backpressure: each reader holds at most ``buffer_bytes`` of audio it has not taken yet
+(``TTSQ_GATEWAY_STREAM_BUFFER_BYTES``). A reader at its bound is left out of the shared read, so Redis,
+which keeps only a window of each stream, holds what it has not read, not this process; once its client
+catches up it reads on from its own position, and if the window has moved past it, its ``Playback``
+continues from the stored file (``ttsq.records.playback``). A reader that goes lets go of its buffer at
+once: memory follows the readers open and their bound, never the clips.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 from ttsq.constants import STREAM_PREFIX
@@ -38,60 +46,86 @@ RETRY_S = 0.5
 
 
 class Subscription:
-    """One reader of one job's stream: ``get`` the entries after the last ones it got."""
+    """One reader of one job's stream: ``get`` the entries after the last ones it got, one read's worth
+    at a time (a gap at the head of one is a trim, inside one a broken stream: ``ttsq.records.playback``)."""
 
-    def __init__(self, task_id: str, after: str) -> None:
+    def __init__(self, task_id: str, after: str, *, buffer_bytes: int, wake: Callable[[], None]) -> None:
         self.task_id = task_id
         self.after = after
-        self._queue: asyncio.Queue[list[StreamEntry] | CorruptRecord] = asyncio.Queue()
+        self.buffer_bytes = buffer_bytes
+        #: Bytes of audio delivered and not taken yet.
+        self.buffered = 0
+        self._items: collections.deque[list[StreamEntry] | CorruptRecord] = collections.deque()
+        self._ready = asyncio.Event()
+        self._wake = wake
+
+    @property
+    def full(self) -> bool:
+        """At its bound: left out of the shared read until its client takes some."""
+        return self.buffered >= self.buffer_bytes
 
     async def get(self, timeout: float) -> list[StreamEntry]:
         """The next entries, or ``[]`` if none came within ``timeout`` seconds; ``CorruptRecord`` if
         the stream holds an entry that cannot be read."""
-        try:
-            item = await asyncio.wait_for(self._queue.get(), timeout)
-        except asyncio.TimeoutError:
-            return []
+        if not self._items:
+            self._ready.clear()
+            try:
+                await asyncio.wait_for(self._ready.wait(), timeout)
+            except asyncio.TimeoutError:
+                return []
+        item = self._items.popleft()
         if isinstance(item, CorruptRecord):
             raise item
+        was_full = self.full
+        self.buffered -= _size(item)
+        if was_full and not self.full:
+            self._wake()  # back in the shared read, from where it stopped
         return item
 
     def _deliver(self, entries: list[StreamEntry]) -> None:
         fresh = [entry for entry in entries if _order(entry.id) > _order(self.after)]
         if fresh:
             self.after = fresh[-1].id
-            self._queue.put_nowait(fresh)
+            self.buffered += _size(fresh)
+            self._put(fresh)
+
+    def _put(self, item: list[StreamEntry] | CorruptRecord) -> None:
+        self._items.append(item)
+        self._ready.set()
 
 
 class StreamReader:
     """The gateway process's one reader of job streams. One per event loop."""
 
-    def __init__(self, client: aioredis.Redis) -> None:
-        """``client``: the cache database's async client, from the process's ``RedisOwner``."""
+    def __init__(self, client: aioredis.Redis, *, buffer_bytes: int = 262_144) -> None:
+        """``client``: the cache database's async client, from the process's ``RedisOwner``;
+        ``buffer_bytes``: the audio one reader may hold that its client has not taken."""
         self._redis = client
+        self.buffer_bytes = buffer_bytes
         self._subscriptions: dict[str, set[Subscription]] = {}
         self._task: asyncio.Task[None] | None = None
         self._generation = 0  # bumped by every new subscription
         self._read_generation = -1  # the generation the read in progress covers
         self._in_read = False
         self._connection_id: int | None = None
+        self._joined = asyncio.Event()  # a reader joined while every other one was full
 
     @property
     def reading(self) -> int:
         """How many readers are open."""
         return sum(len(subscriptions) for subscriptions in self._subscriptions.values())
 
+    @property
+    def buffered(self) -> int:
+        """Bytes of audio held for readers, all of them together."""
+        return sum(s.buffered for subscriptions in self._subscriptions.values() for s in subscriptions)
+
     @contextlib.asynccontextmanager
     async def open(self, task_id: str, *, after: str = "0-0") -> AsyncIterator[Subscription]:
         """Follow ``task_id``'s stream from after ``after`` for as long as the context lasts."""
-        subscription = Subscription(task_id, after)
+        subscription = Subscription(task_id, after, buffer_bytes=self.buffer_bytes, wake=self._rejoin)
         self._subscriptions.setdefault(task_id, set()).add(subscription)
-        self._generation += 1
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run(), name="ttsq-stream-reader")
-        else:
-            waking = asyncio.create_task(self._wake(self._generation), name="ttsq-stream-wake")
-            waking.add_done_callback(lambda task: task.exception() if not task.cancelled() else None)
+        self._rejoin()
         try:
             yield subscription
         finally:
@@ -99,6 +133,16 @@ class StreamReader:
             subscriptions.discard(subscription)
             if not subscriptions:
                 self._subscriptions.pop(task_id, None)
+
+    def _rejoin(self) -> None:
+        """A reader joins the shared read (new, or no longer full): start it, or wake it."""
+        self._generation += 1
+        self._joined.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="ttsq-stream-reader")
+        else:
+            waking = asyncio.create_task(self._wake(self._generation), name="ttsq-stream-wake")
+            waking.add_done_callback(lambda task: task.exception() if not task.cancelled() else None)
 
     async def _wake(self, generation: int) -> None:
         """Make the blocked read start again with the new stream among its keys."""
@@ -126,10 +170,17 @@ class StreamReader:
                 try:
                     if self._connection_id is None:
                         self._connection_id = int(await connection.client_id())
+                    # Full readers are left out: Redis holds what they have not read (a window).
                     positions = {
-                        STREAM_PREFIX + task_id: min((s.after for s in subscriptions), key=_order)
+                        STREAM_PREFIX + task_id: min(afters, key=_order)
                         for task_id, subscriptions in self._subscriptions.items()
+                        if (afters := [s.after for s in subscriptions if not s.full])
                     }
+                    if not positions:  # every reader is full: wait for one to take some (it sets this)
+                        self._joined.clear()
+                        with contextlib.suppress(asyncio.TimeoutError):
+                            await asyncio.wait_for(self._joined.wait(), BLOCK_MS / 1000)
+                        continue
                     self._read_generation, self._in_read = self._generation, True
                     try:
                         answer = await connection.xread(positions, count=READ_COUNT, block=BLOCK_MS)  # type: ignore[arg-type]
@@ -155,10 +206,11 @@ class StreamReader:
         except CorruptRecord as exc:
             for subscription in subscriptions:
                 subscription.after = raw[-1][0]  # past it: the next read does not meet it again
-                subscription._queue.put_nowait(exc)
+                subscription._put(exc)
             return
         for subscription in subscriptions:
-            subscription._deliver(entries)
+            if not subscription.full:
+                subscription._deliver(entries)
 
     async def close(self) -> None:
         """Stop reading (the pool is the owner's to close)."""
@@ -175,3 +227,7 @@ def _order(entry_id: str) -> tuple[int, int]:
         return int(ms), int(seq or 0)
     except ValueError:
         return (0, 0)
+
+
+def _size(item: list[StreamEntry] | CorruptRecord) -> int:
+    return 0 if isinstance(item, CorruptRecord) else sum(len(entry.pcm) for entry in item)

@@ -227,7 +227,12 @@ class RedisOwner:
     @functools.cached_property
     def streams(self) -> AudioStreams:
         """The audio streams of streaming jobs (``ttsq.records.streams``)."""
-        return AudioStreams(self.cache, patience_s=self.patience_s)
+        return AudioStreams(
+            self.cache,
+            window_s=self.settings.stream_window_s,
+            grace_s=self.settings.stream_grace_s,
+            patience_s=self.patience_s,
+        )
 
     @functools.cached_property
     def attempts(self) -> Ledger:

@@ -1,16 +1,24 @@
 """A job's audio while it is being made: one Redis stream per streaming job, ``ttsq:stream:<task id>``.
 
-The worker appends, in order: a ``start`` entry (sample rate, the run's incarnation), ``audio``
-entries (16-bit mono PCM, little-endian, base64, with a sequence number from 0), then one final
-entry, ``end`` (the job's result, JSON) or ``error`` (its error type and message). The whole file is
-still encoded, stored once and indexed as for any job; the stream is only the early copy, capped in
-entries and expiring (``STREAM_TTL_S``), so Redis never holds more than ``max_pieces`` pieces of one job.
+The worker appends, in order: a ``start`` entry (sample rate, the run's name), ``audio`` entries
+(16-bit mono PCM, little-endian, base64, with a sequence number from 0, the sample it starts at and
+the run's name), then one final entry, ``end`` (the job's result, JSON) or ``error`` (its error type
+and message). The whole file is still encoded, stored once and indexed as for any job; the stream is
+only the early copy for the readers that are live while it is made. It holds what they still need and
+nothing after: the worker trims every piece that falls more than ``TTSQ_STREAM_WINDOW_S`` seconds of
+audio behind the newest one as it appends (``XADD ... MINID``, exact), and the key expires
+``TTSQ_STREAM_GRACE_S`` after its ``end`` or ``error`` (``STREAM_LIVE_TTL_S`` after any other entry,
+so the stream of a worker that died goes by itself). Redis holds about one window per stream being
+made (docs/deployment.md, "Redis sizing").
 
 Readers never block the writer: they ``XREAD`` after the last entry id they got, so a reader that
-reconnects resumes where it stopped. A job run again (its worker died and the message came back)
-writes a second ``start``: a reader that already played pieces of the first run cannot splice a
-sampling model's second take onto them, and ends with an error instead of a short or mixed clip
-(``ttsq.errors.StreamBroken``); a reader that had played nothing follows the rerun.
+reconnects resumes where it stopped. A reader that comes late, falls behind the window or comes back
+after the grace continues from the stored file at the sample it had reached (``ttsq.records.playback``,
+the one reader both ``ttsq.client.AudioStream`` and the gateway drive). A job run again (its worker
+died and the message came back) writes a second ``start``, and its pieces carry the new run's name: a
+reader that already played pieces of the first run cannot splice a sampling model's second take onto
+them, and ends with an error instead of a short or mixed clip (``ttsq.errors.StreamBroken``); a reader
+that had played nothing follows the rerun.
 """
 
 from __future__ import annotations
@@ -20,18 +28,12 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ttsq.constants import STREAM_PREFIX
+from ttsq.constants import STREAM_LIVE_TTL_S, STREAM_PREFIX
 from ttsq.errors import CorruptRecord
 from ttsq.records.connection import address, patiently
 
 if TYPE_CHECKING:
     import redis
-
-#: How long a job's stream stays readable after its last entry (seconds).
-STREAM_TTL_S = 900
-#: Entries one stream keeps at most (pieces beyond it push the oldest out; a reader that far behind
-#: gets ``StreamBroken`` and reads the stored file instead).
-MAX_PIECES = 4096
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,10 @@ class StreamEntry:
     sample_rate: int = 0
     #: Piece number (``audio``), from 0 in each run.
     seq: int = -1
+    #: The sample of the run's audio this piece starts at (``audio``; -1 where the writer did not say).
+    at: int = -1
+    #: The run's name (``start``, and ``audio`` where the writer said).
+    run: str = ""
     #: 16-bit mono PCM, little-endian (``audio``).
     pcm: bytes = b""
     #: The job's result (``end``) or error (``error``: ``type`` and ``message``).
@@ -55,45 +61,62 @@ class AudioStreams:
     """Writes and reads the per-job audio streams in the cache database."""
 
     def __init__(
-        self, client: redis.Redis, *, ttl_s: int = STREAM_TTL_S, max_pieces: int = MAX_PIECES, patience_s: float = 0.0
+        self, client: redis.Redis, *, window_s: float = 5.0, grace_s: int = 30, patience_s: float = 0.0
     ) -> None:
+        """``window_s``: seconds of audio a writer keeps behind its newest piece (``TTSQ_STREAM_WINDOW_S``);
+        ``grace_s``: how long a stream stays readable after its ``end`` or ``error``
+        (``TTSQ_STREAM_GRACE_S``)."""
         self.url = address(client)
-        self.ttl_s = ttl_s
-        self.max_pieces = max_pieces
+        self.window_s = window_s
+        self.grace_s = grace_s
         self.patience_s = patience_s
         self._redis = client
 
     # Writing (the worker) -----------------------------------------------------------------------
 
-    def start(self, task_id: str, *, sample_rate: int, run: str) -> None:
+    def start(self, task_id: str, *, sample_rate: int, run: str, keep_from: str | None = None) -> str:
         """A run of the job begins producing audio at ``sample_rate``; ``run`` names the run (a rerun
-        after a worker died writes a new start with another name)."""
-        self._add(task_id, {"kind": "start", "sample_rate": str(sample_rate), "run": run})
+        after a worker died writes a new start with another name). Its entry id."""
+        return self._add(task_id, {"kind": "start", "sample_rate": str(sample_rate), "run": run}, keep_from=keep_from)
 
-    def audio(self, task_id: str, seq: int, pcm: bytes) -> None:
-        """Piece ``seq`` of the run: 16-bit mono PCM, little-endian."""
-        self._add(task_id, {"kind": "audio", "seq": str(seq), "pcm": base64.b64encode(pcm).decode("ascii")})
+    def audio(
+        self, task_id: str, seq: int, pcm: bytes, *, at: int = -1, run: str = "", keep_from: str | None = None
+    ) -> str:
+        """Piece ``seq`` of the run: 16-bit mono PCM, little-endian, starting at sample ``at`` of the run.
+        ``keep_from``: an entry id; every entry before it is trimmed in the same call (the writer's
+        window). Its entry id."""
+        fields = {"kind": "audio", "seq": str(seq), "pcm": base64.b64encode(pcm).decode("ascii")}
+        if at >= 0:
+            fields["at"] = str(at)
+        if run:
+            fields["run"] = run
+        return self._add(task_id, fields, keep_from=keep_from)
 
     def end(self, task_id: str, result: dict[str, Any]) -> None:
-        """The job succeeded: its result (the stored file's URL and facts) closes the stream."""
-        self._add(task_id, {"kind": "end", "payload": json.dumps(result, sort_keys=True)})
+        """The job succeeded: its result (the stored file's URL and facts) closes the stream, which goes
+        ``grace_s`` later."""
+        self._add(task_id, {"kind": "end", "payload": json.dumps(result, sort_keys=True)}, ttl_s=self.grace_s)
 
     def error(self, task_id: str, error: BaseException) -> None:
         """The job failed: its error type and message close the stream (never the input text: ttsq's
-        errors name fields, not their contents)."""
+        errors name fields, not their contents), which goes ``grace_s`` later."""
         payload = {"type": type(error).__name__, "message": str(error)[:500]}
-        self._add(task_id, {"kind": "error", "payload": json.dumps(payload, sort_keys=True)})
+        self._add(task_id, {"kind": "error", "payload": json.dumps(payload, sort_keys=True)}, ttl_s=self.grace_s)
 
-    def _add(self, task_id: str, fields: dict[str, str]) -> None:
+    def _add(self, task_id: str, fields: dict[str, str], *, keep_from: str | None = None, ttl_s: int = 0) -> str:
         key = STREAM_PREFIX + task_id
 
-        def add() -> None:
+        def add() -> Any:
             pipe = self._redis.pipeline(transaction=False)
-            pipe.xadd(key, fields, maxlen=self.max_pieces, approximate=True)  # type: ignore[arg-type]
-            pipe.expire(key, self.ttl_s)
-            pipe.execute()
+            if keep_from is None:
+                pipe.xadd(key, fields)  # type: ignore[arg-type]
+            else:  # exact: an approximate MINID trims whole nodes of 100 entries, about a minute of audio
+                pipe.xadd(key, fields, minid=keep_from, approximate=False)  # type: ignore[arg-type]
+            pipe.expire(key, ttl_s or max(self.grace_s, STREAM_LIVE_TTL_S))
+            return pipe.execute()[0]
 
-        patiently(add, self.url, self.patience_s)
+        entry_id = patiently(add, self.url, self.patience_s)
+        return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
 
     # Reading (producers, the gateway) -----------------------------------------------------------
 
@@ -118,9 +141,18 @@ def parse_entry(entry_id: str, fields: dict[str, str]) -> StreamEntry:
     kind = fields.get("kind")
     try:
         if kind == "start":
-            return StreamEntry(id=entry_id, kind=kind, sample_rate=int(fields["sample_rate"]))
+            return StreamEntry(
+                id=entry_id, kind=kind, sample_rate=int(fields["sample_rate"]), run=str(fields.get("run", ""))[:64]
+            )
         if kind == "audio":
-            return StreamEntry(id=entry_id, kind=kind, seq=int(fields["seq"]), pcm=base64.b64decode(fields["pcm"]))
+            return StreamEntry(
+                id=entry_id,
+                kind=kind,
+                seq=int(fields["seq"]),
+                pcm=base64.b64decode(fields["pcm"]),
+                at=int(fields.get("at", -1)),
+                run=str(fields.get("run", ""))[:64],
+            )
         if kind in ("end", "error"):
             payload = json.loads(fields["payload"])
             if not isinstance(payload, dict):

@@ -7,10 +7,17 @@ since its last write goes out as one piece, so a slow Redis makes pieces longer,
 slower. An engine that does not stream hands over nothing; its clip is written when the call returns,
 before it is encoded and stored. The stream is the early copy: when Redis refuses it, the job still
 stores its file and its result, and its readers end with an error instead of a short clip.
+
+The writer keeps the stream to its window: each piece carries the sample it starts at, and each write
+trims, in the same call, every entry whose audio ends more than ``AudioStreams.window_s`` seconds
+before the newest piece's end (the ``start`` goes with the first of them). Readers further behind
+continue from the stored file (``ttsq.records.playback``), so Redis holds one window per stream being
+made, not the clip.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import time
@@ -60,7 +67,13 @@ class StreamWriter:
         self.sent_at = sent_at
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._seq = 0
+        self._at = 0  # the sample of the run the next piece starts at
         self._run: str | None = None  # the current run's name once its start is written
+        #: The entries written and the sample (over every run of this writer) each one's audio ends at,
+        #: oldest first: the ones still inside the window.
+        self._kept: collections.deque[tuple[str, int]] = collections.deque()
+        self._written = 0  # samples written, every run of this writer together
+        self._keep_from: str | None = None  # the oldest entry id the stream keeps
         self._first_written = False
         self._broken = False
 
@@ -117,12 +130,22 @@ class StreamWriter:
         try:
             if self._run is None:
                 self._run = uuid.uuid4().hex[:12]
-                self._seq = 0
-                self.streams.start(self.task_id, sample_rate=self.sample_rate, run=self._run)
+                self._seq, self._at = 0, 0
+                entry = self.streams.start(
+                    self.task_id, sample_rate=self.sample_rate, run=self._run, keep_from=self._keep_from
+                )
+                self._kept.append((entry, self._written))
             samples = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
             for pcm in pcm_pieces(samples, self.sample_rate, PIECE_S):
-                self.streams.audio(self.task_id, self._seq, pcm)
+                count = len(pcm) // 2
+                self._trim(self._written + count)
+                entry = self.streams.audio(
+                    self.task_id, self._seq, pcm, at=self._at, run=self._run, keep_from=self._keep_from
+                )
+                self._written += count
+                self._kept.append((entry, self._written))
                 self._seq += 1
+                self._at += count
         except Exception as exc:  # the early copy only: the job goes on, its readers end with an error
             self._broken = True
             logger.warning("job %s: could not write its stream: %s", self.task_id, type(exc).__name__)
@@ -131,3 +154,16 @@ class StreamWriter:
             self._first_written = True
             if self.sent_at is not None:
                 self.observer.first_audio(max(0.0, time.time() - self.sent_at))
+
+    def _trim(self, newest_end: int) -> None:
+        """Before writing a piece that ends at sample ``newest_end``: the entries whose audio ends more
+        than the window before it are out, and the next write trims them (``keep_from``)."""
+        window = int(self.streams.window_s * self.sample_rate)
+        last_out: str | None = None
+        while self._kept and self._kept[0][1] <= newest_end - window:
+            last_out = self._kept.popleft()[0]
+        if self._kept:
+            self._keep_from = self._kept[0][0]
+        elif last_out is not None:  # every entry so far is out: keep only what comes after the last one
+            ms, _, seq = last_out.partition("-")
+            self._keep_from = f"{ms}-{int(seq or 0) + 1}"
