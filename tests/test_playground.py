@@ -1,7 +1,8 @@
 """The gateway's ``/playground`` page: served from the installed package under a strict Content-Security-Policy,
 and used in a real browser (Debian's Chromium, headless, driven by Playwright; nothing downloaded) against a
-real gateway and a real espeak worker: the voices come from the server, Speak plays pcm as it arrives, the
-history plays a job's stored file, and a document's chunk progress runs to its end.
+real ``ttsq serve --embedded`` (its private Redis, espeak worker and gateway): the voices come from the server,
+Speak plays pcm as it arrives with the word being said highlighted, the history plays a job's stored file, and
+a document's chunk progress runs to its end.
 
 ``PLAYGROUND_SCREENSHOT=1`` makes the browser test save docs/playground.png from its own run.
 """
@@ -11,16 +12,18 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import zipfile
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from support import SECRET, GatewayProcess, WorkerProcess, api_key, missing_tool
+from support import SECRET, GatewayProcess, missing_tool
 
 from ttsq.config import Settings
 from ttsq.gateway.playground import page_config
@@ -30,7 +33,6 @@ PAGE = ROOT / "ttsq" / "gateway" / "playground"
 ASSETS = ("index.html", "player.js", "app.js", "style.css", "icon.svg")
 SCREENSHOT = ROOT / "docs" / "playground.png"
 
-StartWorker = Callable[..., WorkerProcess]
 StartGateway = Callable[..., GatewayProcess]
 
 
@@ -163,25 +165,52 @@ def document_text() -> str:
     return text.strip()
 
 
+@contextmanager
+def serve_embedded(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
+    """``ttsq serve --embedded`` as a newcomer runs it: (its URL, its key, the playground link it prints)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TTSQ_", "OPENAI_"))}
+    env["TTSQ_MAX_TEXT_CHARS"] = "1000"  # 5,000 characters: a document of a couple dozen chunks
+    log = tmp_path / "serve.log"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "ttsq.cli.main", "serve", "--embedded", "--port", "0"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=log.open("wb"),
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert server.stdout is not None
+        lines = [server.stdout.readline().strip() for _ in range(4)]  # the first lines; EOF if it died
+        assert lines[3].startswith("# the playground"), (lines, log.read_text())
+        exports = dict(pair.partition("=")[::2] for line in lines[:3] for pair in line.removeprefix("export ").split())
+        yield exports["OPENAI_BASE_URL"].removesuffix("/v1"), exports["OPENAI_API_KEY"], lines[3].split()[-1]
+    finally:
+        os.killpg(server.pid, signal.SIGINT)
+        assert server.wait(60) == 0, log.read_text()
+        assert SECRET not in log.read_text()
+
+
 @pytest.mark.slow
 def test_playground_in_chromium(
-    browser_page: Any, settings: Settings, start_worker: StartWorker, start_gateway: StartGateway
+    browser_page: Any, settings: Settings, start_gateway: StartGateway, tmp_path: Path
 ) -> None:
     # The browser first: without one, the test is skipped (or fails, in CI) before it starts any process.
-    settings = settings.replace(max_text_chars=1000)  # 5,000 characters: a document of a couple dozen chunks
-    start_worker(settings)
-    gateway = start_gateway(settings)
-    token = api_key(settings)
+    with serve_embedded(tmp_path) as served:
+        browse(browser_page, settings, start_gateway, *served)
+
+
+def browse(page: Any, settings: Settings, start_gateway: StartGateway, url: str, token: str, link: str) -> None:
     kept = httpx.post(
-        f"{gateway.url}/v1/audio/voices",
+        f"{url}/v1/audio/voices",
         headers={"Authorization": f"Bearer {token}"},
         json={"name": "playground-narrator", "instruct": "a calm narrator", "language": "english", "seed": 7},
         timeout=10,
     )
     assert kept.status_code == 201, kept.text
-    page = browser_page
 
-    page.goto(f"{gateway.url}/playground")
+    page.goto(f"{url}/playground")
     page.wait_for_function("() => document.getElementById('status').textContent.includes('API key')")
     # The key, typed once and sent with Enter; kept in the tab's session storage.
     page.fill("#key", token)
@@ -217,8 +246,8 @@ def test_playground_in_chromium(
     assert spoken["audioS"] > 1.0 and spoken["playedS"] == pytest.approx(spoken["audioS"], abs=0.05)
     assert spoken["jobId"]
     report("first Speak (cold gateway and worker)", spoken)
-    # No result carries word timestamps yet (issue 44): nothing is highlighted, the read-along stays hidden.
-    assert spoken["words"] == 0 and page.is_hidden("#readalong")
+    # The result carries word timestamps (espeak's own): the read-along shows them.
+    assert spoken["words"] >= 5 and page.is_visible("#readalong")
     # The page's own read-along, given words in the shape results will carry: the word under the playhead
     # is marked (and announced as current), the others not.
     page.evaluate(
@@ -274,6 +303,8 @@ def test_playground_in_chromium(
 
     # TTSQ_GATEWAY_AUTH=none (a trusted network, loopback development): no key asked, ready at once.
     open_gateway = start_gateway(settings.replace(gateway_auth="none"), name="open-gateway")
+    named = {"name": "keyless-narrator", "instruct": "a calm narrator", "language": "english"}
+    assert httpx.post(f"{open_gateway.url}/v1/audio/voices", json=named, timeout=10).status_code == 201
     keyless = page.context.browser.new_page()
     try:
         keyless.goto(f"{open_gateway.url}/playground")
@@ -282,10 +313,12 @@ def test_playground_in_chromium(
     finally:
         keyless.close()
 
-    # A link that carries the key in its fragment: a fresh tab is ready at once, and the key leaves the URL.
+    # The link serve --embedded prints carries the key in its fragment: a fresh tab is ready at once, and the
+    # key leaves the URL.
+    assert link == f"{url}/playground#key={token}"
     fresh = page.context.browser.new_page()
     try:
-        fresh.goto(f"{gateway.url}/playground#key={token}")
+        fresh.goto(link)
         fresh.wait_for_function("() => window.ttsqPlayground.page.voices.length > 0")
         assert "#" not in fresh.url
         assert fresh.evaluate("() => sessionStorage.getItem('ttsq.playground.key')") == token

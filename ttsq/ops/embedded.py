@@ -165,6 +165,8 @@ class Serving:
             f"export OPENAI_BASE_URL={self.url}/v1",
             f"export OPENAI_API_KEY={self.token}",
             "export " + " ".join(f"{name}={value}" for name, value in own.items()),
+            # A shell comment, so the lines stay paste-safe: the page keeps the key and drops it from the URL.
+            f"# the playground, ready to use: {self.url}/playground#key={self.token}",
         ]
 
 
