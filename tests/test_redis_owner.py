@@ -386,3 +386,13 @@ def test_nothing_outside_the_owner_opens_redis_or_holds_a_script() -> None:
                 found.append(f"{relative}:{node.lineno}: {name}(")
     assert not found, "Redis opened or a script run outside the owner (ttsq.records.owner): " + ", ".join(found)
     assert all(not path.name.endswith(".lua") for path in (ROOT / "ttsq").rglob("*") if "records" not in path.parts)
+
+
+def test_a_client_serves_more_threads_at_once_than_redis_pys_default_pool(settings: Settings) -> None:
+    """A ``Client`` is shared by threads, each holding a connection while its call is under way: 150 at
+    once (redis-py's default pool stops at 100, and the 101st failed with "Too many connections")."""
+    key = f"nothing-{time.monotonic_ns()}"  # no list of this name: each BLPOP waits out its second
+    with Client(settings) as client, ThreadPoolExecutor(150) as pool:
+        cache = client.redis.cache
+        answers = list(pool.map(lambda _: cache.blpop([key], timeout=1), range(150)))
+    assert answers == [None] * 150

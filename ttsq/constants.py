@@ -95,6 +95,10 @@ STORAGE_CHECK_INTERVAL_S = 5.0
 REDIS_CONNECT_TIMEOUT_S = 2
 REDIS_SOCKET_TIMEOUT_S = 3
 REDIS_HEALTH_CHECK_INTERVAL_S = 1
+#: The most connections one of a process's sync Redis clients opens (redis-py's own default is 100): a
+#: ``Client`` shared by threads holds one per call under way, and the 101st thread's call failed with
+#: "Too many connections" (benchmarks/fleet.py, 128 waiting threads).
+REDIS_MAX_CONNECTIONS = 1024
 
 # The accepted-job ledger (the cache database): every job a producer accepted, until it finishes, so a
 # message lost between the broker and a worker is sent again (``ttsq.records.accepted``).

@@ -39,7 +39,12 @@ import redis
 from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
 from ttsq.config import is_sentinel_url, parse_sentinel_url
-from ttsq.constants import REDIS_CONNECT_TIMEOUT_S, REDIS_HEALTH_CHECK_INTERVAL_S, REDIS_SOCKET_TIMEOUT_S
+from ttsq.constants import (
+    REDIS_CONNECT_TIMEOUT_S,
+    REDIS_HEALTH_CHECK_INTERVAL_S,
+    REDIS_MAX_CONNECTIONS,
+    REDIS_SOCKET_TIMEOUT_S,
+)
 from ttsq.errors import BrokerError, ConfigError
 from ttsq.redaction import redact_url
 
@@ -128,6 +133,7 @@ def connect(url: str, *, name: str | None = None, settings: Settings | None = No
         "decode_responses": True,
         "encoding_errors": "replace",
         "client_name": name,
+        "max_connections": REDIS_MAX_CONNECTIONS,
     }
     if not is_sentinel_url(url):
         return redis.Redis.from_url(url, **options)
