@@ -6,6 +6,7 @@ Each test names the point of the issue's "Why" it covers; the end-to-end one (``
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -348,3 +349,25 @@ def test_failed_dead_and_retry_say_which_failures_each_covers() -> None:
     assert "ttsq dead" in said["failed"] and "ttsq status ID" in said["failed"]
     assert "ttsq failed" in said["dead"] and "ttsq status ID" in said["dead"]
     assert "ttsq failed" in said["retry"] and "submitted again" in said["retry"]
+
+
+def test_sse_usage_counts_the_input_characters_and_the_audio_codec_frames(
+    served: tuple[GatewayProcess, str],
+) -> None:
+    """Why 8: ``speech.audio.done`` said ``usage`` was all zeros, streamed or from the cache."""
+    gateway, token = served
+    text = "Ünïcode counts characters, not bytes."
+    body = {"model": "tts-1", "voice": "alloy", "input": text, "response_format": "wav", "stream_format": "sse"}
+    with httpx.Client(base_url=gateway.url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as api:
+        for cached in ("false", "true"):
+            with api.stream("POST", "/v1/audio/speech", json=body) as response:
+                assert response.status_code == 200 and response.headers["x-ttsq-cached"] == cached
+                lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+            done = json.loads(lines[-1].removeprefix("data: "))
+            assert done["type"] == "speech.audio.done", done
+            frames = round(done["duration_s"] * 12.5)
+            assert frames > 10 and done["usage"] == {
+                "input_tokens": len(text),
+                "output_tokens": frames,
+                "total_tokens": len(text) + frames,
+            }, done

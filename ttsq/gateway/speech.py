@@ -38,6 +38,7 @@ from celery import states
 
 from ttsq.audio import decode, pcm_pieces
 from ttsq.client import DocumentStream
+from ttsq.engines.base import FRAMES_PER_SECOND
 from ttsq.errors import CorruptRecord, InvalidRequest, JobFailed, JobParked, JobTimeout, StreamBroken, TTSQError
 from ttsq.gateway.encoders import Encoder, PcmEncoder, encoder
 from ttsq.gateway.errors import ApiError, Interrupted
@@ -136,12 +137,20 @@ class SpeechAudio:
             return
         done: dict[str, Any] = {
             "type": "speech.audio.done",
-            "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0},
+            "usage": self.usage(),
             "duration_s": self.duration_s,
         }
         if self.ignored:
             done["ignored"] = self.ignored
         yield _event(done)
+
+    def usage(self) -> dict[str, int]:
+        """OpenAI's ``usage`` in figures ttsq has: no text tokenizer runs at the gateway, so the input counts
+        the request's characters, and the output the audio's Qwen3-TTS codec frames (12.5 per second, what a
+        Qwen3-TTS server counts as output tokens)."""
+        characters = len(self.speech.text)
+        frames = round(self.duration_s * FRAMES_PER_SECOND)
+        return {"input_tokens": characters, "output_tokens": frames, "total_tokens": characters + frames}
 
     @property
     def duration_s(self) -> float:
