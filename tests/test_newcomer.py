@@ -23,8 +23,18 @@ import httpx
 import openai
 import pytest
 import soundfile
-from support import GatewayProcess, WorkerProcess, api_key, queue_length, run_cli, settings_env, wait_until
+from support import (
+    GatewayProcess,
+    WorkerProcess,
+    api_key,
+    published_states,
+    queue_length,
+    run_cli,
+    settings_env,
+    wait_until,
+)
 
+from ttsq.client import Client
 from ttsq.config import Settings
 
 StartWorker = Callable[..., WorkerProcess]
@@ -371,3 +381,22 @@ def test_sse_usage_counts_the_input_characters_and_the_audio_codec_frames(
                 "output_tokens": frames,
                 "total_tokens": len(text) + frames,
             }, done
+
+
+def test_a_documents_progress_total_is_every_chunk_from_first_to_last(
+    settings: Settings, start_worker: StartWorker
+) -> None:
+    """Why 8: with chunks that repeat (one job each) the total went from the submit's 58 to 36 mid-run."""
+    chunked = settings.replace(doc_target_chars=1, max_batch=1)  # a sentence a chunk, one job at a time
+    start_worker(chunked)
+    # 7 chunks: 4 jobs (the refrain is one), and one chunk with nothing to speak (no job).
+    text = "Verse one.\n\n***\n\nThe refrain. Verse two. The refrain. Verse three. The refrain."
+    with published_states(chunked) as messages, Client(chunked) as client:
+        job = client.submit_document(text)
+        result = job.wait(timeout=120)
+    assert job.chunks == result["document"]["chunks"] == 7, (job.chunks, result)  # type: ignore[typeddict-item]
+    progress = [m["result"] for m in messages if m.get("task_id") == job.id and m["status"] == "PROGRESS"]
+    assert progress and {p["chunks_total"] for p in progress} == {7}, progress
+    done = [p["chunks_done"] for p in progress]
+    assert done == sorted(done) and done[0] >= 1 and done[-1] == 7, progress  # the silent chunk counts at once
+
