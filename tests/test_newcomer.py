@@ -400,3 +400,28 @@ def test_a_documents_progress_total_is_every_chunk_from_first_to_last(
     done = [p["chunks_done"] for p in progress]
     assert done == sorted(done) and done[0] >= 1 and done[-1] == 7, progress  # the silent chunk counts at once
 
+
+def test_stats_lists_the_queues_live_workers_serve_and_those_holding_work(
+    settings: Settings, start_worker: StartWorker
+) -> None:
+    """Why 8: an espeak-only deployment (voice_design) listed empty custom_voice and voice_clone queues."""
+    # Queued before any worker runs (once one does, a mode no worker serves is refused at once).
+    queued = run_cli("submit", "Nobody reads this.", "--mode", "custom_voice", "--speaker", "vivian",
+                     "--no-wait", "--wait-for-worker", settings=settings)  # fmt: skip
+    assert queued.returncode == 0, queued.stderr
+    start_worker(settings)
+    base = settings.queue
+    data = json.loads(run_cli("stats", "--json", "--ping-timeout", "0", settings=settings).stdout)
+    served = {q["queue"].removeprefix(base): (q["served"], q["depth"]) for q in data["queues"]}  # all, for scripts
+    assert served == {
+        "": (True, 0),
+        ".bulk": (True, 0),
+        ".custom_voice": (False, 1),
+        ".custom_voice.bulk": (False, 0),
+        ".voice_clone": (False, 0),
+        ".voice_clone.bulk": (False, 0),
+    }, data["queues"]
+    table = run_cli("stats", "--ping-timeout", "0", settings=settings).stdout.decode().splitlines()
+    rows = [line.split()[0].removeprefix(base) for line in table[1 : table.index("")] if not line.startswith("(")]
+    assert rows == ["", ".custom_voice", ".bulk"], table  # the served ones, and the one holding a job
+    assert "(3 empty queues of modes no live worker serves: --json lists every queue)" in table, table
