@@ -135,22 +135,16 @@ class SpeechAudio:
         except Interrupted as exc:
             yield _event(exc.event())
             return
-        done: dict[str, Any] = {
-            "type": "speech.audio.done",
-            "usage": self.usage(),
-            "duration_s": self.duration_s,
-        }
+        done: dict[str, Any] = {"type": "speech.audio.done", "usage": self.usage(), "duration_s": self.duration_s}
         if self.ignored:
             done["ignored"] = self.ignored
         yield _event(done)
 
     def usage(self) -> dict[str, int]:
-        """OpenAI's ``usage`` in figures ttsq has: no text tokenizer runs at the gateway, so the input counts
-        the request's characters, and the output the audio's Qwen3-TTS codec frames (12.5 per second, what a
-        Qwen3-TTS server counts as output tokens)."""
-        characters = len(self.speech.text)
-        frames = round(self.duration_s * FRAMES_PER_SECOND)
-        return {"input_tokens": characters, "output_tokens": frames, "total_tokens": characters + frames}
+        """OpenAI's ``usage`` in what ttsq counts (no tokenizer at the gateway): the input's characters, the
+        audio's Qwen3-TTS codec frames (12.5 a second: a Qwen3-TTS server's output tokens)."""
+        chars, frames = len(self.speech.text), round(self.duration_s * FRAMES_PER_SECOND)
+        return {"input_tokens": chars, "output_tokens": frames, "total_tokens": chars + frames}
 
     @property
     def duration_s(self) -> float:
