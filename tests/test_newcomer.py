@@ -425,3 +425,19 @@ def test_stats_lists_the_queues_live_workers_serve_and_those_holding_work(
     rows = [line.split()[0].removeprefix(base) for line in table[1 : table.index("")] if not line.startswith("(")]
     assert rows == ["", ".custom_voice", ".bulk"], table  # the served ones, and the one holding a job
     assert "(3 empty queues of modes no live worker serves: --json lists every queue)" in table, table
+
+
+def test_a_worker_as_root_says_so_once_in_its_own_words(settings: Settings, start_worker: StartWorker) -> None:
+    """Why 8: Celery's multi-line warning about superuser privileges (a danger of pickle, which ttsq never
+    accepts) on every worker start, in place of a line saying what to do."""
+    worker = start_worker(settings)
+    # Started once it announced its engine; Celery's own checks come after that, before its "ready.".
+    wait_until(lambda: f"{worker.hostname} ready." in worker.log(), 60, "Celery's worker ready")
+    log = worker.log()
+    assert "superuser privileges" not in log and "--uid option" not in log, log[-3000:]
+    ours = [line for line in log.splitlines() if "Celery's warning about pickle does not apply" in line]
+    if os.geteuid() == 0:  # as the tests run in CI's containers
+        assert len(ours) == 1 and " INFO " in ours[0] and "running as root (uid 0" in ours[0], log[-3000:]
+        assert "docs/deployment.md#running-as-another-user" in ours[0]
+    else:
+        assert ours == [], ours
