@@ -584,7 +584,7 @@ def _wait_with_progress(client: Client, job: Job, timeout: float) -> JobResult:
         with click.progressbar(length=job.chunks, label="chunks", file=sys.stderr, show_pos=True) as bar:
             shown = 0
             for progress, final in _progress(client, job.id, job.chunks, deadline):
-                bar.length = int(progress["chunks_total"])  # repeated chunks run once
+                bar.length = int(progress["chunks_total"])  # job.chunks (an older worker counted jobs)
                 stitching = ", stitching" if progress.get("phase") == "stitching" else ""
                 bar.label = f"chunks ({progress['audio_s']:.0f} s of audio{stitching})"
                 done = int(progress["chunks_total"]) if final else int(progress["chunks_done"])

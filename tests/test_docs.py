@@ -111,6 +111,19 @@ def test_every_ttsq_variable_the_docs_name_is_a_setting() -> None:
     assert sorted(f"{page}: {name}" for page, name in named if name not in known) == []
 
 
+def test_every_ttsq_command_the_docs_name_exists() -> None:
+    """Issue 43, Why 4: high-availability.md named a `ttsq fleet` that never existed."""
+    from ttsq.cli.main import cli
+
+    named = {
+        (page.name, m.group(1))
+        for page in PAGES
+        for m in re.finditer(r"`ttsq ([a-z][a-z-]*)", page.read_text(encoding="utf-8"))
+    }
+    assert len(named) > 20
+    assert sorted(f"{page}: ttsq {name}" for page, name in named if name not in cli.commands) == []
+
+
 # --- the examples ----------------------------------------------------------------------------------
 
 

@@ -6,6 +6,7 @@ Each test names the point of the issue's "Why" it covers; the end-to-end one (``
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -22,8 +23,18 @@ import httpx
 import openai
 import pytest
 import soundfile
-from support import GatewayProcess, WorkerProcess, api_key, queue_length, run_cli, settings_env, wait_until
+from support import (
+    GatewayProcess,
+    WorkerProcess,
+    api_key,
+    published_states,
+    queue_length,
+    run_cli,
+    settings_env,
+    wait_until,
+)
 
+from ttsq.client import Client
 from ttsq.config import Settings
 
 StartWorker = Callable[..., WorkerProcess]
@@ -348,3 +359,85 @@ def test_failed_dead_and_retry_say_which_failures_each_covers() -> None:
     assert "ttsq dead" in said["failed"] and "ttsq status ID" in said["failed"]
     assert "ttsq failed" in said["dead"] and "ttsq status ID" in said["dead"]
     assert "ttsq failed" in said["retry"] and "submitted again" in said["retry"]
+
+
+def test_sse_usage_counts_the_input_characters_and_the_audio_codec_frames(
+    served: tuple[GatewayProcess, str],
+) -> None:
+    """Why 8: ``speech.audio.done`` said ``usage`` was all zeros, streamed or from the cache."""
+    gateway, token = served
+    text = "Ünïcode counts characters, not bytes."
+    body = {"model": "tts-1", "voice": "alloy", "input": text, "response_format": "wav", "stream_format": "sse"}
+    with httpx.Client(base_url=gateway.url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as api:
+        for cached in ("false", "true"):
+            with api.stream("POST", "/v1/audio/speech", json=body) as response:
+                assert response.status_code == 200 and response.headers["x-ttsq-cached"] == cached
+                lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+            done = json.loads(lines[-1].removeprefix("data: "))
+            assert done["type"] == "speech.audio.done", done
+            frames = round(done["duration_s"] * 12.5)
+            assert frames > 10 and done["usage"] == {
+                "input_tokens": len(text),
+                "output_tokens": frames,
+                "total_tokens": len(text) + frames,
+            }, done
+
+
+def test_a_documents_progress_total_is_every_chunk_from_first_to_last(
+    settings: Settings, start_worker: StartWorker
+) -> None:
+    """Why 8: with chunks that repeat (one job each) the total went from the submit's 58 to 36 mid-run."""
+    chunked = settings.replace(doc_target_chars=1, max_batch=1)  # a sentence a chunk, one job at a time
+    start_worker(chunked)
+    # 7 chunks: 4 jobs (the refrain is one), and one chunk with nothing to speak (no job).
+    text = "Verse one.\n\n***\n\nThe refrain. Verse two. The refrain. Verse three. The refrain."
+    with published_states(chunked) as messages, Client(chunked) as client:
+        job = client.submit_document(text)
+        result = job.wait(timeout=120)
+    assert job.chunks == result["document"]["chunks"] == 7, (job.chunks, result)  # type: ignore[typeddict-item]
+    progress = [m["result"] for m in messages if m.get("task_id") == job.id and m["status"] == "PROGRESS"]
+    assert progress and {p["chunks_total"] for p in progress} == {7}, progress
+    done = [p["chunks_done"] for p in progress]
+    assert done == sorted(done) and done[0] >= 1 and done[-1] == 7, progress  # the silent chunk counts at once
+
+
+def test_stats_lists_the_queues_live_workers_serve_and_those_holding_work(
+    settings: Settings, start_worker: StartWorker
+) -> None:
+    """Why 8: an espeak-only deployment (voice_design) listed empty custom_voice and voice_clone queues."""
+    # Queued before any worker runs (once one does, a mode no worker serves is refused at once).
+    queued = run_cli("submit", "Nobody reads this.", "--mode", "custom_voice", "--speaker", "vivian",
+                     "--no-wait", "--wait-for-worker", settings=settings)  # fmt: skip
+    assert queued.returncode == 0, queued.stderr
+    start_worker(settings)
+    base = settings.queue
+    data = json.loads(run_cli("stats", "--json", "--ping-timeout", "0", settings=settings).stdout)
+    served = {q["queue"].removeprefix(base): (q["served"], q["depth"]) for q in data["queues"]}  # all, for scripts
+    assert served == {
+        "": (True, 0),
+        ".bulk": (True, 0),
+        ".custom_voice": (False, 1),
+        ".custom_voice.bulk": (False, 0),
+        ".voice_clone": (False, 0),
+        ".voice_clone.bulk": (False, 0),
+    }, data["queues"]
+    table = run_cli("stats", "--ping-timeout", "0", settings=settings).stdout.decode().splitlines()
+    rows = [line.split()[0].removeprefix(base) for line in table[1 : table.index("")] if not line.startswith("(")]
+    assert rows == ["", ".custom_voice", ".bulk"], table  # the served ones, and the one holding a job
+    assert "(3 empty queues of modes no live worker serves: --json lists every queue)" in table, table
+
+
+def test_a_worker_as_root_says_so_once_in_its_own_words(settings: Settings, start_worker: StartWorker) -> None:
+    """Why 8: Celery's multi-line warning about superuser privileges (a danger of pickle, which ttsq never
+    accepts) on every worker start, in place of a line saying what to do."""
+    worker = start_worker(settings)
+    # Started once it announced its engine; Celery's own checks come after that, before its "ready.".
+    wait_until(lambda: f"{worker.hostname} ready." in worker.log(), 60, "Celery's worker ready")
+    log = worker.log()
+    assert "superuser privileges" not in log and "--uid option" not in log, log[-3000:]
+    ours = [line for line in log.splitlines() if "Celery's warning about pickle does not apply" in line]
+    if os.geteuid() == 0:  # as the tests run in CI's containers
+        assert len(ours) == 1 and " INFO " in ours[0] and "running as root (uid 0" in ours[0], log[-3000:]
+        assert "docs/deployment.md#running-as-another-user" in ours[0]
+    else:
+        assert ours == [], ours

@@ -11,7 +11,10 @@ import logging
 import os
 import socket
 import sys
+import warnings
 from typing import TYPE_CHECKING
+
+from celery.exceptions import SecurityWarning
 
 import ttsq.tracing as tracing
 from ttsq.engines.base import has_cpu_tensors
@@ -38,6 +41,11 @@ _M_TRIM_THRESHOLD = -1
 TRIM_THRESHOLD_BYTES = 2 * MMAP_THRESHOLD_BYTES
 #: glibc reads this at start and fixes the threshold itself: the operator's choice, kept.
 _GLIBC_VARIABLE = "MALLOC_MMAP_THRESHOLD_"
+#: The start of the warning Celery's worker prints, several lines long, at every start as root (or in group
+#: sudo or wheel): ``celery.platforms.check_privileges``.
+_CELERY_ROOT_WARNING = r"You're running the worker with superuser privileges"
+#: The groups Celery's check counts as superuser privileges.
+_SUPERUSER_GROUPS = ("sudo", "wheel")
 #: The worker process's GIL switch interval (seconds); Python's default is 0.005 (see ``run_worker``).
 GIL_SWITCH_INTERVAL_S = 0.0005
 
@@ -73,6 +81,40 @@ def tune_heap(engine: Engine) -> str:
     mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
     malloc_trim(0)
     return f"glibc's mmap threshold fixed at {MMAP_THRESHOLD_BYTES // 1024} KiB (audio buffers go back to the OS)"
+
+
+def superuser() -> str:
+    """How this process holds superuser privileges in Celery's sense (root, or group sudo or wheel), or ""."""
+    if not hasattr(os, "geteuid"):
+        return ""
+    if os.getuid() == 0 or os.geteuid() == 0:
+        return f"as root (uid {os.getuid()}, euid {os.geteuid()})"
+    try:
+        import grp
+
+        groups = {grp.getgrgid(gid).gr_name for gid in (os.getgid(), os.getegid())}
+    except (ImportError, KeyError):
+        return ""  # Celery says so itself: it cannot name the group
+    named = sorted(groups.intersection(_SUPERUSER_GROUPS))
+    return f"in group {named[0]}" if named else ""
+
+
+def say_privileges() -> None:
+    """Say once, at INFO, that the worker runs with superuser privileges, in place of Celery's banner.
+
+    Celery's warning is about pickle, which would let whoever can write to the broker run code as root;
+    ttsq's workers take JSON only (``ttsq.app``'s ``accept_content``), where Celery itself only advises
+    another user. Only that warning is silenced (Celery's ``SecurityError`` for pickle, or its warning
+    when it cannot name the group, stay as they are)."""
+    warnings.filterwarnings("ignore", message=_CELERY_ROOT_WARNING, category=SecurityWarning)
+    how = superuser()
+    if how:
+        logger.info(
+            "running %s: the workers take JSON messages only, so Celery's warning about pickle does not "
+            "apply; the image, the compose file, the systemd units and the Kubernetes manifests run them as "
+            "the user ttsq (uid 10001), and docs/deployment.md#running-as-another-user shows how",
+            how,
+        )
 
 
 def run_worker(settings: Settings, *, hostname: str | None = None) -> int:
@@ -116,6 +158,7 @@ def run_worker(settings: Settings, *, hostname: str | None = None) -> int:
     runtime.start()
     logger.info("heap: %s", tune_heap(runtime.engine))
     app = worker_app(settings, runtime)
+    say_privileges()  # before Celery's own check, in app.Worker below
     app.set_default()  # pool threads resolve the app through Celery's process default
     worker = app.Worker(
         hostname=node,

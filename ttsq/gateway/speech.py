@@ -38,6 +38,7 @@ from celery import states
 
 from ttsq.audio import decode, pcm_pieces
 from ttsq.client import DocumentStream
+from ttsq.engines.base import FRAMES_PER_SECOND
 from ttsq.errors import CorruptRecord, InvalidRequest, JobFailed, JobParked, JobTimeout, StreamBroken, TTSQError
 from ttsq.gateway.encoders import Encoder, PcmEncoder, encoder
 from ttsq.gateway.errors import ApiError, Interrupted
@@ -134,14 +135,16 @@ class SpeechAudio:
         except Interrupted as exc:
             yield _event(exc.event())
             return
-        done: dict[str, Any] = {
-            "type": "speech.audio.done",
-            "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0},
-            "duration_s": self.duration_s,
-        }
+        done: dict[str, Any] = {"type": "speech.audio.done", "usage": self.usage(), "duration_s": self.duration_s}
         if self.ignored:
             done["ignored"] = self.ignored
         yield _event(done)
+
+    def usage(self) -> dict[str, int]:
+        """OpenAI's ``usage`` in what ttsq counts (no tokenizer at the gateway): the input's characters, the
+        audio's Qwen3-TTS codec frames (12.5 a second: a Qwen3-TTS server's output tokens)."""
+        chars, frames = len(self.speech.text), round(self.duration_s * FRAMES_PER_SECOND)
+        return {"input_tokens": chars, "output_tokens": frames, "total_tokens": chars + frames}
 
     @property
     def duration_s(self) -> float:

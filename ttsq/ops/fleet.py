@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from ttsq.app import lane_of, make_app, queues_for
+from ttsq.app import make_app, queue_for
 from ttsq.errors import BrokerError
+from ttsq.job import LANES, MODES
 from ttsq.records.owner import RedisOwner
 from ttsq.records.queues import queue_depth, unacked, unacked_by_queue
 from ttsq.records.stats import tenant_waits
@@ -31,24 +32,31 @@ def snapshot(
     """What ``ttsq stats`` prints: queues, workers, throughput and cache hit ratio, as plain JSON.
 
     Workers are those with a live heartbeat in Redis; ``responding`` says whether each also
-    answered a Celery ping within ``ping_timeout`` (0 skips the ping).
+    answered a Celery ping within ``ping_timeout`` (0 skips the ping). Every queue of the deployment is
+    listed, with ``served``: whether a live worker serves its mode (the table shows only those, and
+    those that hold work).
     """
     now = time.time() if now is None else now
-    queues = queues_for(settings.queue)
     owner = RedisOwner(settings, role="stats")
     try:
         in_flight = unacked_by_queue(owner.broker)
-        depths = [
-            {
-                "queue": queue,
-                "lane": lane_of(queue),
-                "depth": queue_depth(owner.broker, queue),
-                "in_flight": in_flight.get(queue, 0),
-                # Jobs waiting in their tenants' places for release into the queue (fair shares).
-                "deferred": owner.accepted.deferred(queue),
-            }
-            for queue in queues
-        ]
+        served = owner.identities.modes_served(settings.queue)
+        depths = []
+        for lane in LANES:  # interactive lanes first, the order a worker consumes them in
+            for mode in MODES:
+                queue = queue_for(settings.queue, mode, lane)
+                depths.append(
+                    {
+                        "queue": queue,
+                        "lane": lane,
+                        "mode": mode,
+                        "served": mode in served,
+                        "depth": queue_depth(owner.broker, queue),
+                        "in_flight": in_flight.get(queue, 0),
+                        # Jobs waiting in their tenants' places for release into the queue (fair shares).
+                        "deferred": owner.accepted.deferred(queue),
+                    }
+                )
         unacked_messages = unacked(owner.broker)
         totals = owner.stats.window(minutes, now=now)
         # Per-tenant waits over the same minutes, and what each tenant has in flight under a cap.
@@ -92,16 +100,26 @@ def snapshot(
 
 
 def format_table(snap: dict[str, Any]) -> str:
-    """``snapshot`` as the table ``ttsq stats`` prints."""
+    """``snapshot`` as the table ``ttsq stats`` prints: the queues of the modes live workers serve, and any
+    other that holds work (waiting, deferred or in flight: jobs no live worker will take)."""
     lines = [f"{'QUEUE':<29} {'LANE':<11} {'DEPTH':>5} {'DEFERRED':>8} {'IN FLIGHT':>9}"]
+    hidden = 0
     for q in snap["queues"]:
         deferred = q.get("deferred") or {}
+        if not (q.get("served", True) or q["depth"] or q.get("in_flight") or sum(deferred.values())):
+            hidden += 1
+            continue
         lines.append(
             f"{q['queue']:<29} {q.get('lane', ''):<11} {q['depth']:>5} {sum(deferred.values()):>8} "
             f"{q.get('in_flight', 0):>9}"
         )
         lines += [f"  tenant {tenant:<20} {'':<11} {'':>5} {count:>8}" for tenant, count in sorted(deferred.items())]
     lines.append(f"{'(unacked, all queues)':<29} {'':<11} {snap['unacked']:>5}")
+    if hidden:
+        lines.append(
+            f"({hidden} empty queue{'s' if hidden != 1 else ''} of modes no live worker serves: "
+            "--json lists every queue)"
+        )
     lines.append("")
     workers = snap["workers"]
     lines.append(f"WORKERS ONLINE: {len(workers)}")

@@ -95,6 +95,19 @@ class Identities:
                 live.append(str(node))
         return sorted(live)
 
+    def modes_served(self, queue: str, max_age_s: float = FLEET_LIVE_S) -> set[str]:
+        """The modes the nodes of the deployment ``queue`` running now serve (``workers``' nodes)."""
+        raw = patiently(lambda: self._redis.hgetall(FLEET_NODES_PREFIX + queue), self.url, self.patience_s)
+        now, modes = time.time(), set[str]()
+        for value in raw.values():
+            try:
+                identity = json.loads(value)
+                if now - float(identity.get("announced_at", 0.0)) <= max_age_s:
+                    modes.update(str(mode) for mode in identity.get("modes") or ("voice_design",))
+            except (ValueError, TypeError, AttributeError):
+                continue  # not what ttsq writes: no worker
+        return modes
+
     def read(self, queue: str, max_age_s: float = IDENTITY_MAX_AGE_S) -> dict[str, dict[str, Any]]:
         """The models announced by live workers of the deployment ``queue``, by mode (empty: none running)."""
         raw = patiently(lambda: self._redis.hgetall(FLEET_PREFIX + queue), self.url, self.patience_s)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import IO, TYPE_CHECKING, Any, cast
@@ -68,8 +69,11 @@ logger = logging.getLogger(__name__)
 
 #: How long a stitched document's progress hash stays, for chunk counts that arrive after the stitch.
 STITCHED_PROGRESS_TTL_S = 600
-#: The field of a document's progress hash that says its stitch has begun (beside one per chunk index).
+#: The field of a document's progress hash that says its stitch has begun (beside one per chunk job).
 _STITCHING = "stitching"
+#: The field of a document's progress hash that counts its chunks with nothing to speak (no job: done
+#: from the start, so that ``chunks_total`` is every chunk of the document from the first count on).
+_SILENT = "silent"
 
 
 class Documents:
@@ -129,7 +133,11 @@ class Documents:
         keys = [content_key(request, identity) if request is not None else "" for request in requests]
         # A chunk that repeats (a refrain, a stock phrase) is one job; the stitch places it every time.
         unique = list({k: r for k, r in zip(keys, requests, strict=True) if r is not None}.values())
-        total = len(unique)
+        jobs = len(unique)
+        # Progress counts every chunk, as the submit's answer and the result do: a job counts done the
+        # chunks it stands for (its weight), a chunk with nothing to speak is done from the start.
+        total = len(keys)
+        weights = _weights(keys)
         lane = document.lane or default_lane(DOCUMENT_TASK_NAME, stream=document.stream)
         queue = queue_for(self.settings.queue, document.fields["mode"], lane)  # the chunks' queue
         plan = {
@@ -155,22 +163,22 @@ class Documents:
                 for chunk_key, chunk in zip(keys, document.chunks, strict=True)
             ],
         }
-        plans.save(task_id, plan, chunks=total)
+        plans.save(task_id, plan, chunks=jobs)
         # The lease outlives any fan-out; one whose worker died is redelivered within seconds and resumes.
         if not plans.begin_fan_out(task_id, lease_s=self.settings.visibility_timeout_s):
             logger.info("document %s: redelivered while its chunks are sent; sending nothing", task_id)
             raise Ignore()
         try:  # from what is counted already: a redelivered document task must not reset its progress to 0
-            self._count(task_id, total)
+            self._count(task_id, total, silent=keys.count(""))
         except Exception as exc:  # progress is for watching: the document goes on without it
             logger.warning("document %s: could not store progress: %s", task_id, type(exc).__name__)
         # Deterministic: a fan-out sent again (its first try died half way) sends the same chunk ids.
-        ids = chunk_task_ids(task_id, total)
+        ids = chunk_task_ids(task_id, jobs)
         sent_at = time.time()
         # The fan-out's trace goes on in every chunk and in the stitch (``ttsq.tracing``).
         traced: dict[str, Any] = {}
         tracing.inject(traced)
-        tracing.annotate({"ttsq.content_key": key, "ttsq.chunks": total, "ttsq.mode": document.fields["mode"]})
+        tracing.annotate({"ttsq.content_key": key, "ttsq.chunks": jobs, "ttsq.mode": document.fields["mode"]})
         header = [
             self.app.signature(
                 TASK_NAME,
@@ -180,11 +188,11 @@ class Documents:
                 headers={
                     **traced,
                     SENT_AT_HEADER: sent_at,
-                    DOCUMENT_HEADER: {"id": task_id, "index": index, "total": total},
+                    DOCUMENT_HEADER: {"id": task_id, "index": index, "total": total, "weight": weight},
                 },
-                kwargsrepr=f"document chunk {index + 1}/{total} {request.describe()}",
+                kwargsrepr=f"document chunk {index + 1}/{jobs} {request.describe()}",
             )
-            for index, request in enumerate(unique)
+            for index, (request, weight) in enumerate(zip(unique, weights, strict=True))
         ]
         body = self.app.signature(
             STITCH_TASK_NAME,
@@ -194,8 +202,8 @@ class Documents:
             headers=traced,
             # Its argument is the chunk results, signed URLs and all: keep them out
             # of its task-sent event (Flower, `celery events`).
-            argsrepr=f"<{total} chunk results>",
-            kwargsrepr=f"stitch {total} chunks into {key[:12]}",
+            argsrepr=f"<{jobs} chunk results>",
+            kwargsrepr=f"stitch {jobs} chunks into {key[:12]}",
         )
         group_id = chord_group_id(task_id)
         if resuming:
@@ -283,15 +291,18 @@ class Documents:
             and isinstance(header.get("total"), int)
         ):
             return  # not ours to trust; the chunk itself is done
+        weight = header.get("weight", 1)  # absent from a chunk sent before progress counted every chunk
+        if not isinstance(weight, int) or isinstance(weight, bool) or not 1 <= weight <= header["total"]:
+            return
         try:
-            self._chunk_done(header["id"], header["total"], header["index"], float(result["duration_s"]))
+            self._chunk_done(header["id"], header["total"], header["index"], float(result["duration_s"]), weight)
         except Exception as exc:  # progress is for watching: the chunk itself is done and stored
             logger.warning("document %s: could not record progress: %s", header["id"], type(exc).__name__)
 
-    def _chunk_done(self, doc_id: str, total: int, index: int, duration_s: float) -> None:
+    def _chunk_done(self, doc_id: str, total: int, index: int, duration_s: float, weight: int) -> None:
         node = self.runtime.node
         self.runtime.accepted.touch(doc_id)  # the document is making progress (``ttsq.worker.sweeper``)
-        progress = self._count(doc_id, total, durations={index: duration_s})
+        progress = self._count(doc_id, total, done={index: (duration_s, weight)})
         if progress["phase"] == "stitching":
             # The last chunk's own count runs after the chord join has sent the stitch, which counts
             # every chunk itself and may have finished already: an event now would reach Flower after
@@ -311,11 +322,13 @@ class Documents:
         doc_id: str,
         total: int,
         *,
-        durations: Mapping[int, float] | None = None,
+        done: Mapping[int, tuple[float, int]] | None = None,
+        silent: int = 0,
         stitching: bool = False,
     ) -> Progress:
-        """Record chunks as done (``durations``: chunk index -> audio seconds), and the stitch as
-        started if so, then store the document's progress from the count.
+        """Record chunk jobs as done (``done``: job index -> its audio seconds and the chunks it stands
+        for), ``silent`` chunks (nothing to speak) and the stitch as started if so, then store the
+        document's progress from the count: ``chunks_total`` is every chunk of the document.
 
         Chunks of one batch finish together on several task threads (and workers): counting and
         storing under one lock per document keeps the stored progress from going backwards (a
@@ -324,22 +337,24 @@ class Documents:
         hash_key = PROGRESS_PREFIX + doc_id
         with self._redis.lock(hash_key + ":lock", timeout=10, blocking_timeout=10):
             pipe = self._redis.pipeline()
-            # One field per chunk index: a redelivered chunk overwrites itself instead of counting twice.
-            for index, seconds in (durations or {}).items():
-                pipe.hset(hash_key, str(index), seconds)
+            # One field per job index: a redelivered chunk overwrites itself instead of counting twice.
+            for index, (seconds, weight) in (done or {}).items():
+                pipe.hset(hash_key, str(index), f"{seconds} {weight}")
+            if silent:
+                pipe.hset(hash_key, _SILENT, silent)
             if stitching:
                 pipe.hset(hash_key, _STITCHING, 1)
-            if durations or stitching:
+            if done or silent or stitching:
                 pipe.expire(hash_key, self.settings.result_ttl_s)
             pipe.hgetall(hash_key)
             fields = pipe.execute()[-1]
             if _STITCHING in fields and not stitching:
                 self._redis.expire(hash_key, STITCHED_PROGRESS_TTL_S)  # a late chunk: the stitch's TTL holds
-            chunks = [float(v) for name, v in fields.items() if name != _STITCHING]
+            jobs = [_counted(value) for name, value in fields.items() if name not in (_STITCHING, _SILENT)]
             progress = Progress(
-                chunks_done=len(chunks),
+                chunks_done=min(total, sum(weight for _, weight in jobs) + int(fields.get(_SILENT, 0))),
                 chunks_total=total,
-                audio_s=round(sum(chunks), 3),
+                audio_s=round(sum(seconds * weight for seconds, weight in jobs), 3),
                 phase="stitching" if _STITCHING in fields else "synthesizing",
             )
             self._store_progress(doc_id, progress)
@@ -387,16 +402,17 @@ class Documents:
             if isinstance(results, list)
             else set()
         )
-        total = len({chunk["key"] for chunk in plan["chunks"] if chunk["key"]})
+        keys = [chunk["key"] for chunk in plan["chunks"]]
+        weights = _weights(keys)
         # The chord fired: every chunk has returned, though the last one's own count (``task_success``
         # comes after the chord join) may not be in yet. Count them all from the results here.
-        durations = {
-            index: float(r["duration_s"])
+        done = {
+            index: (float(r["duration_s"]), weights[index])
             for index, r in enumerate(results if isinstance(results, list) else [])
-            if index < total and isinstance(r, Mapping) and isinstance(r.get("duration_s"), (int, float))
+            if index < len(weights) and isinstance(r, Mapping) and isinstance(r.get("duration_s"), (int, float))
         }
         try:  # the document's state keeps its progress while it is stitched: never back to STARTED
-            self._count(task_id, total, durations=durations, stitching=True)
+            self._count(task_id, len(keys), done=done, silent=keys.count(""), stitching=True)
         except Exception as exc:  # progress is for watching: the stitch goes on without it
             logger.warning("document %s: could not store progress: %s", task_id, type(exc).__name__)
         started = time.perf_counter()
@@ -613,3 +629,16 @@ def _sentence_spans(sentences: Sequence[Sequence[float]], start_s: float, end_s:
     if spans:
         spans[-1]["end_s"] = round(end_s, 4)
     return spans
+
+
+def _weights(keys: list[str]) -> list[int]:
+    """How many chunks each chunk job stands for, in job order (the order of first appearance of each
+    non-empty key, as the fan-out sends them)."""
+    return list(Counter(key for key in keys if key).values())
+
+
+def _counted(value: str) -> tuple[float, int]:
+    """A job's field of the progress hash: ``"<seconds> <weight>"``, or the bare seconds a worker wrote
+    before progress counted every chunk (weight 1)."""
+    seconds, _, weight = value.partition(" ")
+    return float(seconds), int(weight or 1)
