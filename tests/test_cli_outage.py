@@ -142,7 +142,18 @@ def test_submit_of_one_job_names_it_and_waits_through_a_redis_restart(
     the restart answers it, and stdout holds its JSON alone."""
     server, settings = own_redis()
     process = subprocess.Popen(
-        [sys.executable, "-m", "ttsq.cli.main", "submit", "One job across a restart.", "--json", "--timeout", "240"],
+        # No worker until after the restart: the submit is told to wait for one (it fails fast otherwise).
+        [
+            sys.executable,
+            "-m",
+            "ttsq.cli.main",
+            "submit",
+            "One job across a restart.",
+            "--json",
+            "--timeout",
+            "240",
+            "--wait-for-worker",
+        ],
         env=settings_env(settings),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -374,9 +374,10 @@ def test_cancel_calls_off_a_queued_job_and_names_the_outcome(settings: Settings,
     done = json.loads(run_cli("submit", "Spoken at once.", "--no-wait", "--json", settings=settings).stdout)["id"]
     assert run_cli("result", done, settings=settings).returncode == 0
     finished = run_cli("cancel", done, "--json", settings=settings)
-    assert finished.returncode == 0 and json.loads(finished.stdout) == {"id": done, "state": "SUCCESS"}
-    line = run_cli("cancel", done, settings=settings).stdout.decode()
-    assert line == f"not cancelled: job {done} had already finished (SUCCESS)\n"
+    # Not cancelled: exit 1 (issue 43), and the state it had says why.
+    assert finished.returncode == 1 and json.loads(finished.stdout) == {"id": done, "state": "SUCCESS"}
+    line = run_cli("cancel", done, settings=settings).stderr.decode()
+    assert line == f"ttsq: not cancelled: job {done} had already finished (SUCCESS)\n"
     never = run_cli("result", job_id, "--timeout", "10", settings=settings)
     assert never.returncode == 1 and "cancel" in never.stderr.decode(), never.stderr
 

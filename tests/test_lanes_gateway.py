@@ -71,26 +71,28 @@ def test_a_gateway_job_waits_for_release_under_its_api_keys_id_and_completes(
     gateway = start_gateway(settings)
     a, b = add_key(settings, "tenant-a"), add_key(settings, "tenant-b")
     assert a["id"] != b["id"] and len(a["id"]) == 12
-    ids = []
+    ids: list[tuple[str, str]] = []  # (token, job id): a key sees only its own jobs
     for key, count in ((a, 3), (b, 1)):
         with http(gateway, key["token"]) as api:
             for i in range(count):
                 submitted = api.post("/v1/jobs", json={"text": f"Sentence {i} of key {key['name']}."})
                 assert submitted.status_code == 202, submitted.text
-                ids.append(submitted.json()["id"])
+                ids.append((key["token"], submitted.json()["id"]))
     # No worker: one job in the list (the window), the rest waiting under their keys' ids, none under a name
     # the body could have chosen.
     row = queue_row(settings, settings.queue)
     assert row["lane"] == "interactive" and row["depth"] == 1 and row["in_flight"] == 0
     assert row["deferred"] == {a["id"]: 2, b["id"]: 1}
     start_worker(settings)
-    with http(gateway, a["token"]) as api:
-        wait_until(
-            lambda: all(api.get(f"/v1/jobs/{job_id}").json()["state"] == "SUCCESS" for job_id in ids),
-            90,
-            "every job of both keys",
-            interval=0.2,
-        )
+
+    def done() -> bool:
+        for token, job_id in ids:
+            with http(gateway, token) as api:
+                if api.get(f"/v1/jobs/{job_id}").json()["state"] != "SUCCESS":
+                    return False
+        return True
+
+    wait_until(done, 90, "every job of both keys", interval=0.2)
     assert len(s3_keys(settings)) == len(ids) == 4
     row = queue_row(settings, settings.queue)
     assert row["depth"] == 0 and row["deferred"] == {}
@@ -121,7 +123,7 @@ def test_a_keys_lane_chooses_the_queue_unless_the_body_names_one(
     gateway = start_gateway(settings)
     bulk, plain = add_key(settings, "batch-jobs", "--lane", "bulk"), add_key(settings, "plain")
     assert (bulk["lane"], plain["lane"]) == ("bulk", None)
-    ids = []
+    ids, plain_ids = [], []  # each key's own: a key sees only its own jobs
     with http(gateway, bulk["token"]) as api:
         ids.append(api.post("/v1/jobs", json={"text": "The key's lane: bulk."}).json()["id"])
         assert lengths(settings) == (0, 1)
@@ -131,19 +133,21 @@ def test_a_keys_lane_chooses_the_queue_unless_the_body_names_one(
         refused = api.post("/v1/jobs", json={"text": "Right now, please.", "lane": "urgent"})
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "lane", refused.text
     with http(gateway, plain["token"]) as api:
-        ids.append(api.post("/v1/jobs", json={"text": "A key without a lane."}).json()["id"])
+        plain_ids.append(api.post("/v1/jobs", json={"text": "A key without a lane."}).json()["id"])
         refused = api.post("/v1/jobs", json={"text": "Right now, please.", "lane": "urgent"})
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "lane", refused.text
     assert lengths(settings) == (2, 1)
     assert queue_row(settings, queue_for(settings.queue, "voice_design", "bulk"))["lane"] == "bulk"
     start_worker(settings)
-    with http(gateway, plain["token"]) as api:
-        wait_until(
-            lambda: all(api.get(f"/v1/jobs/{job_id}").json()["state"] == "SUCCESS" for job_id in ids),
-            90,
-            "the jobs of both lanes",
-            interval=0.2,
-        )
+
+    def done() -> bool:
+        for token, owned in ((bulk["token"], ids), (plain["token"], plain_ids)):
+            with http(gateway, token) as api:
+                if not all(api.get(f"/v1/jobs/{job_id}").json()["state"] == "SUCCESS" for job_id in owned):
+                    return False
+        return True
+
+    wait_until(done, 90, "the jobs of both lanes", interval=0.2)
     assert lengths(settings) == (0, 0) and len(s3_keys(settings)) == 3
 
 

@@ -30,7 +30,7 @@ from support import GatewayProcess, WorkerProcess, api_key
 
 from ttsq.client import Client
 from ttsq.config import Settings
-from ttsq.constants import ACCEPTED_PREFIX, CANCELLED_PREFIX
+from ttsq.constants import ACCEPTED_PREFIX, CANCELLED_PREFIX, TENANT_IN_FLIGHT_PREFIX, TENANTS_IN_FLIGHT_PREFIX
 from ttsq.gateway.apikeys import ApiKeys
 from ttsq.gateway.state import Gateway
 from ttsq.ops.redis_server import RedisServer
@@ -268,18 +268,28 @@ def script_runs(owner: RedisOwner, gateway: Gateway, admin: redis.Redis, results
         assert rival is not None and rival.node == "espeak@test"
 
     def defer() -> None:
-        waiting = f"deferred-{time.monotonic_ns()}"
-        accepted.accept(waiting, task="ttsq.synthesize", queue="dq", kwargs={"text": "x"}, headers={})
-        # Window 0: the list counts as full, so the job waits in its tenant's place.
-        assert accepted.defer(waiting, queue="dq", tenant="t", window=0)
+        waiting, ahead = f"deferred-{time.monotonic_ns()}", f"ahead-{time.monotonic_ns()}"
+        for job_id in (ahead, waiting):
+            accepted.accept(job_id, task="ttsq.synthesize", queue="dq", kwargs={"text": "x"}, headers={})
+        # Window 1, and two jobs no worker has received: the list counts as full, the job waits its tenant's turn.
+        assert accepted.defer(waiting, queue="dq", tenant="t", window=1)
         assert accepted.deferred("dq") == {"t": 1}
 
     def release_deferred() -> None:
-        (job,) = accepted.release(["dq"], window=1, most=10)
+        room_for_one = len(accepted.unseen("dq")) + 1  # beside the jobs ahead (of this round and the last)
+        (job,) = accepted.release(["dq"], window=room_for_one, most=10)
         assert job.queue == "dq" and job.kwargs == {"text": "x"} and accepted.deferred("dq") == {}
         accepted.finish(job.task_id)
 
+    def age_in_flight() -> None:
+        # A count left for a job whose record is gone: aged out.
+        admin.zadd(f"{TENANT_IN_FLIGHT_PREFIX}q:t", {"gone-job": 1})
+        admin.sadd(f"{TENANTS_IN_FLIGHT_PREFIX}q", "t")
+        assert accepted.age_in_flight("q") == 1
+        assert not admin.exists(f"{TENANT_IN_FLIGHT_PREFIX}q:t")
+
     runs: dict[str, Run] = {
+        "age_in_flight": age_in_flight,
         "claim_identity": claim_identity,
         "defer": defer,
         "release": release_deferred,
