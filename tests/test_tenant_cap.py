@@ -73,7 +73,7 @@ class Sampler:
     def in_flight(self) -> int:
         with self._cache.pipeline(transaction=True) as pipe:
             for task_id in self.ids:
-                pipe.exists(ACCEPTED_PREFIX + task_id)
+                pipe.hexists(ACCEPTED_PREFIX + task_id, "task")  # a finished job leaves its owner only
                 pipe.hexists(ACCEPTED_PREFIX + task_id, "deferred")
             found = pipe.execute()
         return sum(1 for at in range(0, len(found), 2) if found[at] and not found[at + 1])
@@ -81,14 +81,14 @@ class Sampler:
     def finished(self) -> set[str]:
         with self._cache.pipeline(transaction=True) as pipe:
             for task_id in self.ids:
-                pipe.exists(ACCEPTED_PREFIX + task_id)
+                pipe.hexists(ACCEPTED_PREFIX + task_id, "task")  # a finished job leaves its owner only
             found = pipe.execute()
         return {task_id for task_id, exists in zip(self.ids, found, strict=True) if not exists}
 
     def _received(self, ids: list[str]) -> list[bool]:
         with self._cache.pipeline(transaction=True) as pipe:
             for task_id in ids:
-                pipe.exists(ACCEPTED_PREFIX + task_id)
+                pipe.hexists(ACCEPTED_PREFIX + task_id, "task")  # a finished job leaves its owner only
                 pipe.hexists(ACCEPTED_PREFIX + task_id, "seen_at")
             found = pipe.execute()
         return [not found[at] or bool(found[at + 1]) for at in range(0, len(found), 2)]
