@@ -199,8 +199,9 @@ def test_redis_restart_mid_burst_loses_no_accepted_job_and_workers_consume_after
     server.start()
     url = server.url
     settings = faulty.replace(engine="espeak", broker_url=f"{url}/0", result_backend=f"{url}/1", cache_url=f"{url}/2")
+    workers: list[WorkerProcess] = []
     try:
-        workers = [start_worker(settings, name="w1"), start_worker(settings, name="w2")]
+        workers += [start_worker(settings, name="w1"), start_worker(settings, name="w2")]
         accepted: list[tuple[str, Job]] = []
         refused: list[BrokerError] = []
         restarted = threading.Event()
@@ -254,6 +255,10 @@ def test_redis_restart_mid_burst_loses_no_accepted_job_and_workers_consume_after
         assert [w.process.poll() if w.process else "not started" for w in workers] == [None, None]
         client.close()
     finally:
+        # The workers first, while their Redis is there: without it each rides out its patience on the way
+        # out (30 s), and the fixture's stop waits it out twice.
+        for worker in workers:
+            worker.stop()
         server.stop()
 
 

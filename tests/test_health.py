@@ -172,6 +172,7 @@ def test_readiness_follows_redis_and_liveness_rides_out_the_outage(
         with Client(own) as client:
             assert client.submit("Ready again after the outage.").wait(timeout=SLACK_S)["duration_s"] > 0
         assert worker.process is not None and worker.process.poll() is None
+        worker.stop()  # while its Redis is there: without it, it rides out its patience on the way out
     finally:
         server.stop()
 

@@ -171,8 +171,9 @@ def test_redis_restart_mid_burst_every_accepted_job_completes_once(
         storage_timeout_s=2,
         lost_job_grace_s=GRACE_S,
     )
+    workers: list[WorkerProcess] = []
     try:
-        workers = [start_worker(settings, name="w1"), start_worker(settings, name="w2")]
+        workers += [start_worker(settings, name="w1"), start_worker(settings, name="w2")]
         accepted: list[tuple[str, Job]] = []
         refused: list[str] = []
 
@@ -214,4 +215,8 @@ def test_redis_restart_mid_burst_every_accepted_job_completes_once(
         assert [w.process.poll() if w.process else "not started" for w in workers] == [None, None]
         client.close()
     finally:
+        # The workers first, while their Redis is there: without it each rides out its patience on the way
+        # out (30 s), and the fixture's stop waits it out twice.
+        for worker in workers:
+            worker.stop()
         server.stop()
