@@ -80,7 +80,8 @@ def test_bad_messages_mixed_into_a_burst_do_not_affect_their_neighbours(
     # The worker survived all of it and still serves, nothing is left to be redelivered ...
     assert worker.process is not None and worker.process.poll() is None
     assert client.submit(f"{MARKER}: still serving after the corpus.").wait(timeout=30)["duration_s"] > 0
-    assert queue_length(settings) == 0
+    # Seen once in three full runs: one message left. Which one, and from whom, is what to look at next.
+    assert queue_length(settings) == 0, left_in_queue(settings)
     broker = redis.Redis.from_url(settings.broker_url)
     assert broker.hlen("unacked") == 0
     # ... one object per good or sane job ...
@@ -106,3 +107,23 @@ def test_a_pickle_message_from_the_corpus_is_refused(
         assert time.monotonic() < deadline, worker.log()
         time.sleep(0.05)
     assert queue_length(settings) == 0
+
+
+def left_in_queue(settings: Settings) -> list[dict[str, Any]]:
+    """The task id, task and ttsq headers of each message still in this test's queue (never a body)."""
+    import redis as redis_py
+
+    client = redis_py.Redis.from_url(settings.broker_url)
+    try:
+        found = []
+        for raw in client.lrange(settings.queue, 0, -1):
+            try:
+                headers = json.loads(raw).get("headers") or {}
+                found.append(
+                    {name: value for name, value in headers.items() if name in ("id", "task") or "ttsq" in name}
+                )
+            except (ValueError, AttributeError):
+                found.append({"unparsed": len(raw)})
+        return found
+    finally:
+        client.close()
