@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 from bad_inputs import ALL_CASES, send_raw
-from support import WorkerProcess, queue_length, s3_keys
+from support import WorkerProcess, queue_length, s3_keys, wait_until
 
 from ttsq.app import make_app
 from ttsq.client import Client
@@ -80,10 +80,14 @@ def test_bad_messages_mixed_into_a_burst_do_not_affect_their_neighbours(
     # The worker survived all of it and still serves, nothing is left to be redelivered ...
     assert worker.process is not None and worker.process.poll() is None
     assert client.submit(f"{MARKER}: still serving after the corpus.").wait(timeout=30)["duration_s"] > 0
-    # Seen once in three full runs: one message left. Which one, and from whom, is what to look at next.
+    # One message was once found left here. Its likeliest sender, the sweeper taking a job a worker had
+    # just popped for lost, is fixed (tests/test_send.py, test_a_job_a_worker_has_just_popped_is_not_sent_again);
+    # should it happen again, the assertion names the message.
     assert queue_length(settings) == 0, left_in_queue(settings)
+    # With late acks a job's result is stored before its message is acknowledged: the last job's ack
+    # follows its result by a moment.
     broker = redis.Redis.from_url(settings.broker_url)
-    assert broker.hlen("unacked") == 0
+    wait_until(lambda: broker.hlen("unacked") == 0, 30, "every message acknowledged")
     # ... one object per good or sane job ...
     sane = sum(1 for case in ALL_CASES if case.get("outcome") == "result")
     assert len(s3_keys(settings)) == len(good) + sane + 1

@@ -8,6 +8,7 @@ no worker wrote, and the gateway rendering what the reader read.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import threading
 import time
@@ -22,7 +23,7 @@ import redis
 from kombu.exceptions import OperationalError
 from support import GatewayProcess, api_key, queue_length, run_cli, wait_until
 
-from ttsq.app import make_app, stored_result
+from ttsq.app import make_app, queue_for, stored_result
 from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.constants import ACCEPTED_PREFIX, ATTEMPTS_PREFIX, TASK_NAME
@@ -190,6 +191,43 @@ def test_the_sweeper_sends_a_lost_job_again_and_drops_the_record_of_a_finished_o
     messages = redis.Redis.from_url(settings.broker_url).lrange(settings.queue, 0, -1)
     sent = {json.loads(message)["headers"]["id"]: json.loads(message)["headers"]["ttsq_seq"] for message in messages}
     assert sent.keys() == {lost.task_id, requeued.task_id} and sent[lost.task_id] == again.seq
+
+
+@pytest.mark.slow
+def test_lost_jobs_in_two_queues_are_both_sent_again(settings: Settings, owner: RedisOwner, app: Any) -> None:
+    """A sweep of one queue forgot the suspects of the others: with lost jobs in two queues (two lanes
+    here), each queue's sweep reset the other's, and neither was ever sent again."""
+    settings = settings.replace(lost_job_grace_s=1)
+    bulk = queue_for(settings.queue, "voice_design", "bulk")
+    jobs = [outgoing(settings, "Lost in the interactive lane."), outgoing(settings, "Lost in the bulk lane.")]
+    jobs[1] = dataclasses.replace(jobs[1], queue=bulk)
+    for job in jobs:
+        send_job(app, owner.accepted, job)
+    redis.Redis.from_url(settings.broker_url).delete(settings.queue, bulk)  # both messages lost
+    assert sweep_for_a_while(settings, owner, app) == 2
+
+
+def test_a_job_a_worker_has_just_popped_is_not_sent_again(settings: Settings, owner: RedisOwner, app: Any) -> None:
+    """kombu pops a message (BRPOP) before the worker's gate marks its job received: for that moment the
+    job is in no list and unseen. The sweeper must not take it for lost on one look, or the job is sent
+    twice (the second copy left in the queue is what a test once found after all its results were in)."""
+    settings = settings.replace(lost_job_grace_s=1)
+    job = outgoing(settings, "Popped, about to be marked received.")
+    send_job(app, owner.accepted, job)
+    accepted = owner.accepted.get(job.task_id)
+    assert accepted is not None
+    broker = redis.Redis.from_url(settings.broker_url)
+    assert broker.rpop(settings.queue) is not None  # what kombu's BRPOP does; the gate has not run yet
+    sweeper = Sweeper(app, settings, owner, Observer(), node="sweeper@test")
+    time.sleep(1.1)  # past the grace: the job counts as suspect from here on
+    assert sweeper.sweep() == 0  # suspect
+    time.sleep(1.1)
+    assert sweeper.sweep() == 0  # confirmed suspect, and in no list: seen missing once
+    # The worker's gate takes it in (late, on a loaded machine): the next sweep finds it received.
+    owner.accepted.received(job.task_id, task=job.task, queue=job.queue, seq=accepted.seq, plain=True)
+    assert sweeper.sweep() == 0
+    assert broker.llen(settings.queue) == 0
+    broker.close()
 
 
 # -- the one reader ---------------------------------------------------------------------------------

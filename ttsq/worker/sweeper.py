@@ -15,6 +15,7 @@ with none of them anywhere is sent again, its fan-out mark cleared so that the d
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 from typing import TYPE_CHECKING
@@ -71,8 +72,12 @@ class Sweeper:
         self._thread = threading.Thread(target=self._run, name="ttsq-sweeper", daemon=True)
         #: Task id -> Redis time it was first found suspect (lost once it stays so, ``_confirmed``): jobs
         #: no worker received, and received jobs that made no progress for a stale period.
-        self._suspects: dict[str, float] = {}
+        #: Per queue: a sweep of one queue must not forget another queue's suspects.
+        self._suspects: dict[str, dict[str, float]] = collections.defaultdict(dict)
         self._stale: dict[str, float] = {}
+        #: Per queue, the unseen jobs the last sweep found in no list: sent again if the next finds them
+        #: so too.
+        self._missing: dict[str, set[str]] = {}
 
     def start(self) -> None:
         """Start sweeping (whenever this worker holds the lock)."""
@@ -97,6 +102,7 @@ class Sweeper:
                     # Another worker sweeps: start afresh if this one takes over.
                     self._suspects.clear()
                     self._stale.clear()
+                    self._missing.clear()
             except Exception as exc:  # Redis restarting, most likely: the next round tries again
                 logger.warning("sweep failed: %s: %s", type(exc).__name__, exc)
 
@@ -118,11 +124,14 @@ class Sweeper:
     def _sweep_unseen(self, queue: str, now: float) -> int:
         unseen = self.accepted.unseen(queue)
         if not unseen:
+            self._suspects.pop(queue, None)
+            self._missing.pop(queue, None)
             return 0
         depth = queue_depth(self._broker, queue)
         watermark, _ = self.accepted.watermark(queue)
         lost: list[AcceptedJob] = []
         suspects = set()
+        suspected = self._suspects[queue]
         for task_id, seq in unseen:
             job = self.accepted.get(task_id)
             if job is None:  # its record expired
@@ -130,19 +139,25 @@ class Sweeper:
                 continue
             if (seq < watermark or depth == 0) and now - job.accepted_at > self.grace_s:
                 suspects.add(task_id)
-                if self._confirmed(self._suspects, task_id, now):
+                if self._confirmed(suspected, task_id, now):
                     lost.append(job)
             else:
-                self._suspects.pop(task_id, None)
+                suspected.pop(task_id, None)
         if lost and depth:
             queued = held(self._broker, {job.task_id for job in lost}, [queue], unacked_too=False)
             for job in [job for job in lost if job.task_id in queued]:
-                self._suspects[job.task_id] = now  # still waiting behind others: look again later
+                suspected[job.task_id] = now  # still waiting behind others: look again later
             lost = [job for job in lost if job.task_id not in queued]
-        for stale in set(self._suspects) - suspects:
-            if stale not in {job.task_id for job in lost}:
-                self._suspects.pop(stale, None)
-        return sum(self._send_again(job, why="its message never reached a worker") for job in lost)
+        # Found in no list once is not lost yet: a worker may have popped it an instant ago (kombu's
+        # BRPOP), and it is marked received only once the worker's gate has it. It is lost if a second
+        # sweep, a second later, still finds it nowhere and unseen; a popped message is marked by then
+        # unless its worker died holding it, and then it is lost indeed.
+        missing_before = self._missing.get(queue, set())
+        confirmed = [job for job in lost if job.task_id in missing_before]
+        self._missing[queue] = {job.task_id for job in lost}
+        for stale in set(suspected) - suspects - self._missing[queue]:
+            suspected.pop(stale, None)
+        return sum(self._send_again(job, why="its message never reached a worker") for job in confirmed)
 
     def _sweep_received(self, now: float) -> int:
         stale_s = self.settings.visibility_timeout_s + self.grace_s
@@ -206,12 +221,12 @@ class Sweeper:
             state = states.FAILURE
         if state in states.READY_STATES:
             self.accepted.finish(job.task_id)
-            self._suspects.pop(job.task_id, None)
+            self._suspects[job.queue].pop(job.task_id, None)
             return 0
         if state not in (states.PENDING, REQUEUED_STATE) and not stale:
             # STARTED or PROGRESS: a worker has it; its mark went missing. (REQUEUED says only that its
             # message went back to the queue once: found nowhere since, it is lost.)
-            self._suspects.pop(job.task_id, None)
+            self._suspects[job.queue].pop(job.task_id, None)
             return 0
         if job.task == DOCUMENT_TASK_NAME:
             # None of its messages is anywhere: the next delivery must fan it out again.
@@ -225,7 +240,7 @@ class Sweeper:
             kwargsrepr="<sent again by the sweeper>",
         )
         send_job(self._app, self.accepted, again, withdraw=False)  # not sent: the next sweep tries again
-        self._suspects.pop(job.task_id, None)
+        self._suspects[job.queue].pop(job.task_id, None)
         self.observer.job_recovered()
         logger.warning("job %s: %s; sent again", job.task_id, why)
         return 1
