@@ -80,8 +80,6 @@ def held(client: redis.Redis, task_ids: set[str], queues: list[str], *, unacked_
             raw = item if isinstance(item, bytes) else item.encode()
             found.update(task_id for task_id, needle in needles.items() if needle in raw)
 
-    if unacked_too:
-        look(client.hvals(UNACKED_KEY))
     for queue in queues:
         for name in _lists(queue):
             start = 0
@@ -91,6 +89,10 @@ def held(client: redis.Redis, task_ids: set[str], queues: list[str], *, unacked_
                     break
                 look(page)
                 start += _PAGE
+    # The lists first: a message a worker pops in between is in the unacked hash when that is read
+    # (but for the instant between kombu's BRPOP and its record, which a second look covers).
+    if unacked_too and needles.keys() - found:
+        look(client.hvals(UNACKED_KEY))
     return found
 
 

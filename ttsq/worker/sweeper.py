@@ -15,15 +15,16 @@ with none of them anywhere is sent again, its fan-out mark cleared so that the d
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from celery import states
 
 from ttsq.app import queues_for, stored_result
 from ttsq.constants import DOCUMENT_TASK_NAME, PROGRESS_PREFIX, REQUEUED_STATE, SWEEPER_LOCK_PREFIX
+from ttsq.delivery.lost import Unseen, UnseenJobs
 from ttsq.errors import CorruptRecord
 from ttsq.records.plans import SENDING, SENT, chunk_task_ids
 from ttsq.records.queues import held, queue_depth
@@ -70,14 +71,12 @@ class Sweeper:
         self._app = app
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ttsq-sweeper", daemon=True)
-        #: Task id -> Redis time it was first found suspect (lost once it stays so, ``_confirmed``): jobs
-        #: no worker received, and received jobs that made no progress for a stale period.
-        #: Per queue: a sweep of one queue must not forget another queue's suspects.
-        self._suspects: dict[str, dict[str, float]] = collections.defaultdict(dict)
+        #: Per queue, the unseen jobs it suspects (``ttsq.delivery.lost``): one queue's sweep never
+        #: touches another's.
+        self._unseen: dict[str, UnseenJobs] = {}
+        #: Task id -> Redis time a received job was first found stale (lost once it stays so,
+        #: ``_confirmed``).
         self._stale: dict[str, float] = {}
-        #: Per queue, the unseen jobs the last sweep found in no list: sent again if the next finds them
-        #: so too.
-        self._missing: dict[str, set[str]] = {}
 
     def start(self) -> None:
         """Start sweeping (whenever this worker holds the lock)."""
@@ -100,9 +99,8 @@ class Sweeper:
                     self.sweep()
                 else:
                     # Another worker sweeps: start afresh if this one takes over.
-                    self._suspects.clear()
+                    self._unseen.clear()
                     self._stale.clear()
-                    self._missing.clear()
             except Exception as exc:  # Redis restarting, most likely: the next round tries again
                 logger.warning("sweep failed: %s: %s", type(exc).__name__, exc)
 
@@ -124,40 +122,31 @@ class Sweeper:
     def _sweep_unseen(self, queue: str, now: float) -> int:
         unseen = self.accepted.unseen(queue)
         if not unseen:
-            self._suspects.pop(queue, None)
-            self._missing.pop(queue, None)
+            self._unseen.pop(queue, None)
             return 0
+        view = self._unseen.setdefault(queue, UnseenJobs(confirm_s=min(self.grace_s, 2.0)))
         depth = queue_depth(self._broker, queue)
         watermark, _ = self.accepted.watermark(queue)
-        lost: list[AcceptedJob] = []
-        suspects = set()
-        suspected = self._suspects[queue]
-        for task_id, seq in unseen:
+        jobs: dict[str, AcceptedJob] = {}
+        for task_id, _seq in unseen:
             job = self.accepted.get(task_id)
             if job is None:  # its record expired
                 self.accepted.drop_unseen(queue, task_id)
-                continue
-            if (seq < watermark or depth == 0) and now - job.accepted_at > self.grace_s:
-                suspects.add(task_id)
-                if self._confirmed(suspected, task_id, now):
-                    lost.append(job)
             else:
-                suspected.pop(task_id, None)
-        if lost and depth:
-            queued = held(self._broker, {job.task_id for job in lost}, [queue], unacked_too=False)
-            for job in [job for job in lost if job.task_id in queued]:
-                suspected[job.task_id] = now  # still waiting behind others: look again later
-            lost = [job for job in lost if job.task_id not in queued]
-        # Found in no list once is not lost yet: a worker may have popped it an instant ago (kombu's
-        # BRPOP), and it is marked received only once the worker's gate has it. It is lost if a second
-        # sweep, a second later, still finds it nowhere and unseen; a popped message is marked by then
-        # unless its worker died holding it, and then it is lost indeed.
-        missing_before = self._missing.get(queue, set())
-        confirmed = [job for job in lost if job.task_id in missing_before]
-        self._missing[queue] = {job.task_id for job in lost}
-        for stale in set(suspected) - suspects - self._missing[queue]:
-            suspected.pop(stale, None)
-        return sum(self._send_again(job, why="its message never reached a worker") for job in confirmed)
+                jobs[task_id] = job
+        looking = view.sweep(
+            time.monotonic(),
+            [
+                Unseen(task_id, overdue=now - job.accepted_at > self.grace_s, behind=seq < watermark or depth == 0)
+                for task_id, seq in unseen
+                if (job := jobs.get(task_id)) is not None
+            ],
+        )
+        # Rarely (only jobs suspect long enough): in the queue's lists, and in kombu's unacked hash, where
+        # a message a worker popped is recorded, and a dead worker's stays until recovery gives it back.
+        queued = held(self._broker, set(looking), [queue]) if looking else set()
+        lost = view.looked(time.monotonic(), queued)
+        return sum(self._send_again(jobs[task_id], why="its message never reached a worker") for task_id in lost)
 
     def _sweep_received(self, now: float) -> int:
         stale_s = self.settings.visibility_timeout_s + self.grace_s
@@ -188,6 +177,11 @@ class Sweeper:
         for task_id in set(self._stale) - stale:
             self._stale.pop(task_id, None)
         return sent
+
+    def _settled(self, job: AcceptedJob) -> None:
+        """``job`` was sent again, or found not lost: its queue's view forgets it."""
+        if (view := self._unseen.get(job.queue)) is not None:
+            view.settled(job.task_id)
 
     def _confirmed(self, suspects: dict[str, float], task_id: str, now: float) -> bool:
         """Whether ``task_id`` has been suspect (in ``suspects``, from when) long enough to count as lost:
@@ -221,12 +215,12 @@ class Sweeper:
             state = states.FAILURE
         if state in states.READY_STATES:
             self.accepted.finish(job.task_id)
-            self._suspects[job.queue].pop(job.task_id, None)
+            self._settled(job)
             return 0
         if state not in (states.PENDING, REQUEUED_STATE) and not stale:
             # STARTED or PROGRESS: a worker has it; its mark went missing. (REQUEUED says only that its
             # message went back to the queue once: found nowhere since, it is lost.)
-            self._suspects[job.queue].pop(job.task_id, None)
+            self._settled(job)
             return 0
         if job.task == DOCUMENT_TASK_NAME:
             # None of its messages is anywhere: the next delivery must fan it out again.
@@ -240,7 +234,7 @@ class Sweeper:
             kwargsrepr="<sent again by the sweeper>",
         )
         send_job(self._app, self.accepted, again, withdraw=False)  # not sent: the next sweep tries again
-        self._suspects[job.queue].pop(job.task_id, None)
+        self._settled(job)
         self.observer.job_recovered()
         logger.warning("job %s: %s; sent again", job.task_id, why)
         return 1

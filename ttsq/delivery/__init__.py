@@ -1,0 +1,7 @@
+"""Delivery: the rules that decide what happens to a job's message between the producer and a worker,
+without I/O (the loops in ``ttsq.worker`` read Redis, feed these rules what they saw, and do what they
+answer), so that a seeded simulation can drive the same rules through many thousands of interleavings
+(``tests/test_delivery_simulation.py``).
+
+``ttsq.delivery.lost``: when an accepted job that no worker received counts as lost and is sent again.
+"""
