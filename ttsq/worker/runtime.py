@@ -114,6 +114,7 @@ class WorkerRuntime:
             results=self.results,
             observer=self.observer,
             streams=self.redis.streams,
+            accepted=self.accepted,
         )
         #: The cache database, for what the document stitch keeps there (``ttsq.worker.documents``).
         self.documents_redis = self.redis.cache
