@@ -39,8 +39,9 @@ def in_engine_call(client: Client, task_id: str) -> None:
 def final_state(client: Client, task_id: str, worker: WorkerProcess) -> str:
     """The job's state once its worker is done with it (a worker that ran it logs how it ended)."""
     wait_until(
-        lambda: f"job {task_id}: cancelled" in worker.log()
-        or client.status(task_id)["state"] in ("SUCCESS", "FAILURE"),
+        lambda: (
+            f"job {task_id}: cancelled" in worker.log() or client.status(task_id)["state"] in ("SUCCESS", "FAILURE")
+        ),
         60,
         "the job's end",
     )

@@ -92,6 +92,11 @@ class StandInEngine:
             max_frames=settings.qwen_max_frames,
         )
 
+    def batch_cost_s(self, rows: int, chars: int) -> float:
+        """What a batch of ``rows`` texts costs when its longest has ``chars`` characters
+        (``ttsq.engines.base.worst_batch_s``)."""
+        return batch_seconds(self.a_s, self.b_s, rows, speech_frames("x" * chars) / FRAMES_PER_SECOND)
+
     def load(self) -> None:
         """Make the buffer every row's audio is cut from."""
         self._buffer = speech_like(BUFFER_S)
