@@ -29,7 +29,8 @@ SLOW_US = 1_000_000
 
 
 def slow(settings: Settings) -> Settings:
-    return settings.replace(engine="standin", standin_a_us=SLOW_US, standin_b_us=0)
+    # Texts of up to 200 characters: a full batch fits the per-batch limit (the worker checks at start).
+    return settings.replace(engine="standin", standin_a_us=SLOW_US, standin_b_us=0, max_text_chars=200)
 
 
 def in_engine_call(client: Client, task_id: str) -> None:
@@ -125,3 +126,18 @@ def test_cancel_and_settle_are_one_transition_whichever_comes_first(settings: Se
     assert accepted.settle("retried", "FAILURE", ttl_s=60)
     accepted.unsettle("retried")
     assert accepted.cancel("retried", ttl_s=60) is None
+
+
+def test_a_document_cancelled_while_its_chunks_run_ends_revoked_and_keeps_their_audio(
+    settings: Settings, start_worker: StartWorker
+) -> None:
+    small = slow(settings).replace(doc_target_chars=30, doc_max_chars=60)
+    worker = start_worker(small)
+    client = Client(small)
+    document = client.submit_document("The first sentence of a document. The second sentence of it.")
+    # Both chunks are at the worker (past the queue): they run to the end; the stitch, which carries the
+    # document's id, is dropped when it arrives (or, already running, settles against the cancel).
+    wait_until(lambda: worker.log().count("Task ttsq.synthesize[") >= 2, 60, "the chunks at the worker")
+    assert client.cancel(document.id) == "REVOKED"
+    assert final_state(client, document.id, worker) == "REVOKED"
+    assert worker.log().count(": synthesized ") == 2  # the chunks' audio is made and cached
