@@ -71,9 +71,10 @@ def result(ctx: click.Context, job_id: str, timeout: float, output: Path | None,
 @click.pass_context
 @one_line_errors
 def cancel(ctx: click.Context, job_id: str, as_json: bool) -> None:
-    """Cancel job JOB_ID if it has not finished: a queued job (or document) never runs; a job a worker
-    is already running finishes. Exit 1 for an id ttsq never accepted, and for a job that had already
-    finished (nothing was cancelled)."""
+    """Cancel job JOB_ID unless its worker has its outcome: a queued job (or document) never runs; a job
+    in its engine call runs to the end of that call, its audio cached, and ends REVOKED. Prints the state
+    the job ends in; exit 1 for an id ttsq never accepted, and for a job that had already finished
+    (nothing was cancelled)."""
     from ttsq.client import Client
 
     state = Client(settings_of(ctx)).cancel(job_id)

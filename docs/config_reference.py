@@ -53,8 +53,10 @@ outlive: it must be at least 1.25 × (`TTSQ_JOB_TIMEOUT_S` + the storage budget)
 is `TTSQ_STORAGE_ATTEMPTS` × 2 requests × 2 × `TTSQ_STORAGE_TIMEOUT_S` plus the longest backoff pauses
 (defaults: 1.25 × ({job_timeout} + {storage_budget}) → {min_visibility} s, under the default {visibility} s).
 `TTSQ_JOB_TIMEOUT_S` must be below the visibility timeout, and `TTSQ_BATCH_TIMEOUT_S` at most half of
-`TTSQ_JOB_TIMEOUT_S` (a job waits for the batch ahead of it, then for its own). Why these
-bounds rule out a duplicate run of a healthy job: [guarantees.md](guarantees.md).
+`TTSQ_JOB_TIMEOUT_S` (a job waits for the batch ahead of it, then for its own). A worker whose engine
+can say what a batch costs (the stand-in) also refuses to start when a full batch (`TTSQ_MAX_BATCH`
+texts of `TTSQ_MAX_TEXT_CHARS`) would outlast that per-batch limit, past which its watchdog ends it as
+stuck. Why these bounds rule out a duplicate run of a healthy job: [guarantees.md](guarantees.md).
 """
 
 TABLE_HEADER = """\

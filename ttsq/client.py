@@ -770,9 +770,14 @@ class Client:
         return out
 
     def cancel(self, task_id: str) -> str:
-        """Cancel a job that has not finished; return its state after (REVOKED, or the final state it
-        already had). A queued job never runs: a worker drops its message (and, for a document, the
-        messages of its chunks) when it arrives. A job a worker is already running finishes."""
+        """Cancel a job that has not finished; return the state it ends in: REVOKED when the cancel won,
+        else the final state its worker had already settled (SUCCESS or FAILURE: nothing was cancelled).
+
+        The cancel wins unless the job's worker settled its outcome first (one Redis transition,
+        ``AcceptedJobs.cancel``). A queued job never runs: a worker drops its message (and, for a
+        document, the messages of its chunks) when it arrives. A job already in its engine call runs
+        to the end of that call, its audio is stored and cached (it was paid for), and it ends REVOKED:
+        no result, its stream ends with an error. docs/guarantees.md, "Cancel", has the table."""
         self._check_known(task_id)
         state = self._state(task_id)
         if state in states.READY_STATES:
@@ -784,7 +789,9 @@ class Client:
                 return str(followed)
             self._revoke(task_id)
             return str(states.REVOKED)
-        self.accepted.cancel(task_id, ttl_s=self.settings.result_ttl_s)
+        settled = self.accepted.cancel(task_id, ttl_s=self.settings.result_ttl_s)
+        if settled is not None:
+            return settled  # its worker was first: the result it settled is being (or was) stored
         self.accepted.finish(task_id)  # nothing to send again
         self._revoke(task_id, broadcast=True)
         return str(states.REVOKED)
@@ -823,6 +830,7 @@ class Client:
             # The old FAILURE result would answer a waiter at once: clear it first.
             failed = backend.get(key)
             backend.forget(task_id)
+            self.accepted.unsettle(task_id)  # its FAILURE no longer answers a cancel
             outgoing = Outgoing(
                 task_id=task_id,
                 task=job.task,  # a job, or a document's parked stitch (it reads its plan from Redis)

@@ -141,7 +141,9 @@ class Settings:
     #: must stay well inside the visibility timeout.
     job_timeout_s: int = 600
     #: Longest one engine call may run, in seconds; past it the engine is taken for stuck and the worker
-    #: process exits with status 70 so that its supervisor restarts it. 0 means half the job timeout.
+    #: process exits with status 70 so that its supervisor restarts it. 0 means half the job timeout. It
+    #: must fit a full batch of the longest texts: a worker whose engine can say what a batch costs (the
+    #: stand-in) refuses to start where it does not; for qwen, set it above a measured full batch.
     batch_timeout_s: int = 0
     #: Times one job may enter the engine without finishing (its worker died or hung each time)
     #: before it is failed and parked for an operator (``ttsq failed``, ``ttsq retry``). Keep it >= 2:

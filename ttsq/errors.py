@@ -14,6 +14,7 @@
         ├── JobFailed        the worker ran it and it failed
         ├── JobParked        it entered the engine too often without finishing; parked for an operator
         ├── DeadlineExceeded its deadline passed before synthesis; dropped unsynthesized
+        ├── JobCancelled     it was cancelled before its worker settled it; it ends REVOKED
         ├── JobTimeout       no result within the caller's timeout
         └── UnknownJob       ttsq never accepted a job with this id (or its result has expired)
 
@@ -110,6 +111,10 @@ class JobParked(JobError):
 
 class DeadlineExceeded(JobError):
     """The job's deadline passed before it was synthesized; it was dropped, nothing was made."""
+
+
+class JobCancelled(JobError):
+    """The job was cancelled before its worker settled its outcome: it ends REVOKED, with no result."""
 
 
 class JobTimeout(JobError):

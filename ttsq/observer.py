@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 #: How a job left the worker: a fixed vocabulary (it labels metrics).
-OUTCOMES = ("synthesized", "cached", "invalid", "failed", "timeout")
+OUTCOMES = ("synthesized", "cached", "invalid", "failed", "timeout", "cancelled")
 
 
 @dataclass(frozen=True)

@@ -245,6 +245,15 @@ class ContinuousEngine(Engine, Protocol):
         ...
 
 
+def worst_batch_s(engine: object, rows: int, chars: int) -> float | None:
+    """The longest a healthy engine call of ``rows`` texts, the longest of ``chars`` characters, takes,
+    for an engine that can say (a ``batch_cost_s(rows, chars)`` method: the stand-in, whose cost is its
+    model); None for one that cannot. The worker refuses to start when a full batch of the longest
+    texts would outlast its per-batch limit (``ttsq.worker.watchdog``): it would be ended as stuck."""
+    cost = getattr(engine, "batch_cost_s", None)
+    return float(cost(rows, chars)) if callable(cost) else None
+
+
 def has_cpu_tensors(engine: object) -> bool:
     """Whether a loaded engine computes with tensors in this process's own heap (torch on the CPU).
 

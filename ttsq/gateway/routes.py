@@ -281,9 +281,11 @@ async def _finished(gateway: Gateway, key_id: str, job_id: str) -> dict[str, Any
 
 @router.delete("/v1/jobs/{job_id}", tags=["jobs"])
 async def cancel_job(job_id: str, gateway: GatewayDep, key_id: KeyId) -> Response:
-    """Cancel a job that has not run: a queued job never reaches a worker (a document's queued chunks
-    neither). 409 for a job that already finished. A job that follows another key's identical job is
-    cancelled alone: their job goes on."""
+    """Cancel a job; the answer is the state it ends in. 200 REVOKED unless its worker settled it first:
+    a queued job never reaches a worker (a document's queued chunks neither), one in its engine call
+    runs to the end of that call, its audio cached, and ends REVOKED. 409 for a job already settled or
+    finished, naming its state. A job that follows another key's identical job is cancelled alone:
+    their job goes on."""
     await owned(gateway, key_id, job_id)
     state = await gateway.submit(partial(gateway.client.cancel, job_id))
     if state != states.REVOKED:

@@ -27,6 +27,7 @@ from ttsq.constants import (
     IN_FLIGHT_AGED_PREFIX,
     RECEIVED_KEY,
     SEQ_PREFIX,
+    SETTLED_PREFIX,
     TENANT_IN_FLIGHT_PREFIX,
     TENANT_PATTERN,
     TENANT_SET_PREFIX,
@@ -91,6 +92,8 @@ class AcceptedJobs:
         self._defer = register(client, "defer")
         self._release = register(client, "release")
         self._age_in_flight = register(client, "age_in_flight")
+        self._cancel = register(client, "cancel")
+        self._settle = register(client, "settle")
 
     def accept(
         self,
@@ -266,10 +269,27 @@ class AcceptedJobs:
             return None
         return owner or "", follows or ""
 
-    def cancel(self, task_id: str, *, ttl_s: int) -> None:
-        """Mark a job cancelled: a worker that receives its message (or one of its chunks') drops it
-        (``received`` reads the mark)."""
-        patiently(lambda: self._redis.set(CANCELLED_PREFIX + task_id, 1, ex=ttl_s), self.url, self.patience_s)
+    def cancel(self, task_id: str, *, ttl_s: int) -> str | None:
+        """Cancel a job unless its worker has settled it (``settle``), in one transition: None when the
+        cancel won (the mark is set for ``ttl_s``: a worker that receives its message, or one of its
+        chunks', drops it, and one that runs it ends it REVOKED), else the state the worker settled."""
+        keys = [CANCELLED_PREFIX + task_id, SETTLED_PREFIX + task_id]
+        settled = patiently(lambda: self._cancel(keys=keys, args=[ttl_s]), self.url, self.patience_s)
+        return str(settled) or None
+
+    def settle(self, task_id: str, state: str, *, ttl_s: int) -> bool:
+        """A worker has the job's outcome (``state``: SUCCESS or FAILURE): True if it stands (kept
+        ``ttl_s``, so a later cancel answers it), False if the job was cancelled first and ends REVOKED."""
+        keys = [CANCELLED_PREFIX + task_id, SETTLED_PREFIX + task_id]
+        return bool(patiently(lambda: self._settle(keys=keys, args=[state, ttl_s]), self.url, self.patience_s))
+
+    def cancelled(self, task_id: str) -> bool:
+        """Whether the job was cancelled (a worker about to synthesize it need not: it ends REVOKED)."""
+        return bool(patiently(lambda: self._redis.exists(CANCELLED_PREFIX + task_id), self.url, self.patience_s))
+
+    def unsettle(self, task_id: str) -> None:
+        """Forget a settled outcome: the job is sent again (``ttsq retry``) and may be cancelled anew."""
+        patiently(lambda: self._redis.delete(SETTLED_PREFIX + task_id), self.url, self.patience_s)
 
     def get(self, task_id: str) -> AcceptedJob | None:
         """The record of an accepted, unfinished job."""

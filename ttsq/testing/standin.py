@@ -92,6 +92,14 @@ class StandInEngine:
             max_frames=settings.qwen_max_frames,
         )
 
+    def batch_cost_s(self, rows: int, chars: int) -> float:
+        """The most a batch of ``rows`` texts costs when its longest has ``chars`` characters, its audio
+        cut at the frame cap (``ttsq.engines.base.worst_batch_s``)."""
+        frames = speech_frames("x" * chars)
+        if self.identity.max_frames:
+            frames = min(frames, self.identity.max_frames)
+        return batch_seconds(self.a_s, self.b_s, rows, frames / FRAMES_PER_SECOND)
+
     def load(self) -> None:
         """Make the buffer every row's audio is cut from."""
         self._buffer = speech_like(BUFFER_S)
@@ -104,7 +112,11 @@ class StandInEngine:
         if self._buffer is None:
             raise EngineError("stand-in engine used before load()")
         frames = [self._frames(request) for request in requests]
-        longest = max((f for f in frames if isinstance(f, int)), default=0) / FRAMES_PER_SECOND
+        # The device decodes until its longest row ends or is cut at its cap: what the rows keep.
+        kept = [
+            min(f, self._cap(request, f)) for request, f in zip(requests, frames, strict=True) if isinstance(f, int)
+        ]
+        longest = max(kept, default=0) / FRAMES_PER_SECOND
         if longest:
             time.sleep(batch_seconds(self.a_s, self.b_s, len(requests), longest))
         return [
@@ -125,12 +137,15 @@ class StandInEngine:
             return EngineError("nothing to speak in this text")
         return speech_frames(request.text)
 
+    def _cap(self, request: SynthesisRequest, frames: int) -> int:
+        """The most frames the row may have: its text's frame cap, and its ``max_new_tokens``."""
+        cap = frame_cap(request.text, self.identity.max_frames) if self.identity.max_frames else frames
+        return cap if request.max_new_tokens is None else min(cap, request.max_new_tokens)
+
     def _output(self, request: SynthesisRequest, frames: int) -> EngineOutput:
         if self._buffer is None:
             raise EngineError("stand-in engine used before load()")
-        cap = frame_cap(request.text, self.identity.max_frames) if self.identity.max_frames else frames
-        if request.max_new_tokens is not None:
-            cap = min(cap, request.max_new_tokens)
+        cap = self._cap(request, frames)
         kept = min(frames, cap)
         samples = _cut(self._buffer, round(kept / FRAMES_PER_SECOND * SAMPLE_RATE), request.text)
         ignored = tuple(name for name in _IGNORED if getattr(request, name) not in (None, ""))

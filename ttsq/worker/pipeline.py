@@ -11,7 +11,9 @@ order of the stages is the delivery guarantee:
 4. ``store_audio``: encode (on the worker's encoder pool, ``Encoders``) and ``put`` the object
    (idempotent: same key, same audio), then write the index entry last, so the index never points at a
    missing object;
-5. release the single-flight claim and return; Celery acks after the return.
+5. settle the outcome against a cancel (``AcceptedJobs.settle``: a job cancelled first ends REVOKED,
+   its audio stored and cached all the same), release the single-flight claim and return; Celery acks
+   after the return.
 
 A worker killed anywhere in 3-5 has its message redelivered, and the rerun is harmless. The document
 stitch (``ttsq.worker.documents``) stores its file the same way, piece by piece (``store_file``).
@@ -34,11 +36,12 @@ from typing import IO, TYPE_CHECKING, Any, Generic, TypeVar
 import ttsq.tracing as tracing
 from ttsq.app import queue_for
 from ttsq.audio import EncodedAudio, EncodedFile, encode, probe, probe_file
-from ttsq.errors import DeadlineExceeded, InvalidRequest, JobParked, JobTimeout
+from ttsq.errors import DeadlineExceeded, InvalidRequest, JobCancelled, JobParked, JobTimeout
 from ttsq.job import JobResult, StoredAudio, SynthesisRequest, Timings, no_timings
 from ttsq.keys import audio_key, content_key, object_key
 from ttsq.observer import JobReport
 from ttsq.records.attempts import ParkedJob
+from ttsq.results import SUCCESS
 from ttsq.worker.streaming import StreamWriter
 from ttsq.worker.timestamps import WordTimes
 
@@ -52,6 +55,7 @@ if TYPE_CHECKING:
     from ttsq.engines.base import Engine, EngineIdentity
     from ttsq.job import Limits
     from ttsq.observer import Observer
+    from ttsq.records.accepted import AcceptedJobs
     from ttsq.records.attempts import Ledger
     from ttsq.records.cache import CacheIndex
     from ttsq.records.streams import AudioStreams
@@ -255,9 +259,12 @@ class Pipeline:
         results: Results,
         observer: Observer,
         streams: AudioStreams | None = None,
+        accepted: AcceptedJobs | None = None,
     ) -> None:
         self.settings = settings
         self.streams = streams
+        #: Where a job's outcome is settled against a cancel (None: no cancel is honoured, as in a bare test).
+        self.accepted = accepted
         self.limits = limits
         self.engine = engine
         self.batcher = batcher
@@ -315,6 +322,9 @@ class Pipeline:
                         f"deadline passed {time.time() - (request.deadline or 0):.1f}s before "
                         "synthesis; the job was dropped"
                     )
+                if self.accepted is not None and self.accepted.cancelled(task_id):
+                    # Cancelled while this worker held it: it ends REVOKED whatever happens, so skip the engine.
+                    raise JobCancelled(f"job {task_id} was cancelled before its synthesis")
                 attempts = self.ledger.attempts(task_id)
                 if attempts >= self.settings.max_attempts:
                     self._park(kwargs, request, task_id, attempts)
@@ -328,6 +338,11 @@ class Pipeline:
                     expected=expected,
                 )
                 outcome = "synthesized"
+            # The audio is stored and indexed either way (it was paid for); a cancel that came first wins.
+            if self.accepted is not None and not self.accepted.settle(
+                task_id, SUCCESS, ttl_s=self.settings.result_ttl_s
+            ):
+                raise JobCancelled(f"job {task_id} was cancelled before it finished; its audio is cached")
             # Signed and ready: what is left (claim release, result store) belongs to the round trip.
             result["timings"]["worker_s"] = round(time.perf_counter() - started, 4)
             if request.stream and self.streams is not None:
@@ -341,6 +356,8 @@ class Pipeline:
                 outcome = "invalid"
             elif isinstance(exc, JobTimeout):
                 outcome = "timeout"
+            elif isinstance(exc, JobCancelled):
+                outcome = "cancelled"
             if kwargs.get("stream") is True:  # its readers end with the error, not a short clip
                 failure = exc
                 self._stream_quietly(lambda: self.streams.error(task_id, failure) if self.streams else None, task_id)

@@ -25,7 +25,8 @@ from ttsq.app import queue_for, queues_for
 from ttsq.batching.batcher import Batcher
 from ttsq.constants import HEARTBEAT_INTERVAL_S, STORAGE_CHECK_INTERVAL_S, WORKER_REDIS_PATIENCE_S
 from ttsq.engines import create_engine
-from ttsq.errors import FleetConflict, StorageError
+from ttsq.engines.base import worst_batch_s
+from ttsq.errors import ConfigError, FleetConflict, StorageError
 from ttsq.job import Limits
 from ttsq.observer import Observers
 from ttsq.records.connection import within
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from celery import Celery
 
     from ttsq.config import Settings
+    from ttsq.engines.base import Engine
     from ttsq.records.identities import Rival
 
 logger = logging.getLogger(__name__)
@@ -73,6 +75,7 @@ class WorkerRuntime:
         self.device = device
         self.limits = Limits.from_settings(settings)
         self.engine = create_engine(settings)
+        _check_batch_limit(settings, self.engine)
         self.storage = open_storage(settings)
         #: This process's one client per Redis database, and the records on them. A worker rides out a
         #: Redis restart instead of failing the jobs it holds.
@@ -114,6 +117,7 @@ class WorkerRuntime:
             results=self.results,
             observer=self.observer,
             streams=self.redis.streams,
+            accepted=self.accepted,
         )
         #: The cache database, for what the document stitch keeps there (``ttsq.worker.documents``).
         self.documents_redis = self.redis.cache
@@ -291,6 +295,20 @@ class WorkerRuntime:
         self.metrics.close()
         self.redis.close()
         tracing.flush()  # the last jobs' spans, before the process ends
+
+
+def _check_batch_limit(settings: Settings, engine: Engine) -> None:
+    """Refuse settings under which a full batch of the longest texts outlasts the per-batch limit: the
+    watchdog would end a healthy worker as stuck, and its jobs, sent again, would end the next one."""
+    worst = worst_batch_s(engine, settings.max_batch, settings.max_text_chars)
+    if worst is not None and worst > settings.batch_limit_s:
+        raise ConfigError(
+            "TTSQ_BATCH_TIMEOUT_S",
+            f"a full batch ({settings.max_batch} texts of up to {settings.max_text_chars} characters) takes up "
+            f"to {worst:.1f} s on the {settings.engine} engine, past the per-batch limit of "
+            f"{settings.batch_limit_s:.1f} s that ends a worker as stuck; raise TTSQ_JOB_TIMEOUT_S (the limit "
+            "is half of it by default), or lower TTSQ_MAX_BATCH or TTSQ_MAX_TEXT_CHARS",
+        )
 
 
 def _named(identity: dict[str, Any]) -> str:

@@ -15,14 +15,15 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, states
-from celery.exceptions import Reject
+from celery.exceptions import Ignore, Reject, Retry
 from celery.signals import task_postrun, task_success
 
 import ttsq.tracing as tracing
 from ttsq.app import lane_of, make_app
 from ttsq.constants import CLAIM_HEADER, DOCUMENT_TASK_NAME, SENT_AT_HEADER, STITCH_TASK_NAME, TASK_NAME
-from ttsq.errors import InvalidRequest
+from ttsq.errors import InvalidRequest, JobCancelled
 from ttsq.records.holders import held_key, incarnation
+from ttsq.results import FAILURE, SUCCESS
 from ttsq.worker.documents import Documents
 from ttsq.worker.gate import BULK_CAP_OPTION, BULK_SHARE_OPTION, GATE_OPTION, Gate, GatedConsumer, gated_transport
 from ttsq.worker.recovery import Recovery
@@ -111,17 +112,21 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> Documents:
             logger.info("job %s: redelivered", self.request.id)
         try:
             with _traced(self, TASK_NAME):
+                # It settles a success itself, before its stream's end: a cancel that came first ends it here.
                 return runtime.pipeline.run(
                     kwargs,
                     task_id=self.request.id,
                     queue_wait_s=queue_wait,
                     claimed_key=claim if isinstance(claim, str) else None,
                 )
+        except JobCancelled:
+            raise _revoked(self, runtime) from None
         except Exception as exc:
             if runtime.stopping:
                 # A cold shutdown closed this worker's connections under the job: give the message
                 # back (or leave it unacked for redelivery) instead of recording a failure.
                 raise Reject(exc, requeue=True) from exc
+            _settle(self, runtime, FAILURE)
             raise
 
     @app.task(name=DOCUMENT_TASK_NAME, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
@@ -135,8 +140,18 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> Documents:
     # progress back; the stitch stores PROGRESS (phase stitching) itself.
     @app.task(name=STITCH_TASK_NAME, track_started=False, **_TASK_OPTIONS)  # type: ignore[untyped-decorator]
     def stitch(self: Any, results: Any = None, *, plan: Any, key: Any = None) -> Any:
-        with _traced(self, STITCH_TASK_NAME):
-            return documents.stitch(self, results, plan, key)
+        # The stitch finishes the document: its outcome is settled against a cancel of the document.
+        try:
+            with _traced(self, STITCH_TASK_NAME):
+                result = documents.stitch(self, results, plan, key)
+        except (Retry, Ignore, Reject):
+            raise
+        except Exception:
+            if not runtime.stopping:
+                _settle(self, runtime, FAILURE)
+            raise
+        _settle(self, runtime, SUCCESS)
+        return result
 
     # A chunk of a document is an ordinary job; the document side counts it once it has succeeded.
     task_success.connect(documents.chunk_succeeded, sender=synthesize, weak=False)
@@ -153,6 +168,26 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> Documents:
     for task in (synthesize, document, stitch):
         task_postrun.connect(finished, sender=task, weak=False)
     return documents
+
+
+def _settle(task: Any, runtime: WorkerRuntime, state: str) -> None:
+    """Settle the job's outcome (``state``) against a cancel; ``Ignore`` (raised) if the cancel came first."""
+    if not runtime.accepted.settle(str(task.request.id), state, ttl_s=runtime.settings.result_ttl_s):
+        raise _revoked(task, runtime)
+
+
+def _revoked(task: Any, runtime: WorkerRuntime) -> Ignore:
+    """The job was cancelled before its outcome was settled: REVOKED is its final state (stored again
+    here, over the STARTED Celery stored, in case its canceller did not live to store it), its record
+    goes, and Celery stores nothing over it (``Ignore``: the message is acked)."""
+    task_id = str(task.request.id)
+    logger.info("job %s: cancelled before it finished; it ends REVOKED", task_id)
+    task.backend.mark_as_revoked(task_id, "cancelled")
+    try:
+        runtime.accepted.finish(task_id)
+    except Exception as exc:  # the canceller finished it already, or the sweeper drops it
+        logger.warning("job %s: could not close its ledger record: %s", task_id, type(exc).__name__)
+    return Ignore()
 
 
 def _traced(task: Any, name: str) -> Any:

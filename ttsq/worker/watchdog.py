@@ -9,6 +9,9 @@ exits the process at once with ``EXIT_ENGINE_STUCK`` (70). Whatever supervises t
 one. Nothing is acknowledged on the way out, so every job the process held (the stuck batch and the
 prefetched jobs) is redelivered after the visibility timeout; a job that keeps hanging the engine
 is parked by the attempt ledger like one that crashes it.
+
+The limit must fit a healthy batch: a worker whose engine can say what a batch costs (the stand-in)
+refuses to start where a full batch of the longest texts would not fit (``ttsq.worker.runtime``).
 """
 
 from __future__ import annotations
