@@ -23,6 +23,7 @@ from ttsq.constants import (
     ACCEPTED_PREFIX,
     ACCEPTED_TTL_S,
     CANCELLED_PREFIX,
+    CHUNKS_SUFFIX,
     DEFERRED_PREFIX,
     IN_FLIGHT_AGED_PREFIX,
     RECEIVED_KEY,
@@ -116,11 +117,22 @@ class AcceptedJobs:
         ]
         return int(patiently(lambda: self._accept(keys=keys, args=args), self.url, self.patience_s))
 
-    def defer(self, task_id: str, *, queue: str, tenant: str, window: int, cap: int = 0, scope: str = "") -> bool:
+    def defer(
+        self,
+        task_id: str,
+        *,
+        queue: str,
+        tenant: str,
+        window: int,
+        cap: int = 0,
+        scope: str = "",
+        headers: Mapping[str, Any] | None = None,
+    ) -> bool:
         """Keep an accepted job in its tenant's place instead of sending it, if ``queue`` already has
         ``window`` jobs no worker has received (0: no window), ``tenant`` has jobs waiting there, or
         ``tenant`` has ``cap`` jobs in flight in the deployment ``scope`` (its base queue; 0: no cap);
-        True if it waits. A job sent under a cap counts against its tenant from here until ``finish``."""
+        True if it waits. A job sent under a cap counts against its tenant from here until ``finish``.
+        ``headers``: what its release sends it with instead of the recorded ones (its sender's trace)."""
         keys = [
             ACCEPTED_PREFIX + task_id,
             UNSEEN_PREFIX + queue,
@@ -130,7 +142,7 @@ class AcceptedJobs:
             _in_flight_prefix(scope) + tenant,
             TENANTS_IN_FLIGHT_PREFIX + scope,
         ]
-        args: list[str | int] = [task_id, tenant, window, cap]
+        args: list[str | int] = [task_id, tenant, window, cap, "" if headers is None else json.dumps(headers)]
         return bool(patiently(lambda: self._defer(keys=keys, args=args), self.url, self.patience_s))
 
     def release(
@@ -158,6 +170,7 @@ class AcceptedJobs:
             cap,
             _in_flight_prefix(scope),
             TENANTS_IN_FLIGHT_PREFIX + scope,
+            CHUNKS_SUFFIX,
             *queues,
         ]
         flat = cast("list[Any]", self._release(keys=[], args=args))
