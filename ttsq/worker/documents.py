@@ -1,8 +1,9 @@
 """The worker side of long documents: fan out into chunk jobs, count progress, stitch one file.
 
 What a document is (validation, key, seed, result shape) is ``ttsq.document``; this module runs it as
-one Celery chord: the ``ttsq.document`` task replaces itself with a group of ordinary
-``ttsq.synthesize`` chunk jobs and a ``ttsq.stitch`` body that carries the document's id; each chunk
+one Celery chord: the ``ttsq.document`` task replaces itself with ordinary ``ttsq.synthesize`` chunk
+jobs, each accepted and sent (or deferred under the release window) through ``ttsq.sending`` as a part
+of the chord, and a ``ttsq.stitch`` body that carries the document's id; each chunk
 that succeeds counts towards the document's ``PROGRESS``; the stitch joins the stored chunks and
 stores the file through the job pipeline's ``store_audio``. How and why, resume after a crash
 included: docs/documents.md, "How a worker runs a document".
