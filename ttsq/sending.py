@@ -172,8 +172,8 @@ def publish(
     headers = {**headers, SEQ_HEADER: seq}
     chord = headers.pop(CHORD_HEADER, None)
     options: dict[str, Any] = {}
-    if isinstance(chord, dict):
-        options = {"group_id": chord.get("group"), "group_index": chord.get("index"), "chord": chord.get("body")}
+    if isinstance(chord, dict):  # a record's is checked where it is read (``ttsq.records.accepted``)
+        options = {"group_id": chord["group"], "group_index": chord["index"], "chord": chord["body"]}
     app.send_task(task, kwargs=kwargs, task_id=task_id, queue=queue, headers=headers, kwargsrepr=kwargsrepr, **options)
 
 

@@ -23,11 +23,13 @@ from ttsq.constants import (
     ACCEPTED_PREFIX,
     ACCEPTED_TTL_S,
     CANCELLED_PREFIX,
+    CHORD_HEADER,
     CHUNKS_SUFFIX,
     DEFERRED_PREFIX,
     IN_FLIGHT_AGED_PREFIX,
     RECEIVED_KEY,
     SEQ_PREFIX,
+    STITCH_TASK_NAME,
     TENANT_IN_FLIGHT_PREFIX,
     TENANT_PATTERN,
     TENANT_SET_PREFIX,
@@ -334,15 +336,30 @@ def _in_flight_prefix(scope: str) -> str:
 
 def _job(task_id: str, raw: Mapping[str, str]) -> AcceptedJob | None:
     try:
+        headers = json.loads(raw["headers"])
+        if CHORD_HEADER in headers and not _chord_place_ok(headers[CHORD_HEADER]):
+            return None  # a document chunk's place no fan-out wrote: nothing sends it on
         return AcceptedJob(
             task_id=task_id,
             task=raw["task"],
             queue=raw["queue"],
             kwargs=json.loads(raw["kwargs"]),
-            headers=json.loads(raw["headers"]),
+            headers=headers,
             seq=int(raw["seq"]),
             accepted_at=float(raw.get("accepted_at", 0.0)),
             seen_at=float(raw["seen_at"]) if "seen_at" in raw else None,
         )
-    except (KeyError, ValueError, TypeError):
+    except (KeyError, ValueError, TypeError, AttributeError):
         return None  # not a record ttsq wrote: treated as absent
+
+
+def _chord_place_ok(place: Any) -> bool:
+    """Whether a chunk's place in its document's chord (``CHORD_HEADER``) is what a fan-out writes: a
+    group id, an index and a stitch as the chord's body, which whoever sends the chunk sends on."""
+    return (
+        isinstance(place, dict)
+        and isinstance(place.get("group"), str)
+        and isinstance(place.get("index"), int)
+        and isinstance(place.get("body"), dict)
+        and place["body"].get("task") == STITCH_TASK_NAME
+    )
