@@ -124,7 +124,9 @@ def test_a_documents_chunks_take_turns_with_other_tenants_under_the_release_wind
         chunks = [datetime.fromisoformat(backend.get_task_meta(i)["date_done"]) for i in chunk_task_ids(doc_id, 8)]
         done = datetime.fromisoformat(backend.get_task_meta(other.id)["date_done"])
         before = sum(chunk < done for chunk in chunks)
-        assert before <= 4, f"tenant B's job finished after {before} of the document's 8 chunks"
+        # Ahead of it at most: the two chunks the worker holds, the two the window lets into the list
+        # (one unseen more than the window), and one turn of the chunks' place. Behind all eight before.
+        assert before <= 5, f"tenant B's job finished after {before} of the document's 8 chunks"
         assert not list(owner.cache.scan_iter("ttsq:deferred:*")), "chunks left waiting"
     finally:
         owner.close()
