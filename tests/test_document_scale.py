@@ -4,6 +4,7 @@ that the sweeper leaves alone. Real Redis, moto S3, real ``ttsq worker`` process
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +19,8 @@ from ttsq.config import Settings
 from ttsq.constants import DOCUMENT_TASK_NAME
 from ttsq.document import check_plan
 from ttsq.errors import InvalidRequest
-from ttsq.records.plans import chunk_task_ids
+from ttsq.records.owner import RedisOwner
+from ttsq.records.plans import SENT, chord_group_id, chunk_task_ids
 
 StartWorker = Callable[..., WorkerProcess]
 
@@ -134,3 +136,56 @@ def test_a_document_behind_a_backlog_is_waiting_not_lost(
     assert "sent again" not in log and log.count(f"document {doc_id}: 3 chunks") == 1, log[-3000:]
     broker.close()
     client.close()
+
+
+def test_a_resumed_fan_out_sends_no_chunk_twice_and_its_chord_counts_jobs_not_chunks(
+    settings: Settings, start_worker: StartWorker, faulty_engine: str
+) -> None:
+    # A fan-out resumed after its worker died sends only the chunks the first one never sent. A chunk a
+    # worker is popping at that moment is in no list and not yet in kombu's unacked hash, and has no
+    # result: a resume that went by the broker took it for never sent and sent it a second time. Here the
+    # test is that worker: it holds one queued chunk's message while the resumed fan-out runs.
+    # The first fan-out died before Celery set the chord's size (it sets it with the last chunk it
+    # sends): the resume sets it, to the document's chunk jobs. A repeated sentence is one job and a
+    # paragraph with nothing to speak none: set to the chunks, the chord waited for results never to come.
+    slow = settings.replace(engine=faulty_engine, max_batch=1, doc_target_chars=1, lost_job_grace_s=120)
+    worker = start_worker(slow)
+    client = Client(slow)
+    sentences = [f"[slow] Popped sentence number {n} of the resume test." for n in range(7)]
+    text = " ".join(sentences) + "\n\n* * *\n\n" + sentences[0]  # 9 chunks, 7 jobs
+    document = client.submit_document(text)
+    doc_id = document.id or ""
+    owner = RedisOwner(slow, role="test")
+    broker = redis.Redis.from_url(slow.broker_url)
+    queue = queue_for(slow.queue, "voice_design", "bulk")
+    ids = [f'"id": "{task_id}"'.encode() for task_id in chunk_task_ids(doc_id, 7)]
+    app = make_app(slow)
+    try:
+        wait_until(lambda: owner.plans.fan_out_state(doc_id) == SENT, 30, "the first fan-out")
+        wait_until(lambda: broker.llen(queue) >= 3, 30, "chunks queued behind the slow ones")
+        popped = broker.lpop(queue)  # the newest chunk: what a worker is taking right now
+        assert popped is not None and any(needle in popped for needle in ids)
+        # The document's message given back with its fan-out half way (as kombu restores a dead
+        # worker's), from before its chord had a size.
+        app.backend.client.delete(app.backend.get_key_for_group(chord_group_id(doc_id), ".s"))
+        record = owner.accepted.get(doc_id)
+        assert record is not None
+        plans = owner.plans
+        plans.forget_fan_out(doc_id)
+        assert plans.begin_fan_out(doc_id, lease_s=300)
+        app.send_task(DOCUMENT_TASK_NAME, kwargs=record.kwargs, queue="held-aside", task_id=doc_id)
+        message = json.loads(broker.rpop("held-aside") or b"{}")
+        message["headers"]["redelivered"] = True
+        message["properties"]["delivery_info"].update(redelivered=True, routing_key=queue)
+        broker.rpush(queue, json.dumps(message))  # taken next
+        wait_until(lambda: f"document {doc_id}: redelivered half sent" in worker.log(), 60, "the resumed fan-out")
+        broker.lpush(queue, popped)  # the popping worker goes on with its chunk
+        result = document.wait(timeout=60)
+    finally:
+        app.close()
+        broker.close()
+        owner.close()
+        client.close()
+    assert len(result["chunks"]) == 9  # type: ignore[typeddict-item]
+    log = worker.log()
+    assert f"document {doc_id}: redelivered half sent; 0 of 7 chunks sent again" in log, log[-3000:]

@@ -28,6 +28,8 @@ from ttsq.engines.base import EngineIdentity
 from ttsq.errors import InvalidRequest
 from ttsq.job import SynthesisRequest
 from ttsq.keys import content_key
+from ttsq.records.owner import RedisOwner
+from ttsq.records.plans import SENT, chunk_task_ids
 
 StartWorker = Callable[..., WorkerProcess]
 
@@ -93,6 +95,42 @@ def test_tenants_are_released_in_round_robin_and_a_cancelled_waiting_job_never_r
     time.sleep(1.0)  # a release after the cancel would have run by now
     assert len(s3_keys(settings)) == len(big) + len(small)  # the cancelled one never ran
     client.close()
+
+
+@pytest.mark.parametrize("cap", [0, 1])
+def test_a_documents_chunks_take_turns_with_other_tenants_under_the_release_window(
+    settings: Settings, start_worker: StartWorker, faulty_engine: str, cap: int
+) -> None:
+    # A document's chunks count under the release window as any job does: its eight chunks wait in their
+    # tenant's chunk place instead of filling the list, so another tenant's job sent after the fan-out
+    # gets its turn within a few chunks, not behind all of them; and nothing is left waiting. Under a
+    # cap of one job in flight, the document is its tenant's one job: its chunks, which it waits for,
+    # are held to no cap (in the tenant's own place they would wait for the document forever).
+    settings = settings.replace(
+        engine=faulty_engine, max_batch=1, release_window=1, doc_target_chars=1, tenant_max_in_flight=cap
+    )
+    start_worker(settings)
+    client = Client(settings)
+    owner = RedisOwner(settings, role="test")
+    text = " ".join(f"[slow] Chunk sentence number {n} of a long document." for n in range(8))
+    try:
+        document = client.submit_document(text, tenant="tenant-a")
+        doc_id = document.id or ""
+        wait_until(lambda: owner.plans.fan_out_state(doc_id) == SENT, 30, "the fan-out")
+        other = client.submit("[slow] Tenant B has one job.", lane="bulk", tenant="tenant-b")
+        assert len(document.wait(timeout=120)["chunks"]) == 8  # type: ignore[typeddict-item]
+        other.wait(timeout=60)
+        backend = client.app.backend
+        chunks = [datetime.fromisoformat(backend.get_task_meta(i)["date_done"]) for i in chunk_task_ids(doc_id, 8)]
+        done = datetime.fromisoformat(backend.get_task_meta(other.id)["date_done"])
+        before = sum(chunk < done for chunk in chunks)
+        # Ahead of it at most: the two chunks the worker holds, the two the window lets into the list
+        # (one unseen more than the window), and one turn of the chunks' place. Behind all eight before.
+        assert before <= 5, f"tenant B's job finished after {before} of the document's 8 chunks"
+        assert not list(owner.cache.scan_iter("ttsq:deferred:*")), "chunks left waiting"
+    finally:
+        owner.close()
+        client.close()
 
 
 @pytest.mark.slow

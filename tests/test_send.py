@@ -26,7 +26,7 @@ from support import GatewayProcess, api_key, queue_length, run_cli, wait_until
 from ttsq.app import make_app, queue_for, stored_result
 from ttsq.client import Client
 from ttsq.config import Settings
-from ttsq.constants import ACCEPTED_PREFIX, ATTEMPTS_PREFIX, TASK_NAME
+from ttsq.constants import ACCEPTED_PREFIX, ATTEMPTS_PREFIX, CHORD_HEADER, TASK_NAME
 from ttsq.errors import BrokerError, CorruptRecord, InvalidRequest, JobFailed, JobParked
 from ttsq.job import SynthesisRequest
 from ttsq.observer import Observer
@@ -378,6 +378,33 @@ def test_the_gateway_answers_a_failed_job_from_the_stored_failure(
     assert message in error["message"], error
     if isinstance(failure, InvalidRequest):
         assert error["param"] == "language"
+
+
+@pytest.mark.parametrize(
+    "chord",
+    [
+        "not a place",
+        {"group": "g", "index": "0", "body": {"task": "ttsq.stitch"}},
+        {"group": "g", "index": 0, "body": {"task": "celery.backend_cleanup"}},
+    ],
+)
+def test_a_released_job_whose_record_names_a_chord_body_no_fan_out_wrote_is_not_sent(
+    settings: Settings, owner: RedisOwner, chord: Any
+) -> None:
+    # A chunk's place in its document's chord is read back from its record and sent on by whoever
+    # releases or re-sends the chunk: only a stitch as the chord's body. Any other record is not one
+    # ttsq wrote: the release takes it out of its tenant's place and sends nothing.
+    accepted = owner.accepted
+    ahead = [str(uuid.uuid4()) for _ in range(2)]
+    for task_id in ahead:
+        accepted.accept(task_id, task=TASK_NAME, queue=settings.queue, kwargs={"text": "x"}, headers={})
+    task_id = str(uuid.uuid4())
+    accepted.accept(task_id, task=TASK_NAME, queue=settings.queue, kwargs={"text": "x"}, headers={CHORD_HEADER: chord})
+    assert accepted.defer(task_id, queue=settings.queue, tenant="t/chunks", window=1)
+    assert accepted.get(task_id) is None
+    assert accepted.release([settings.queue], window=10, most=10) == []
+    assert not accepted.deferred(settings.queue)
+    assert queue_length(settings) == 0
 
 
 # -- one place for each: the source says so ---------------------------------------------------------

@@ -8,6 +8,7 @@ with OpenTelemetry's own protobuf classes; the processes are configured only thr
 
 from __future__ import annotations
 
+import concurrent.futures
 import http.server
 import json
 import os
@@ -220,6 +221,48 @@ def test_one_speech_request_is_one_trace_from_the_gateway_to_the_storage_upload(
     joined = [line for line in lines if line.get("trace_id") == trace]
     assert joined and {line["span_id"] for line in joined} <= set(spans), joined
     assert all(line["node"] == worker.hostname for line in lines)
+
+
+def test_a_job_deferred_under_its_tenants_cap_and_released_later_continues_its_trace(
+    settings: Settings,
+    start_worker: Callable[..., WorkerProcess],
+    start_gateway: Callable[..., GatewayProcess],
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+    faulty_engine: str,
+) -> None:
+    # One tenant, one job in flight at a time: of three requests at once, two wait in the tenant's place
+    # and a worker's releaser sends them later. The released message carries the trace the gateway's
+    # send started, as a message sent at once does, not a trace of its own.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+    for name in ("OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_SERVICE_NAME", "OTEL_TRACES_SAMPLER"):
+        monkeypatch.delenv(name, raising=False)
+    settings = settings.replace(engine=faulty_engine, tenant_max_in_flight=1, max_batch=1)
+    start_worker(settings)
+    gateway = start_gateway(settings)
+    token = api_key(settings)
+
+    def speak(number: int) -> int:
+        body = {
+            "model": "tts-1",
+            "voice": "alloy",
+            "input": f"[slow] Capped sentence {number}.",
+            "response_format": "wav",
+        }
+        headers = {"Authorization": f"Bearer {token}"}
+        return httpx.post(f"{gateway.url}/v1/audio/speech", headers=headers, json=body, timeout=90).status_code
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        assert list(pool.map(speak, range(3))) == [200, 200, 200]
+    wait_until(lambda: len(receiver.named("ttsq.synthesize")) >= 3, 20, "every job's task span")
+    with receiver.lock:
+        deferred = [s for s in receiver.spans if s.attributes.get("ttsq.deferred") is True]
+        tasks = [s for s in receiver.spans if s.name == "ttsq.synthesize"]
+    assert deferred, "no job waited for its tenant's turn"
+    for span in deferred:
+        (task,) = [t for t in tasks if t.trace_id == span.trace_id]  # the released job's task, in its trace
+        assert span.name == "ttsq.send" and task.parent_id == span.span_id
 
 
 @pytest.mark.slow  # a document through a gateway and a worker: the single-request trace is the inner loop's

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
 from celery import Celery
@@ -65,8 +65,16 @@ def lane_of(queue: str) -> Lane:
 
 def default_lane(task: str, *, stream: bool = False) -> Lane:
     """The lane of a job whose request names none: a document is bulk work unless someone listens to it
-    as it is made (streamed); a single job is interactive."""
+    as it is made (streamed); a single job is interactive. The one place this default is decided."""
     return "bulk" if task == DOCUMENT_TASK_NAME and not stream else "interactive"
+
+
+def lane_for(task: str, fields: Any) -> Lane:
+    """The lane a ``task`` with these request fields waits in: the one they name, else ``default_lane``.
+    ``fields`` may be anything (a raw message's kwargs): a lane that is not one is no lane."""
+    fields = fields if isinstance(fields, dict) else {}
+    lane = fields.get("lane")
+    return cast("Lane", lane) if lane in LANES else default_lane(task, stream=fields.get("stream") is True)
 
 
 def make_app(settings: Settings, *, worker: bool = False) -> Celery:
@@ -176,15 +184,8 @@ def _route_by_mode(
 ) -> dict[str, str] | None:
     if name not in (TASK_NAME, DOCUMENT_TASK_NAME):
         return None
-    fields = kwargs if isinstance(kwargs, dict) else {}
-    mode, lane = fields.get("mode"), fields.get("lane")
-    return {
-        "queue": queue_for(
-            base,
-            mode if isinstance(mode, str) else "voice_design",
-            lane if lane in LANES else default_lane(name, stream=fields.get("stream") is True),
-        )
-    }
+    mode = kwargs.get("mode") if isinstance(kwargs, dict) else None
+    return {"queue": queue_for(base, mode if isinstance(mode, str) else "voice_design", lane_for(name, kwargs))}
 
 
 class ResultBackend(RedisBackend):  # type: ignore[misc]

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from celery import states
 
 import ttsq.tracing as tracing
-from ttsq.app import default_lane, make_app, queue_for, queues_for, stored_result
+from ttsq.app import lane_for, make_app, queue_for, queues_for, stored_result
 from ttsq.constants import (
     CLAIM_HEADER,
     DEFAULT_TENANT,
@@ -450,8 +450,8 @@ class Client:
         already producing its key (single flight), or claimed and sent; a claim never outlives a send
         that failed. Without a key (no worker announced yet) it is simply sent."""
         serving = self._identities[1].get(mode)  # what ``_serving`` just read
-        lane = kwargs.get("lane") or default_lane(task, stream=kwargs.get("stream") is True)
-        kwargs = {**kwargs, "lane": lane} if lane != "interactive" else kwargs  # the batcher orders rows by it
+        lane = lane_for(task, kwargs)
+        kwargs = {**kwargs, "lane": lane} if lane == "bulk" else kwargs  # the batcher orders rows by it
         attributes = {
             "ttsq.task": task,
             "ttsq.content_key": key,
@@ -476,7 +476,7 @@ class Client:
         cached: Callable[[str], Job | None],
     ) -> Job:
         task_id = str(uuid.uuid4())
-        queue = queue_for(self.settings.queue, mode, kwargs.get("lane", "interactive"))
+        queue = queue_for(self.settings.queue, mode, lane_for(task, kwargs))
         if key is not None:
             with tracing.span("ttsq.cache_check") as checked:
                 hit = cached(key)

@@ -118,6 +118,10 @@ ACCEPTED_TTL_S = 7 * 24 * 3600
 
 #: Message header with the job's place in its queue's acceptance order (``ttsq.records.accepted``).
 SEQ_HEADER = "ttsq_seq"
+#: A document chunk's place in its document's chord, kept in its accepted record's headers and never sent
+#: as a header: ``{"group": <chord group id>, "index": i, "body": <the stitch's signature>}``. Whoever sends
+#: the chunk (the fan-out, the releaser, the sweeper) sends it as that chord's part (``ttsq.sending``).
+CHORD_HEADER = "ttsq_chord"
 
 # Fair shares (the cache database; docs/scheduling.md): while a queue's list is full, an accepted job
 # waits in its tenant's place, and workers release the tenants' jobs into the list in round robin.
@@ -134,6 +138,10 @@ IN_FLIGHT_AGED_PREFIX = "ttsq:in-flight-aged:"  # + base queue -> 1 for a while 
 TENANT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,63}")
 #: The tenant of a job that names none: one more tenant, sharing the fleet with the others.
 DEFAULT_TENANT = "default"
+#: A tenant's document chunks wait in a place of their own in the release ring (the tenant's name and this
+#: suffix, which no tenant name has): they take turns like a tenant and are held to no in-flight cap, since
+#: their document already counts against it and waits for them (docs/scheduling.md).
+CHUNKS_SUFFIX = "/chunks"
 
 #: Which worker process holds which unacknowledged message (the broker database; ``ttsq.records.holders``).
 HOLDERS_KEY = "ttsq:holders"  # set: incarnations (node#pid) that held messages

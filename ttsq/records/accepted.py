@@ -23,11 +23,14 @@ from ttsq.constants import (
     ACCEPTED_PREFIX,
     ACCEPTED_TTL_S,
     CANCELLED_PREFIX,
+    CHORD_HEADER,
+    CHUNKS_SUFFIX,
     DEFERRED_PREFIX,
     IN_FLIGHT_AGED_PREFIX,
     RECEIVED_KEY,
     SEQ_PREFIX,
     SETTLED_PREFIX,
+    STITCH_TASK_NAME,
     TENANT_IN_FLIGHT_PREFIX,
     TENANT_PATTERN,
     TENANT_SET_PREFIX,
@@ -119,11 +122,22 @@ class AcceptedJobs:
         ]
         return int(patiently(lambda: self._accept(keys=keys, args=args), self.url, self.patience_s))
 
-    def defer(self, task_id: str, *, queue: str, tenant: str, window: int, cap: int = 0, scope: str = "") -> bool:
+    def defer(
+        self,
+        task_id: str,
+        *,
+        queue: str,
+        tenant: str,
+        window: int,
+        cap: int = 0,
+        scope: str = "",
+        headers: Mapping[str, Any] | None = None,
+    ) -> bool:
         """Keep an accepted job in its tenant's place instead of sending it, if ``queue`` already has
         ``window`` jobs no worker has received (0: no window), ``tenant`` has jobs waiting there, or
         ``tenant`` has ``cap`` jobs in flight in the deployment ``scope`` (its base queue; 0: no cap);
-        True if it waits. A job sent under a cap counts against its tenant from here until ``finish``."""
+        True if it waits. A job sent under a cap counts against its tenant from here until ``finish``.
+        ``headers``: what its release sends it with instead of the recorded ones (its sender's trace)."""
         keys = [
             ACCEPTED_PREFIX + task_id,
             UNSEEN_PREFIX + queue,
@@ -133,7 +147,7 @@ class AcceptedJobs:
             _in_flight_prefix(scope) + tenant,
             TENANTS_IN_FLIGHT_PREFIX + scope,
         ]
-        args: list[str | int] = [task_id, tenant, window, cap]
+        args: list[str | int] = [task_id, tenant, window, cap, "" if headers is None else json.dumps(headers)]
         return bool(patiently(lambda: self._defer(keys=keys, args=args), self.url, self.patience_s))
 
     def release(
@@ -161,6 +175,7 @@ class AcceptedJobs:
             cap,
             _in_flight_prefix(scope),
             TENANTS_IN_FLIGHT_PREFIX + scope,
+            CHUNKS_SUFFIX,
             *queues,
         ]
         flat = cast("list[Any]", self._release(keys=[], args=args))
@@ -341,15 +356,30 @@ def _in_flight_prefix(scope: str) -> str:
 
 def _job(task_id: str, raw: Mapping[str, str]) -> AcceptedJob | None:
     try:
+        headers = json.loads(raw["headers"])
+        if CHORD_HEADER in headers and not _chord_place_ok(headers[CHORD_HEADER]):
+            return None  # a document chunk's place no fan-out wrote: nothing sends it on
         return AcceptedJob(
             task_id=task_id,
             task=raw["task"],
             queue=raw["queue"],
             kwargs=json.loads(raw["kwargs"]),
-            headers=json.loads(raw["headers"]),
+            headers=headers,
             seq=int(raw["seq"]),
             accepted_at=float(raw.get("accepted_at", 0.0)),
             seen_at=float(raw["seen_at"]) if "seen_at" in raw else None,
         )
-    except (KeyError, ValueError, TypeError):
+    except (KeyError, ValueError, TypeError, AttributeError):
         return None  # not a record ttsq wrote: treated as absent
+
+
+def _chord_place_ok(place: Any) -> bool:
+    """Whether a chunk's place in its document's chord (``CHORD_HEADER``) is what a fan-out writes: a
+    group id, an index and a stitch as the chord's body, which whoever sends the chunk sends on."""
+    return (
+        isinstance(place, dict)
+        and isinstance(place.get("group"), str)
+        and isinstance(place.get("index"), int)
+        and isinstance(place.get("body"), dict)
+        and place["body"].get("task") == STITCH_TASK_NAME
+    )

