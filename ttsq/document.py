@@ -332,6 +332,10 @@ class DocumentJoin:
         blocks = self._joiner.add(samples, crossfade_ms=self.crossfades[index], pause_ms=pause)
         return [pcm16(block) for block in blocks if block.size]
 
+    def start_s(self, index: int) -> float:
+        """Where chunk ``index`` (added already) starts in the stitched file, in seconds: its words move by it."""
+        return float(self._joiner.spans[index][0]) / self.rate if self._joiner is not None else 0.0
+
     def finish(self) -> list[bytes]:
         """What the last chunk left held."""
         from ttsq.audio import pcm16

@@ -8,6 +8,12 @@ slower. An engine that does not stream hands over nothing; its clip is written w
 before it is encoded and stored. The stream is the early copy: when Redis refuses it, the job still
 stores its file and its result, and its readers end with an error instead of a short clip.
 
+A job that asked for timestamps gets its words in the stream as soon as the worker has them: an
+engine that times its words while it speaks hands them over with its pieces (``put_words``, queued in
+order with the audio), any other engine's come once its call returns (``finish``, before the file is
+encoded); words timed by the worker's aligner come with the result in the ``end``. Readers hand each word
+out with the piece that completes it (``ttsq.records.playback``).
+
 The writer keeps the stream to its window: each piece carries the sample it starts at, and each write
 trims, in the same call, every entry whose audio ends more than ``AudioStreams.window_s`` seconds
 before the newest piece's end (the ``start`` goes with the first of them). Readers further behind
@@ -22,8 +28,10 @@ import logging
 import queue
 import time
 import uuid
+from collections.abc import Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -33,6 +41,7 @@ from ttsq.audio import pcm_pieces
 if TYPE_CHECKING:
     import numpy.typing as npt
 
+    from ttsq.alignment import Word
     from ttsq.batching.jobs import BatchItem
     from ttsq.engines.base import EngineOutput
     from ttsq.observer import Observer
@@ -44,6 +53,13 @@ logger = logging.getLogger(__name__)
 PIECE_S = 0.5
 #: The future resolved: the queue holds nothing after it.
 _DONE = object()
+
+
+@dataclass(frozen=True)
+class _Words:
+    """Words an engine handed over with its pieces (``StreamWriter.put_words``)."""
+
+    words: tuple[Word, ...]
 
 
 class StreamWriter:
@@ -76,10 +92,16 @@ class StreamWriter:
         self._keep_from: str | None = None  # the oldest entry id the stream keeps
         self._first_written = False
         self._broken = False
+        self._words = 0  # the run's words written so far
 
     def put(self, samples: npt.NDArray[Any] | None) -> None:
         """The engine's next samples for this row, or None: the row starts over (never blocks)."""
         self._queue.put(samples)
+
+    def put_words(self, words: Sequence[Word]) -> None:
+        """The row's next words, timed in its audio so far (never blocks): written after the samples
+        handed over before them."""
+        self._queue.put(_Words(tuple(words)))
 
     def wait(self, future: Future[BatchItem], timeout_s: float) -> BatchItem:
         """The job's batch item, writing its pieces as they come until it is done; ``FutureTimeout``
@@ -109,6 +131,10 @@ class StreamWriter:
                 self._write(pending)
                 pending = []
                 self._run = None
+            elif isinstance(item, _Words):
+                self._write(pending)
+                pending = []
+                self._write_words(item.words)
             else:
                 pending.append(item)
             try:
@@ -119,10 +145,26 @@ class StreamWriter:
         return done
 
     def finish(self, output: EngineOutput) -> None:
-        """The engine call returned: an engine that streamed nothing for this row has its clip written now."""
+        """The engine call returned: an engine that streamed nothing for this row has its clip written now,
+        and the words the engine timed that are not in the stream yet follow it."""
         if self._run is None and not self._broken:
             self.sample_rate = output.sample_rate
             self._write([output.samples])
+        if output.words is not None:
+            self._write_words(output.words[self._words :], first=self._words)
+
+    def _write_words(self, words: Sequence[Word], first: int | None = None) -> None:
+        if not words or self._broken or self._run is None:
+            return
+        start = self._words if first is None else first
+        try:
+            entry = self.streams.words(self.task_id, start, words, run=self._run, keep_from=self._keep_from)
+        except Exception as exc:  # as for audio: the job goes on, its readers end with an error
+            self._broken = True
+            logger.warning("job %s: could not write its stream: %s", self.task_id, type(exc).__name__)
+            return
+        self._kept.append((entry, self._written))
+        self._words = start + len(words)
 
     def _write(self, pieces: list[npt.NDArray[Any]]) -> None:
         if not pieces or self._broken:
@@ -130,7 +172,7 @@ class StreamWriter:
         try:
             if self._run is None:
                 self._run = uuid.uuid4().hex[:12]
-                self._seq, self._at = 0, 0
+                self._seq, self._at, self._words = 0, 0, 0
                 entry = self.streams.start(
                     self.task_id, sample_rate=self.sample_rate, run=self._run, keep_from=self._keep_from
                 )
