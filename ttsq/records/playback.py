@@ -47,7 +47,7 @@ RATES = range(4_000, 192_001)
 
 #: A word ends within this much of a piece's end is completed by it (seconds): stored times are
 #: rounded to the millisecond.
-WORD_SLACK_S = 0.0005
+WORD_SLACK_S = 0.001
 
 
 class WordFeed:
@@ -285,6 +285,8 @@ class Playback:
         self._expected += 1
         self.played = True
         self.offset += len(entry.pcm) // 2
+        if entry.words:
+            self.words.learn(entry.words, entry.first_word)
         return [Play(entry.pcm, self.sample_rate, self.words.due(self.offset / self.sample_rate))]
 
     def _rerun(self) -> list[Action]:

@@ -8,11 +8,13 @@ slower. An engine that does not stream hands over nothing; its clip is written w
 before it is encoded and stored. The stream is the early copy: when Redis refuses it, the job still
 stores its file and its result, and its readers end with an error instead of a short clip.
 
-A job that asked for timestamps gets its words in the stream as soon as the worker has them: an
-engine that times its words while it speaks hands them over with its pieces (``put_words``, queued in
-order with the audio), any other engine's come once its call returns (``finish``, before the file is
-encoded); words timed by the worker's aligner come with the result in the ``end``. Readers hand each word
-out with the piece that completes it (``ttsq.records.playback``).
+A job that asked for timestamps gets its words in the stream as soon as the worker has them. An
+engine that times its words while it speaks hands them over beside its samples (``put_words``); each
+rides on the first audio entry whose audio completes it, so a reader gets a word with the piece that
+ends it (``ttsq.records.playback``). Words whose audio is already out wait for the next piece; what is
+left when the engine call returns (an engine that times its words only then) goes out as one ``words``
+entry before the file is encoded (``finish``). Words timed by the worker's aligner come with the result
+in the ``end``.
 
 The writer keeps the stream to its window: each piece carries the sample it starts at, and each write
 trims, in the same call, every entry whose audio ends more than ``AudioStreams.window_s`` seconds
@@ -93,9 +95,15 @@ class StreamWriter:
         self._first_written = False
         self._broken = False
         self._words = 0  # the run's words written so far
+        self._pending_words: list[Word] = []  # handed over, not written yet (their audio is not out)
 
     def put(self, samples: npt.NDArray[Any] | None) -> None:
         """The engine's next samples for this row, or None: the row starts over (never blocks)."""
+        self._queue.put(samples)
+
+    def __call__(self, samples: npt.NDArray[Any] | None) -> None:
+        """``put``: the writer is the row's ``Piece``, and its ``put_words`` takes the row's words
+        (``ttsq.engines.base.word_sink``)."""
         self._queue.put(samples)
 
     def put_words(self, words: Sequence[Word]) -> None:
@@ -130,11 +138,9 @@ class StreamWriter:
             elif item is None:  # starts over: what came before it is not part of the audio
                 self._write(pending)
                 pending = []
-                self._run = None
+                self._run, self._pending_words = None, []
             elif isinstance(item, _Words):
-                self._write(pending)
-                pending = []
-                self._write_words(item.words)
+                self._pending_words += item.words  # written with the piece that completes them
             else:
                 pending.append(item)
             try:
@@ -150,21 +156,26 @@ class StreamWriter:
         if self._run is None and not self._broken:
             self.sample_rate = output.sample_rate
             self._write([output.samples])
-        if output.words is not None:
-            self._write_words(output.words[self._words :], first=self._words)
-
-    def _write_words(self, words: Sequence[Word], first: int | None = None) -> None:
+        self._pending_words = []
+        words = output.words[self._words :] if output.words is not None else ()
         if not words or self._broken or self._run is None:
             return
-        start = self._words if first is None else first
         try:
-            entry = self.streams.words(self.task_id, start, words, run=self._run, keep_from=self._keep_from)
+            entry = self.streams.words(self.task_id, self._words, words, run=self._run, keep_from=self._keep_from)
         except Exception as exc:  # as for audio: the job goes on, its readers end with an error
             self._broken = True
             logger.warning("job %s: could not write its stream: %s", self.task_id, type(exc).__name__)
             return
         self._kept.append((entry, self._written))
-        self._words = start + len(words)
+        self._words += len(words)
+
+    def _completed(self, end: int) -> list[Word]:
+        """The pending words that the audio up to sample ``end`` of the run completes (taken out)."""
+        count = 0
+        while count < len(self._pending_words) and self._pending_words[count].end * self.sample_rate <= end + 0.5:
+            count += 1
+        taken, self._pending_words = self._pending_words[:count], self._pending_words[count:]
+        return taken
 
     def _write(self, pieces: list[npt.NDArray[Any]]) -> None:
         if not pieces or self._broken:
@@ -181,9 +192,18 @@ class StreamWriter:
             for pcm in pcm_pieces(samples, self.sample_rate, PIECE_S):
                 count = len(pcm) // 2
                 self._trim(self._written + count)
+                words = self._completed(self._at + count)
                 entry = self.streams.audio(
-                    self.task_id, self._seq, pcm, at=self._at, run=self._run, keep_from=self._keep_from
+                    self.task_id,
+                    self._seq,
+                    pcm,
+                    at=self._at,
+                    run=self._run,
+                    keep_from=self._keep_from,
+                    words=words,
+                    first_word=self._words,
                 )
+                self._words += len(words)
                 self._written += count
                 self._kept.append((entry, self._written))
                 self._seq += 1

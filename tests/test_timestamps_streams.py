@@ -1,0 +1,181 @@
+"""Words in streams, end to end: a real espeak worker, real Redis and S3, ``Client.stream`` and
+``Client.stream_document``, and the gateway's SSE read with httpx and OpenAI's own package.
+
+Each piece (each ``speech.audio.delta``) carries the words its audio completes; together they are the
+result's words, once each, in order, none before its audio; a reader that falls back to the stored
+file gets the rest from the stored result; a forged words entry is a clear ``CorruptRecord``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from support import GatewayProcess, WorkerProcess, api_key, wait_until
+
+from ttsq.alignment import Word, parse_words, words_to_json
+from ttsq.client import AudioPiece, AudioStream, Client
+from ttsq.config import Settings
+from ttsq.constants import STREAM_PREFIX
+from ttsq.errors import CorruptRecord
+from ttsq.records.owner import RedisOwner
+
+StartWorker = Callable[..., WorkerProcess]
+StartGateway = Callable[..., GatewayProcess]
+TEXT = (
+    "The small library opened early on Monday, and the children ran inside to find their favourite books. "
+    "A quiet librarian helped them choose stories about dragons, rivers and distant mountains."
+)
+
+
+def said_in_time(pieces: Iterable[AudioPiece]) -> list[Word]:
+    """The words the pieces carry, in order, each checked to come with or after the audio that ends it."""
+    words: list[Word] = []
+    played = 0
+    rate = 0
+    for piece in pieces:
+        played += len(piece.pcm) // 2
+        rate = piece.sample_rate or rate
+        for word in piece.words:
+            assert word.end <= played / rate + 0.001, (word, played / rate)
+        words += piece.words
+    return words
+
+
+def test_a_streamed_clips_pieces_carry_the_words_they_complete(settings: Settings, start_worker: StartWorker) -> None:
+    start_worker(settings.replace(stream_window_s=600))  # the whole clip stays: this reader is live
+    with Client(settings) as client:
+        stream = client.stream(TEXT, timeout=60, timestamps="word")
+        pieces = list(stream)
+        assert stream.result is not None
+        words = said_in_time(pieces)
+        assert words_to_json(words) == stream.result["words"]  # the stored words, once each, in order
+        assert [w.word for w in words] == TEXT.split()
+        # espeak times its words as it speaks: nearly every word rides on the piece whose audio ends it
+        # (the worker wrote them on its audio entries), not after the audio, nor only in the end's result.
+        assert sum(len(piece.words) for piece in pieces if piece.pcm) >= 0.9 * len(words)
+        entries = RedisOwner(settings, role="test").streams.read(stream.job.id or "", block_s=0.1)
+        assert sum(len(e.words) for e in entries if e.kind == "audio") >= 0.9 * len(words)
+        # Without timestamps: no words anywhere.
+        plain = list(client.stream(TEXT + " Plain.", timeout=60))
+        assert not any(piece.words for piece in plain)
+        # A cache hit plays the stored file with the stored words.
+        again = client.stream(TEXT, timeout=60, timestamps="word")
+        assert again.job.cached and said_in_time(list(again)) == words
+
+
+def test_readers_behind_or_late_get_the_rest_of_the_words_from_the_stored_result(
+    settings: Settings, start_worker: StartWorker
+) -> None:
+    windowed = settings.replace(stream_window_s=1, stream_grace_s=60)
+    start_worker(windowed)
+    text = " ".join([TEXT] * 4)
+    with Client(windowed) as client:
+        live = client.stream(text, timeout=90, timestamps="word")
+        behind = iter(AudioStream(client, live.job, timeout=90))
+        first = [next(behind)]  # plays its first piece, then stops while the window moves on
+        result = client.wait(live.job.id or "", timeout=90)
+        expected = parse_words(result["words"])
+        entries = RedisOwner(windowed, role="test").streams.read(live.job.id or "", block_s=0.1)
+        assert entries[0].kind != "start"  # trimmed: a reader now comes back to what the stream no longer has
+        assert said_in_time([*first, *behind]) == expected
+        late = AudioStream(client, live.job, timeout=90)  # opens after the head was trimmed
+        assert said_in_time(list(late)) == expected
+        assert said_in_time(list(live)) == expected
+
+
+def test_a_streamed_documents_words_come_as_its_chunks_arrive(settings: Settings, start_worker: StartWorker) -> None:
+    start_worker(settings.replace(stream_window_s=600))
+    text = " ".join(
+        f"Paragraph {n} begins here, and it goes on for a while so that the splitter cuts it. "
+        f"It ends with a question number {n}? Then a short answer follows." + ("\n\n" if n % 2 else " ")
+        for n in range(6)
+    )
+    with Client(settings) as client:
+        stream = client.stream_document(text, timeout=240, timestamps="word")
+        pieces = list(stream)
+        assert stream.result is not None and len(stream.result["chunks"]) > 2
+        words = said_in_time(pieces)
+        assert [w.word for w in words] == text.split()
+        stored = parse_words(stream.result["words"])
+        # Each chunk's words moved by its exact start in the stitched file: the stored words, to the ms.
+        assert all(
+            abs(a.start - b.start) <= 0.001 and abs(a.end - b.end) <= 0.001 for a, b in zip(words, stored, strict=True)
+        )
+        # They came as chunks arrived: the first words with the first pieces, not all at the end.
+        with_words = [index for index, piece in enumerate(pieces) if piece.words]
+        assert with_words[0] < len(pieces) // 2
+
+
+def test_forged_words_in_a_stream_are_a_corrupt_record(settings: Settings, start_worker: StartWorker) -> None:
+    start_worker(settings).stop()  # the fleet is known; nobody consumes: the test writes the stream
+    owner = RedisOwner(settings, role="test")
+    with Client(settings) as client:
+        stream = client.stream(TEXT, timeout=30, timestamps="word")
+        task_id = stream.job.id or ""
+        owner.streams.start(task_id, sample_rate=22_050, run="r1")
+        owner.streams.audio(task_id, 0, b"\x00\x01" * 22_050, run="r1")
+        owner.cache.xadd(STREAM_PREFIX + task_id, {"kind": "words", "from": "0", "run": "r1", "words": '[{"word": 1}]'})
+        with pytest.raises(CorruptRecord, match="words"):
+            list(stream)
+    owner.close()
+
+
+# -- the gateway: SSE deltas --------------------------------------------------------------------
+
+
+def sse(api: httpx.Client, body: dict[str, Any]) -> tuple[list[dict[str, Any]], httpx.Headers]:
+    with api.stream("POST", "/v1/audio/speech", json=body) as response:
+        assert response.status_code == 200, response.read()
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+        return events, response.headers
+
+
+def test_sse_deltas_carry_the_words_their_audio_completes(
+    settings: Settings, start_worker: StartWorker, start_gateway: StartGateway
+) -> None:
+    start_worker(settings.replace(stream_window_s=600))
+    gateway, token = start_gateway(settings), api_key(settings)
+    body = {"model": "tts-1", "input": TEXT, "response_format": "pcm", "stream_format": "sse", "timestamps": "word"}
+    with httpx.Client(base_url=gateway.url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as api:
+        events, headers = sse(api, body)
+        assert events[-1]["type"] == "speech.audio.done"
+        deltas = events[:-1]
+        assert {e["type"] for e in deltas} == {"speech.audio.delta"}
+        sent_s, words = 0.0, []
+        for delta in deltas:
+            sent_s += len(base64.b64decode(delta["audio"])) / 2 / 24_000  # pcm: OpenAI's 24 kHz
+            for word in delta.get("words", []):
+                assert word["end"] <= sent_s + 0.002 and set(word) == {"word", "start", "end"}
+            words += delta.get("words", [])
+        job_id = headers["x-ttsq-job-id"]
+        wait_until(lambda: api.get(f"/v1/jobs/{job_id}").json()["state"] == "SUCCESS", 60, "the job's result")
+        assert words == api.get(f"/v1/jobs/{job_id}").json()["result"]["words"]
+        assert [w["word"] for w in words] == TEXT.split()
+        assert sum(len(delta.get("words", [])) for delta in deltas if delta["audio"]) >= 0.9 * len(words)
+
+        # A cache hit: the stored file at once, its words with its first bytes.
+        events, headers = sse(api, body)
+        assert headers["x-ttsq-cached"] == "true" and events[0]["words"] == words
+        # Without timestamps: no words.
+        events, _ = sse(api, {**body, "timestamps": False, "input": TEXT + " Plain."})
+        assert not any("words" in event for event in events)
+
+    # Through OpenAI's package: ttsq's field rides along as an extra body field.
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=token, max_retries=0, timeout=60)
+    with client.audio.speech.with_streaming_response.create(
+        model="tts-1",
+        voice="alloy",
+        input=TEXT + " Once more.",
+        response_format="wav",
+        stream_format="sse",
+        extra_body={"timestamps": "word"},
+    ) as response:
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    got = [word["word"] for line in lines for word in json.loads(line[6:]).get("words", [])]
+    assert got == (TEXT + " Once more.").split()
