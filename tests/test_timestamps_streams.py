@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import httpx
 import openai
 import pytest
+import redis
 from support import GatewayProcess, WorkerProcess, api_key, wait_until
 
 from ttsq.alignment import Word, parse_words, words_to_json
@@ -24,6 +26,8 @@ from ttsq.config import Settings
 from ttsq.constants import STREAM_PREFIX
 from ttsq.errors import CorruptRecord
 from ttsq.records.owner import RedisOwner
+from ttsq.records.playback import Broken, Done, Play, Playback, Words
+from ttsq.records.streams import StreamEntry, parse_entry
 
 StartWorker = Callable[..., WorkerProcess]
 StartGateway = Callable[..., GatewayProcess]
@@ -179,3 +183,107 @@ def test_sse_deltas_carry_the_words_their_audio_completes(
         lines = [line for line in response.iter_lines() if line.startswith("data: ")]
     got = [word["word"] for line in lines for word in json.loads(line[6:]).get("words", [])]
     assert got == (TEXT + " Once more.").split()
+
+
+# -- the rules, without I/O: the one reader (``ttsq.records.playback``) and the entries it reads ----------
+
+
+def entry(n: int, kind: str, **fields: Any) -> StreamEntry:
+    return StreamEntry(id=f"{n}-0", kind=kind, **fields)
+
+
+def test_the_reader_hands_each_word_out_once_with_or_after_the_audio_that_ends_it() -> None:
+    rate = 4000
+    half = b"\0\0" * (rate // 2)  # half a second
+    said = [Word("one", 0.0, 0.4), Word("two", 0.5, 0.9), Word("three", 1.0, 1.4), Word("four", 1.5, 1.9)]
+    playback = Playback("job", now=0.0, first_audio_by=None)
+    actions = playback.entries(
+        [
+            entry(1, "start", sample_rate=rate, run="r"),
+            # Piece 0 (0..0.5 s) completes "one"; piece 1 (0.5..1 s) carries "two" and, early, "three".
+            entry(2, "audio", seq=0, pcm=half, run="r", words=tuple(said[:1])),
+            entry(3, "audio", seq=1, pcm=half, run="r", words=tuple(said[1:3]), first_word=1),
+        ],
+        1.0,
+    )
+    assert actions == [Play(half, rate, (said[0],)), Play(half, rate, (said[1],))]
+    # "three" ends at 1.4 s: it comes with the piece that gets there (1 s long: to 2 s).
+    (play,) = playback.entries([entry(4, "audio", seq=2, pcm=half * 2, run="r")], 2.0)
+    assert isinstance(play, Play) and play.words == (said[2],)
+    # A words entry whose audio already played: at once, without audio; said words are not said again.
+    assert playback.entries([entry(5, "words", run="r", words=tuple(said[2:]), first_word=2)], 3.0) == [
+        Words((said[3],))
+    ]
+    # The end's result has them all: nothing is left to say.
+    result = {"words": [word.to_dict() for word in said]}
+    assert playback.entries([entry(6, "end", payload=result)], 4.0) == [Done(result)]
+
+    # Words that leave a gap are kept for the whole list of the end's result.
+    late = Playback("job", now=0.0, first_audio_by=None)
+    late.entries([entry(1, "start", sample_rate=rate, run="r"), entry(2, "audio", seq=0, pcm=half * 4)], 1.0)
+    assert late.entries([entry(3, "words", run="r", words=tuple(said[2:]), first_word=2)], 2.0) == []
+    assert late.entries([entry(4, "end", payload=result)], 3.0) == [Words(tuple(said)), Done(result)]
+    # A forged word list in the end: the reader stops, naming the record.
+    forged = Playback("job", now=0.0, first_audio_by=None)
+    forged.entries([entry(1, "start", sample_rate=rate, run="r"), entry(2, "audio", seq=0, pcm=b"\0\0")], 1.0)
+    (broken,) = forged.entries([entry(3, "end", payload={"words": [{"word": "x", "start": 2, "end": 1}]})], 2.0)
+    assert isinstance(broken, Broken) and broken.code == "corrupt_record" and "words" in broken.message
+
+
+def test_words_read_back_from_a_stream_are_checked() -> None:
+    good = json.dumps([{"word": "a", "start": 0.0, "end": 0.1}])
+    pcm = base64.b64encode(b"\0\0").decode()
+    assert parse_entry("1-0", {"kind": "words", "from": "0", "run": "r", "words": good}).words == (Word("a", 0, 0.1),)
+    assert parse_entry("1-0", {"kind": "audio", "seq": "0", "pcm": pcm, "from": "3", "words": good}).first_word == 3
+    for fields in (
+        {"kind": "words", "from": "0", "words": "{"},
+        {"kind": "words", "from": "0", "words": "{}"},
+        {"kind": "words", "from": "-1", "words": good},
+        {"kind": "words", "from": "x", "words": good},
+        {"kind": "words", "words": good},
+        {"kind": "words", "from": "0", "words": json.dumps([{"word": "a", "start": "soon", "end": 1}])},
+        {"kind": "words", "from": "0", "words": json.dumps([{"word": "a", "start": 1, "end": float("inf")}])},
+        {
+            "kind": "audio",
+            "seq": "0",
+            "pcm": pcm,
+            "from": "0",
+            "words": json.dumps([{"word": "", "start": 0, "end": 1}]),
+        },
+        {"kind": "audio", "seq": "0", "pcm": pcm, "words": good},
+    ):
+        with pytest.raises(CorruptRecord):
+            parse_entry("1-0", fields)
+
+
+def test_forged_words_end_the_gateways_sse_with_an_error_event(
+    settings: Settings, start_worker: StartWorker, start_gateway: StartGateway
+) -> None:
+    start_worker(settings).stop()  # the fleet is known; nobody consumes: the test writes the stream
+    gateway, token = start_gateway(settings), api_key(settings)
+    owner = RedisOwner(settings, role="test")
+    body = {"model": "tts-1", "input": TEXT, "response_format": "pcm", "stream_format": "sse", "timestamps": "word"}
+    got: list[dict[str, Any]] = []
+    with httpx.Client(base_url=gateway.url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as api:
+
+        def read() -> None:
+            with api.stream("POST", "/v1/audio/speech", json=body) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data: "):
+                        got.append(json.loads(line[6:]))
+
+        thread = threading.Thread(target=read, daemon=True)
+        thread.start()
+        broker = redis.Redis.from_url(settings.broker_url)
+        wait_until(lambda: broker.llen(settings.queue) == 1, 30, "the job's message")
+        task_id = json.loads(broker.lindex(settings.queue, 0))["headers"]["id"]  # type: ignore[arg-type]
+        broker.close()
+        owner.streams.start(task_id, sample_rate=24_000, run="r1")
+        owner.streams.audio(task_id, 0, b"\0\0" * 12_000, run="r1")
+        wait_until(lambda: len(got) >= 1, 30, "the first delta")
+        owner.cache.xadd(STREAM_PREFIX + task_id, {"kind": "words", "from": "0", "run": "r1", "words": "[{}]"})
+        thread.join(60)
+        assert not thread.is_alive()
+    owner.close()
+    assert got[0]["type"] == "speech.audio.delta" and got[-1]["type"] == "speech.audio.error"
+    assert got[-1]["error"]["code"] == "corrupt_record" and "words" in got[-1]["error"]["message"]
