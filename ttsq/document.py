@@ -3,6 +3,9 @@
 Producers and workers share this module, so both compute the same document key; the worker side (the
 fan-out into chunk jobs, progress, the stitch) is ``ttsq.worker.documents``. The steps, and what the
 shared seed does and does not promise for VoiceDesign: docs/documents.md.
+
+Why one file over 400 lines: a reader's joins (``DocumentJoin``, where each chunk and its words start)
+are the stitch's arithmetic on the plan defined here; kept apart, the two could drift.
 """
 
 from __future__ import annotations

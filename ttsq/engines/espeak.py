@@ -154,7 +154,7 @@ class EspeakEngine:
         # A streaming row is handed its audio up to the cap, so its output is what it handed over.
         self._piece, self._room = piece, cap if cap is not None else -1
         say = word_sink(piece) if request.timestamps and cap is None else None
-        clock = WordClock(request.text, self.identity.sample_rate) if say is not None else None
+        clock = WordClock(request.text, self.identity.sample_rate, self._chunks) if say is not None else None
         self._clock, self._say = clock, say
         try:
             samples = self._speak(request.text, voice)
@@ -190,14 +190,15 @@ class EspeakEngine:
 
     def _collect(self, wav: Any, n_samples: int, events: Any) -> int:
         index = 0
+        clock = self._clock
         # The word events come with the audio they start in; reading them costs a few attribute
         # reads per word, so they are always kept (timestamps need no second synthesis).
         while events and (kind := events[index].type) != _EVENT_LIST_TERMINATED:
             if kind in (_EVENT_WORD, _EVENT_END):
                 event = events[index]
                 self._events.append((kind, event.text_position, event.sample))
-                if self._clock is not None:
-                    self._clock.event(kind, event.text_position, event.sample)
+                if clock is not None:
+                    clock.event(kind, event.text_position, event.sample)
             index += 1
         if wav and n_samples > 0:
             # Copy the bytes out: np.ctypeslib.as_array would make (and cache forever) a ctypes array
@@ -208,14 +209,16 @@ class EspeakEngine:
                 handed = chunk if self._room < 0 else chunk[: self._room]
                 if self._room > 0:
                     self._room -= handed.size
-                if self._clock is not None and self._say is not None:
-                    self._clock.audio(chunk)
-                    if timed := self._clock.ready():
-                        self._say(timed)  # before the samples that complete them: written on their piece
+                # Words become final with a boundary's event (or, rarely, the audio up to a known one):
+                # the clock reads the chunks the engine keeps, and most callbacks cost it nothing.
+                if clock is not None and self._say is not None and clock.waiting and (timed := clock.ready()):
+                    self._say(timed)  # before the samples that complete them: written on their piece
                 self._piece(handed)
         return 0
 
 
+#: ``WordClock`` waits for the next event before it looks again.
+_NEVER = 2**62
 #: A sample quieter than this (of int16's full scale) is silence, when a word's end is trimmed.
 _SILENCE = 300
 
@@ -244,39 +247,59 @@ class WordClock:
     far, and, at the end (``final``), the rest, up to the end of the audio. Timed in stretches or at
     once, the words are the same."""
 
-    def __init__(self, text: str, rate: int) -> None:
+    def __init__(self, text: str, rate: int, chunks: list[np.ndarray[Any, np.dtype[np.int16]]] | None = None) -> None:
+        """``chunks``: the clip's samples as they come (a list the caller appends to), else ``audio``'s."""
         self.rate = rate
         self._spans = text_words(text)
         self._starts = [start for _, start, _ in self._spans]
         self._event_at: list[int | None] = [None] * len(self._spans)  # each word's first event (sample)
         self._clause_ends: list[int] = []
-        self._chunks: list[np.ndarray[Any, np.dtype[np.int16]]] = []
-        self._offsets: list[int] = []  # each chunk's first sample
+        self._chunks = chunks if chunks is not None else []
+        self._offsets: list[int] = []  # each chunk's first sample, for the chunks counted so far
         self.total = 0
         #: The words timed so far, in order.
         self.words: list[Word] = []
+        self._last_event = -1  # the last word with an event: none after it has one yet
+        # Nothing can be final before a new event comes or the audio reaches this sample (a call of
+        # ``ready`` per callback, a few hundred a clip, mostly returns here).
+        self._wait_for: int | None = None
 
     def event(self, kind: int, position: int, sample: int) -> None:
         """A word or clause-end event: ``position`` 1-based in the text's characters, ``sample`` where."""
+        self._wait_for = None
         if kind == _EVENT_END:
             bisect.insort(self._clause_ends, sample)
             return
         index = bisect.bisect_right(self._starts, position - 1) - 1
         if 0 <= index < len(self._spans) and position - 1 < self._spans[index][2] and self._event_at[index] is None:
             self._event_at[index] = sample
+            self._last_event = max(self._last_event, index)
 
     def audio(self, samples: np.ndarray[Any, np.dtype[np.int16]]) -> None:
         """The next samples of the clip."""
-        if samples.size:
-            self._chunks.append(samples)
+        self._chunks.append(samples)
+
+    @property
+    def waiting(self) -> bool:
+        """Whether ``ready`` may find words final: events came since it last looked, or a word waits
+        for the audio up to a boundary already known (else only the next event can make one final)."""
+        return self._wait_for != _NEVER
+
+    def _count(self) -> None:
+        """Count the chunks that came since the last call (``total``, ``_offsets``)."""
+        for chunk in self._chunks[len(self._offsets) :]:
             self._offsets.append(self.total)
-            self.total += int(samples.size)
+            self.total += int(chunk.size)
 
     def ready(self, *, final: bool = False) -> list[Word]:
         """The words whose times are final now (all the rest when ``final``), appended to ``words``."""
+        self._count()
+        if not final and self._wait_for is not None and self.total < self._wait_for:
+            return []
         first, n = len(self.words), len(self._spans)
         stop, limits = first, {}
-        for index in range(first, n):
+        self._wait_for = _NEVER  # unless the scan finds a boundary whose audio is to come: the next event
+        for index in range(first, min(n, self._last_event + 1) if not final else n):
             at = self._event_at[index]
             if at is None:
                 continue
@@ -296,8 +319,12 @@ class WordClock:
             limit = min(max(limits[index], at), self.total)
             # espeak places a word's event before the pause that precedes it (after a comma, a full
             # stop): the word is said where its sound starts, and ends where its sound ends.
-            loud = np.flatnonzero(np.abs(self._samples(at, limit).astype(np.int32)) > _SILENCE)
-            start, end = (at + int(loud[0]), at + int(loud[-1]) + 1) if loud.size else (at, limit)
+            span = self._samples(at, limit)
+            loud = (span > _SILENCE) | (span < -_SILENCE)  # |sample| > _SILENCE, in int16
+            if loud.any():
+                start, end = at + int(loud.argmax()), at + loud.size - int(loud[::-1].argmax())
+            else:
+                start, end = at, limit
             placed.append((start / self.rate, end / self.rate))
         words = [word for word, _, _ in self._spans[first:stop]]
         timed = fill_gaps(words, placed, self.total / self.rate, before=self.words[-1] if self.words else None)
@@ -308,7 +335,7 @@ class WordClock:
         """Where the word at sample ``at`` must end by: the next boundary after it, once known and
         its audio has come (the end of the audio, at the end); None while it is not."""
         following = None
-        for later in range(index + 1, len(self._event_at)):
+        for later in range(index + 1, len(self._event_at) if final else self._last_event + 1):
             if (following := self._event_at[later]) is not None:
                 break
         clause = bisect.bisect_right(self._clause_ends, at)
@@ -316,7 +343,10 @@ class WordClock:
         bounds = [bound for bound in (following, ends) if bound is not None]
         if final:
             return min([*bounds, self.total]) if at < self.total else self.total
-        if not bounds or min(bounds) > self.total:
+        if not bounds:
+            return None
+        if min(bounds) > self.total:  # known, and its audio is still to come
+            self._wait_for = min(bounds)
             return None
         return min(bounds)
 
