@@ -33,7 +33,6 @@ import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -55,13 +54,6 @@ logger = logging.getLogger(__name__)
 PIECE_S = 0.5
 #: The future resolved: the queue holds nothing after it.
 _DONE = object()
-
-
-@dataclass(frozen=True)
-class _Words:
-    """Words an engine handed over with its pieces (``StreamWriter.put_words``)."""
-
-    words: tuple[Word, ...]
 
 
 class StreamWriter:
@@ -96,20 +88,29 @@ class StreamWriter:
         self._broken = False
         self._words = 0  # the run's words written so far
         self._pending_words: list[Word] = []  # handed over, not written yet (their audio is not out)
+        # Words as the engine hands them over, with the take they belong to (``put`` counts the takes:
+        # None starts another). Not queued: they wait for the next samples (or the end), so a word
+        # never wakes the writer on its own.
+        self._handed: collections.deque[tuple[int, Sequence[Word]]] = collections.deque()
+        self._takes = 0  # takes begun, as the engine's thread counts them
+        self._take = 0  # the take this thread is writing
 
     def put(self, samples: npt.NDArray[Any] | None) -> None:
         """The engine's next samples for this row, or None: the row starts over (never blocks)."""
+        if samples is None:
+            self._takes += 1
         self._queue.put(samples)
 
     def __call__(self, samples: npt.NDArray[Any] | None) -> None:
         """``put``: the writer is the row's ``Piece``, and its ``put_words`` takes the row's words
         (``ttsq.engines.base.word_sink``)."""
-        self._queue.put(samples)
+        self.put(samples)
 
     def put_words(self, words: Sequence[Word]) -> None:
-        """The row's next words, timed in its audio so far (never blocks): written after the samples
-        handed over before them."""
-        self._queue.put(_Words(tuple(words)))
+        """The row's next words, in order, times in seconds of its audio (never blocks; from the thread
+        that ``put``s): each is written on the first piece whose audio ends it, handed over before or
+        after it; what no piece ends goes out when the engine call returns (``finish``)."""
+        self._handed.append((self._takes, tuple(words)))
 
     def wait(self, future: Future[BatchItem], timeout_s: float) -> BatchItem:
         """The job's batch item, writing its pieces as they come until it is done; ``FutureTimeout``
@@ -138,9 +139,7 @@ class StreamWriter:
             elif item is None:  # starts over: what came before it is not part of the audio
                 self._write(pending)
                 pending = []
-                self._run, self._pending_words = None, []
-            elif isinstance(item, _Words):
-                self._pending_words += item.words  # written with the piece that completes them
+                self._run, self._pending_words, self._take = None, [], self._take + 1
             else:
                 pending.append(item)
             try:
@@ -171,6 +170,10 @@ class StreamWriter:
 
     def _completed(self, end: int) -> list[Word]:
         """The pending words that the audio up to sample ``end`` of the run completes (taken out)."""
+        while self._handed and self._handed[0][0] <= self._take:
+            take, words = self._handed.popleft()
+            if take == self._take:  # an earlier take's words are not this audio's
+                self._pending_words += words
         count = 0
         while count < len(self._pending_words) and self._pending_words[count].end * self.sample_rate <= end + 0.5:
             count += 1
