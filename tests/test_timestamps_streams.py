@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -18,7 +19,7 @@ import httpx
 import openai
 import pytest
 import redis
-from support import GatewayProcess, WorkerProcess, api_key, wait_until
+from support import GatewayProcess, WorkerProcess, api_key, scrape, value, wait_until
 
 from ttsq.alignment import Word, parse_words, words_to_json
 from ttsq.client import AudioPiece, AudioStream, Client
@@ -287,3 +288,56 @@ def test_forged_words_end_the_gateways_sse_with_an_error_event(
     owner.close()
     assert got[0]["type"] == "speech.audio.delta" and got[-1]["type"] == "speech.audio.error"
     assert got[-1]["error"]["code"] == "corrupt_record" and "words" in got[-1]["error"]["message"]
+
+
+def test_a_late_sse_reader_gets_the_words_from_the_stored_result(
+    settings: Settings, start_worker: StartWorker, start_gateway: StartGateway
+) -> None:
+    """The gateway paused (SIGSTOP) while the worker writes and trims the whole stream: its reader goes
+    on from the stored file, and its deltas carry the stored words, each with the audio that ends it."""
+    start_worker(settings.replace(stream_window_s=1))
+    gateway, token = start_gateway(settings), api_key(settings)
+    cache = redis.Redis.from_url(settings.cache_url, decode_responses=True)
+    text = f"{TEXT} {TEXT} Late."
+    body = {"model": "tts-1", "input": text, "response_format": "pcm", "stream_format": "sse", "timestamps": "word"}
+    got: list[dict[str, Any]] = []
+    headers: dict[str, str] = {}
+    with httpx.Client(base_url=gateway.url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as api:
+
+        def read() -> None:
+            with api.stream("POST", "/v1/audio/speech", json=body) as response:
+                headers.update(response.headers)
+                for line in response.iter_lines():
+                    if line.startswith("data: "):
+                        got.append(json.loads(line[6:]))
+
+        thread = threading.Thread(target=read, daemon=True)
+        thread.start()
+        wait_until(lambda: value(scrape(gateway.port), "ttsq_gateway_streams_read") == 1, 30, "the reader open")
+        gateway.process.send_signal(signal.SIGSTOP)
+        try:
+            wait_until(
+                lambda: any(
+                    fields["kind"] == "end"
+                    for key in cache.keys(STREAM_PREFIX + "*")
+                    for _, fields in cache.xrange(key)
+                ),
+                60,
+                "the job's whole stream written while the gateway is paused",
+            )
+            (key,) = cache.keys(STREAM_PREFIX + "*")
+            assert cache.xrange(key)[0][1]["kind"] != "start"  # trimmed: the reader is late
+        finally:
+            gateway.process.send_signal(signal.SIGCONT)
+        thread.join(60)
+        assert not thread.is_alive() and got[-1]["type"] == "speech.audio.done"
+        job_id = headers["x-ttsq-job-id"]
+        stored = api.get(f"/v1/jobs/{job_id}").json()["result"]["words"]
+    cache.close()
+    sent_s, words = 0.0, []
+    for delta in got[:-1]:
+        sent_s += len(base64.b64decode(delta["audio"])) / 2 / 24_000
+        for word in delta.get("words", []):
+            assert word["end"] <= sent_s + 0.002
+        words += delta.get("words", [])
+    assert words == stored and [w["word"] for w in words] == text.split()
