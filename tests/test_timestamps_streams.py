@@ -341,3 +341,23 @@ def test_a_late_sse_reader_gets_the_words_from_the_stored_result(
             assert word["end"] <= sent_s + 0.002
         words += delta.get("words", [])
     assert words == stored and [w["word"] for w in words] == text.split()
+
+
+def test_a_documents_sse_deltas_carry_its_words_as_its_chunks_arrive(
+    settings: Settings, start_worker: StartWorker, start_gateway: StartGateway
+) -> None:
+    short = settings.replace(max_text_chars=300)  # a document past 300 characters: a few chunks here
+    start_worker(short)
+    gateway, token = start_gateway(short), api_key(settings)
+    text = " ".join(f"Sentence number {n} of a short document, read aloud in its turn." for n in range(8))
+    body = {"model": "tts-1", "input": text, "response_format": "mp3", "stream_format": "sse", "timestamps": "word"}
+    with httpx.Client(base_url=gateway.url, headers={"Authorization": f"Bearer {token}"}, timeout=120) as api:
+        events, headers = sse(api, body)
+        job_id = headers["x-ttsq-job-id"]
+        wait_until(lambda: api.get(f"/v1/jobs/{job_id}").json()["state"] == "SUCCESS", 60, "the document")
+        result = api.get(f"/v1/jobs/{job_id}").json()["result"]
+    assert events[-1]["type"] == "speech.audio.done" and len(result["chunks"]) > 1
+    words = [word for event in events[:-1] for word in event.get("words", [])]
+    assert [w["word"] for w in words] == text.split()
+    assert all(abs(a["start"] - b["start"]) <= 0.001 for a, b in zip(words, result["words"], strict=True))
+    assert next(i for i, event in enumerate(events) if event.get("words")) < len(events) // 2  # not all at the end

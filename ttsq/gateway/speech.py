@@ -253,6 +253,9 @@ class SpeechAudio:
                     raise self._broken(str(exc)[:300], "stream_broken", coder is not None) from None
                 if piece is None:
                     break
+                if not piece.pcm:  # words whose audio went out already
+                    yield Sound(b"", piece.words)
+                    continue
                 if coder is None:
                     coder = encoder(fmt, piece.sample_rate)
                 self.streamed_s += len(piece.pcm) / 2 / piece.sample_rate
