@@ -74,6 +74,7 @@ def test_a_streamed_clips_pieces_carry_the_words_they_complete(settings: Setting
         assert again.job.cached and said_in_time(list(again)) == words
 
 
+@pytest.mark.slow
 def test_readers_behind_or_late_get_the_rest_of_the_words_from_the_stored_result(
     settings: Settings, start_worker: StartWorker
 ) -> None:
@@ -94,6 +95,7 @@ def test_readers_behind_or_late_get_the_rest_of_the_words_from_the_stored_result
         assert said_in_time(list(live)) == expected
 
 
+@pytest.mark.slow
 def test_a_streamed_documents_words_come_as_its_chunks_arrive(settings: Settings, start_worker: StartWorker) -> None:
     start_worker(settings.replace(stream_window_s=600))
     text = " ".join(
@@ -117,6 +119,7 @@ def test_a_streamed_documents_words_come_as_its_chunks_arrive(settings: Settings
         assert with_words[0] < len(pieces) // 2
 
 
+@pytest.mark.slow
 def test_forged_words_in_a_stream_are_a_corrupt_record(settings: Settings, start_worker: StartWorker) -> None:
     start_worker(settings).stop()  # the fleet is known; nobody consumes: the test writes the stream
     owner = RedisOwner(settings, role="test")
