@@ -35,14 +35,36 @@ from ttsq.constants import (
 )
 from ttsq.document import Document, DocumentJoin, Options
 from ttsq.engines.base import EngineIdentity
-from ttsq.errors import BrokerError, InvalidRequest, JobFailed, JobTimeout, StreamBroken, TTSQError, UnknownJob
+from ttsq.errors import (
+    BrokerError,
+    CorruptRecord,
+    InvalidRequest,
+    JobFailed,
+    JobTimeout,
+    StreamBroken,
+    TTSQError,
+    UnknownJob,
+)
 from ttsq.job import JobResult, Limits, RequestFields, SynthesisRequest
 from ttsq.keys import content_key
 from ttsq.records.attempts import ParkedJob
 from ttsq.records.connection import patiently
 from ttsq.records.owner import RedisOwner
 from ttsq.records.plans import chunk_task_ids
-from ttsq.records.playback import STALL_S, STATE_CHECK_S, Broken, CheckState, Done, Failed, FromStored, Play, Playback
+from ttsq.records.playback import (
+    STALL_S,
+    STATE_CHECK_S,
+    Broken,
+    CheckState,
+    Done,
+    Failed,
+    FromStored,
+    Play,
+    Playback,
+    WordFeed,
+    Words,
+    result_words,
+)
 from ttsq.records.queues import message_held
 from ttsq.results import Results
 from ttsq.sending import WITHDRAW_PATIENCE_S, Outgoing, send_job, sending
@@ -53,6 +75,7 @@ if TYPE_CHECKING:
     from celery.result import AsyncResult
     from typing_extensions import Unpack
 
+    from ttsq.alignment import Word
     from ttsq.config import Settings
     from ttsq.results import StoredResult
 
@@ -98,10 +121,13 @@ class Job:
 
 @dataclass(frozen=True)
 class AudioPiece:
-    """A piece of a streamed job's audio: 16-bit mono PCM, little-endian, at ``sample_rate``."""
+    """A piece of a streamed job's audio: 16-bit mono PCM, little-endian, at ``sample_rate``; for a job
+    that asked for timestamps, ``words``: the words this piece completes (seconds of the whole clip or
+    document). A piece may carry words and no audio: words known only after their audio was read."""
 
     pcm: bytes
     sample_rate: int
+    words: tuple[Word, ...] = ()
 
 
 #: Seconds of audio per piece when a stream is read from a stored file (a cache hit).
@@ -163,9 +189,12 @@ class AudioStream:
                     actions = playback.job_over()
             for action in actions:
                 if isinstance(action, Play):
-                    yield AudioPiece(action.pcm, action.sample_rate)
+                    yield AudioPiece(action.pcm, action.sample_rate, action.words)
+                elif isinstance(action, Words):
+                    yield AudioPiece(b"", playback.sample_rate, action.words)
                 elif isinstance(action, FromStored):
-                    yield from self._stored(self.client.wait(task_id, timeout=self.timeout), action.offset)
+                    result = self.client.wait(task_id, timeout=self.timeout)
+                    yield from self._stored(result, action.offset, playback.words)
                     return
                 elif isinstance(action, Done | Failed):
                     # The job's own stored result says how it ended, read the one way results are.
@@ -174,16 +203,25 @@ class AudioStream:
                 elif isinstance(action, Broken):
                     if action.code == "timeout":
                         raise JobTimeout(f"job {task_id} not streamed within {self.timeout}s")
+                    if action.code == "corrupt_record":
+                        raise CorruptRecord(f"job {task_id}'s stream", action.message)
                     raise StreamBroken(action.message)
 
-    def _stored(self, result: JobResult, offset: int = 0) -> Iterator[AudioPiece]:
-        """The stored file's samples from ``offset`` on."""
+    def _stored(self, result: JobResult, offset: int = 0, words: WordFeed | None = None) -> Iterator[AudioPiece]:
+        """The stored file's samples from ``offset`` on, with the words of the result that ``words`` (what
+        the stream handed out) has not said yet."""
         from ttsq.audio import decode, pcm_pieces
 
         self.result = result
+        feed = words or WordFeed()
+        feed.learn(result_words(result))
         samples, rate = decode(self.client.download(result))
+        played = offset
         for pcm in pcm_pieces(samples[offset:], rate, STORED_PIECE_S):
-            yield AudioPiece(pcm, rate)
+            played += len(pcm) // 2
+            yield AudioPiece(pcm, rate, feed.due(played / rate))
+        if rest := feed.rest():
+            yield AudioPiece(b"", rate, rest)
 
 
 class DocumentStream(AudioStream):
@@ -211,15 +249,25 @@ class DocumentStream(AudioStream):
 
         joined = DocumentJoin(plan)
         ids = dict(zip(joined.unique_keys(), chunk_task_ids(doc_id, len(joined.unique_keys())), strict=True))
+        feed, played = WordFeed(), 0  # the document's words so far, each chunk's moved to where it starts
         for index, chunk in enumerate(joined.chunks):
+            words: list[Word] = []
             if chunk["key"]:
-                samples, rate = self._chunk(chunk["key"], ids[chunk["key"]], doc_id, deadline)
+                samples, rate, words = self._chunk(chunk["key"], ids[chunk["key"]], doc_id, deadline)
             else:
                 samples, rate = np.zeros(0, dtype=np.float32), joined.rate
-            for pcm in joined.add(index, samples, rate):
-                yield AudioPiece(pcm, joined.rate)
+            pieces = joined.add(index, samples, rate)
+            if words:
+                start_s = joined.start_s(index)
+                feed.learn([word.shifted(start_s) for word in words], len(feed.known))
+            for pcm in pieces:
+                played += len(pcm) // 2
+                yield AudioPiece(pcm, joined.rate, feed.due(played / joined.rate))
         for pcm in joined.finish():
-            yield AudioPiece(pcm, joined.rate)
+            played += len(pcm) // 2
+            yield AudioPiece(pcm, joined.rate, feed.due(played / joined.rate))
+        if rest := feed.rest():
+            yield AudioPiece(b"", joined.rate, rest)
         self.result = self.client.wait(doc_id, timeout=self._left(deadline))
 
     def _plan(self, doc_id: str, deadline: float | None) -> Any:
@@ -234,13 +282,19 @@ class DocumentStream(AudioStream):
                     return None
         return plan
 
-    def _chunk(self, key: str, task_id: str, doc_id: str, deadline: float | None) -> tuple[Any, int]:
-        """One chunk's audio (float samples, rate), once complete: from its job's stream as it finishes,
-        or from the cache (a chunk made before, or by a document that does not stream)."""
+    def _chunk(self, key: str, task_id: str, doc_id: str, deadline: float | None) -> tuple[Any, int, list[Word]]:
+        """One chunk's audio (float samples, rate) and words (in seconds of the chunk; none unless the
+        document asked for timestamps), once complete: from its job's stream as it finishes, or from the
+        cache (a chunk made before, or by a document that does not stream)."""
         import numpy as np
 
         from ttsq.audio import decode
         from ttsq.results import checked_key
+
+        def cached(entry: Any) -> tuple[Any, int, list[Word]]:
+            samples, rate = decode(self.client.storage.get(checked_key(entry.get("object_key"))))
+            words = {"words": self.client.results.words(entry["words_key"])} if "words_key" in entry else {}
+            return samples, rate, result_words(words)
 
         streams, after, rate = self.client.redis.streams, "0-0", 0
         pieces: list[bytes] = []
@@ -249,7 +303,7 @@ class DocumentStream(AudioStream):
         while True:
             entry = self.client.cache.get(key)
             if entry is not None:
-                return decode(self.client.storage.get(checked_key(entry.get("object_key"))))
+                return cached(entry)
             for item in streams.read(task_id, after=after, block_s=0.5):
                 after = item.id
                 if item.kind == "start":  # a first take, or a rerun: nothing of this chunk was played
@@ -261,7 +315,8 @@ class DocumentStream(AudioStream):
                     pieces.append(item.pcm)
                 elif item.kind == "end" and pieces and rate and whole:
                     pcm = np.frombuffer(b"".join(pieces), dtype="<i2")
-                    return pcm.astype(np.float32) / np.float32(32768.0), rate
+                    words = result_words(item.payload, f"chunk {key[:12]}'s words")
+                    return pcm.astype(np.float32) / np.float32(32768.0), rate, words
                 elif item.kind == "error":  # the chunk failed: so does the document; its error says why
                     self.client.wait(doc_id, timeout=self._left(deadline))
                     raise JobFailed(f"document {doc_id}: a chunk failed")
@@ -272,7 +327,7 @@ class DocumentStream(AudioStream):
                 if self.client._state(doc_id) in states.READY_STATES:
                     self.client.wait(doc_id, timeout=self._left(deadline))  # raises the document's error
                     if (entry := self.client.cache.get(key)) is not None:
-                        return decode(self.client.storage.get(checked_key(entry.get("object_key"))))
+                        return cached(entry)
                     raise JobFailed(f"document {doc_id} ended without chunk {key[:12]}")
 
     def _check_deadline(self, deadline: float | None, doc_id: str) -> None:

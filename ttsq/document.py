@@ -3,6 +3,9 @@
 Producers and workers share this module, so both compute the same document key; the worker side (the
 fan-out into chunk jobs, progress, the stitch) is ``ttsq.worker.documents``. The steps, and what the
 shared seed does and does not promise for VoiceDesign: docs/documents.md.
+
+Why one file over 400 lines: a reader's joins (``DocumentJoin``, where each chunk and its words start)
+are the stitch's arithmetic on the plan defined here; kept apart, the two could drift.
 """
 
 from __future__ import annotations
@@ -331,6 +334,10 @@ class DocumentJoin:
         pause = self.pauses[index] if index < len(self.chunks) - 1 else 0
         blocks = self._joiner.add(samples, crossfade_ms=self.crossfades[index], pause_ms=pause)
         return [pcm16(block) for block in blocks if block.size]
+
+    def start_s(self, index: int) -> float:
+        """Where chunk ``index`` (added already) starts in the stitched file, in seconds: its words move by it."""
+        return float(self._joiner.spans[index][0]) / self.rate if self._joiner is not None else 0.0
 
     def finish(self) -> list[bytes]:
         """What the last chunk left held."""

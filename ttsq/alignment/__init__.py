@@ -137,14 +137,22 @@ def text_words(text: str) -> list[tuple[str, int, int]]:
     return out
 
 
-def fill_gaps(words: Sequence[str], placed: Sequence[tuple[float, float] | None], duration_s: float) -> list[Word]:
+def fill_gaps(
+    words: Sequence[str],
+    placed: Sequence[tuple[float, float] | None],
+    duration_s: float,
+    before: Word | None = None,
+) -> list[Word]:
     """Every word with a time: the placed ones as they are (clipped into the clip, starts made to run
-    in order), each run of unplaced ones spread over the gap between its placed neighbours by length."""
+    in order), each run of unplaced ones spread over the gap between its placed neighbours by length.
+    ``before``: the word said before the first of these (words timed a stretch at a time, as espeak
+    speaks; the stretches together are timed as the whole would be)."""
     out: list[Word] = []
     n = len(words)
     index = 0
     while index < n:
-        floor = out[-1].start if out else 0.0
+        previous = out[-1] if out else before
+        floor = previous.start if previous else 0.0
         times = placed[index]
         if times is not None:
             start = min(max(times[0], floor), duration_s)
@@ -154,7 +162,7 @@ def fill_gaps(words: Sequence[str], placed: Sequence[tuple[float, float] | None]
         run_end = index
         while run_end < n and placed[run_end] is None:
             run_end += 1
-        gap_start = min(max(out[-1].end if out else 0.0, floor), duration_s)
+        gap_start = min(max(previous.end if previous else 0.0, floor), duration_s)
         following = placed[run_end] if run_end < n else None
         gap_end = max(min(following[0], duration_s) if following is not None else duration_s, gap_start)
         weights = [max(1, len(word)) for word in words[index:run_end]]

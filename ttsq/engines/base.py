@@ -179,6 +179,17 @@ class EngineOutput:
 Piece = Callable[[npt.NDArray[Any] | None], object]
 
 
+def word_sink(piece: Piece | None) -> Callable[[Sequence[Word]], object] | None:
+    """Where a streaming row's words go as the engine times them, if anywhere: a ``Piece`` with a
+    ``put_words`` method (the worker's stream writer) takes the row's next words, in order (times in
+    seconds of the row's audio), never waiting on I/O; each goes out with the piece that completes it,
+    so an engine hands a word over as soon as it is timed, before or after those samples. An engine that
+    times its words while it speaks (espeak's word events) hands them over this way; any engine's words
+    also come with its output."""
+    sink = getattr(piece, "put_words", None)
+    return sink if callable(sink) else None
+
+
 def streams_audio(engine: object) -> bool:
     """Whether an engine hands streaming rows their audio while it makes them (a true
     ``streams_audio`` attribute): ``synthesize_batch`` then takes ``pieces`` (one ``Piece`` or None

@@ -11,13 +11,13 @@ import bisect
 import ctypes
 import logging
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ttsq.alignment import Word, fill_gaps, text_words
-from ttsq.engines.base import FRAMES_PER_SECOND, EngineIdentity, EngineOutput, Piece
+from ttsq.engines.base import FRAMES_PER_SECOND, EngineIdentity, EngineOutput, Piece, word_sink
 from ttsq.errors import EngineError, EngineUnavailable, InvalidRequest
 
 if TYPE_CHECKING:
@@ -71,7 +71,8 @@ class EspeakEngine:
     """espeak-ng through ctypes. Not thread-safe: only the batcher thread calls it.
 
     It streams (``streams_audio``): a streaming row's audio is handed over as espeak's synthesis
-    callback delivers it, a clause or so at a time, while the rest of the text is still being spoken.
+    callback delivers it, a clause or so at a time, while the rest of the text is still being spoken;
+    with timestamps, its words follow as soon as each one's time is final (``WordClock``).
     """
 
     streams_audio = True
@@ -84,6 +85,9 @@ class EspeakEngine:
         #: Where the current row's audio goes as it is made, and how many samples it may still take.
         self._piece: Piece | None = None
         self._room = 0
+        #: The current streaming row's word times, as espeak speaks, and where they go.
+        self._clock: WordClock | None = None
+        self._say: Callable[[Sequence[Word]], object] | None = None
         self._callback = _SynthCallback(self._collect)  # kept alive for as long as espeak holds it
         self.identity = EngineIdentity(
             engine="espeak",
@@ -149,10 +153,13 @@ class EspeakEngine:
             cap = int(request.max_new_tokens / FRAMES_PER_SECOND * self.identity.sample_rate)
         # A streaming row is handed its audio up to the cap, so its output is what it handed over.
         self._piece, self._room = piece, cap if cap is not None else -1
+        say = word_sink(piece) if request.timestamps and cap is None else None
+        clock = WordClock(request.text, self.identity.sample_rate, self._chunks) if say is not None else None
+        self._clock, self._say = clock, say
         try:
             samples = self._speak(request.text, voice)
         finally:
-            self._piece = None
+            self._piece, self._clock, self._say = None, None, None
         if samples.size == 0 or not np.any(samples):
             return EngineError("espeak produced no audio for this text")
         truncated = False
@@ -161,7 +168,10 @@ class EspeakEngine:
             samples = samples[:cap]
         ignored = tuple(name for name in _IGNORED if getattr(request, name) not in (None, ""))
         words = None
-        if request.timestamps:
+        if clock is not None:  # what it handed over, and the rest: the words of ``word_times``
+            clock.ready(final=True)
+            words = tuple(clock.words)
+        elif request.timestamps:
             words = tuple(word_times(request.text, self._events, samples, self.identity.sample_rate))
         return EngineOutput(samples, self.identity.sample_rate, truncated=truncated, ignored=ignored, words=words)
 
@@ -180,12 +190,15 @@ class EspeakEngine:
 
     def _collect(self, wav: Any, n_samples: int, events: Any) -> int:
         index = 0
+        clock = self._clock
         # The word events come with the audio they start in; reading them costs a few attribute
         # reads per word, so they are always kept (timestamps need no second synthesis).
         while events and (kind := events[index].type) != _EVENT_LIST_TERMINATED:
             if kind in (_EVENT_WORD, _EVENT_END):
                 event = events[index]
                 self._events.append((kind, event.text_position, event.sample))
+                if clock is not None:
+                    clock.event(kind, event.text_position, event.sample)
             index += 1
         if wav and n_samples > 0:
             # Copy the bytes out: np.ctypeslib.as_array would make (and cache forever) a ctypes array
@@ -196,10 +209,16 @@ class EspeakEngine:
                 handed = chunk if self._room < 0 else chunk[: self._room]
                 if self._room > 0:
                     self._room -= handed.size
+                # Words become final with a boundary's event (or, rarely, the audio up to a known one):
+                # the clock reads the chunks the engine keeps, and most callbacks cost it nothing.
+                if clock is not None and self._say is not None and clock.waiting and (timed := clock.ready()):
+                    self._say(timed)  # before the samples that complete them: written on their piece
                 self._piece(handed)
         return 0
 
 
+#: ``WordClock`` waits for the next event before it looks again.
+_NEVER = 2**62
 #: A sample quieter than this (of int16's full scale) is silence, when a word's end is trimmed.
 _SILENCE = 300
 
@@ -207,39 +226,139 @@ _SILENCE = 300
 def word_times(
     text: str, events: Sequence[tuple[int, int, int]], samples: np.ndarray[Any, np.dtype[np.int16]], rate: int
 ) -> list[Word]:
-    """Every word of ``text`` (``text_words``) timed by espeak-ng's own events: a word lies between the
-    sample of the first word event inside it and the next word's or clause's, less the silence at
-    either end. A word with no event of its own (a lone dash) is spread between its neighbours."""
-    spans = text_words(text)
-    starts = [start for _, start, _ in spans]
-    placed_at: list[int | None] = [None] * len(spans)
-    clause_ends: list[int] = []
+    """Every word of ``text`` (``text_words``) timed by espeak-ng's own events over a whole clip
+    (``WordClock``, run once to the end)."""
+    clock = WordClock(text, rate)
     for kind, position, sample in events:
+        clock.event(kind, position, sample)
+    clock.audio(samples)
+    clock.ready(final=True)
+    return clock.words
+
+
+class WordClock:
+    """Word times from espeak-ng's events, a stretch at a time as it speaks.
+
+    A word lies between the sample of the first word event inside it and its limit, the next boundary
+    (the next timed word's event or a clause's end), less the silence at either end; a word with no
+    event of its own (a lone dash) is spread between its neighbours (``fill_gaps``). espeak reports its
+    events in the order of the audio, so a word's limit is known once any boundary after it has come,
+    and its time is final once the audio up to that boundary has: ``ready`` times the words final so
+    far, and, at the end (``final``), the rest, up to the end of the audio. Timed in stretches or at
+    once, the words are the same."""
+
+    def __init__(self, text: str, rate: int, chunks: list[np.ndarray[Any, np.dtype[np.int16]]] | None = None) -> None:
+        """``chunks``: the clip's samples as they come (a list the caller appends to), else ``audio``'s."""
+        self.rate = rate
+        self._spans = text_words(text)
+        self._starts = [start for _, start, _ in self._spans]
+        self._event_at: list[int | None] = [None] * len(self._spans)  # each word's first event (sample)
+        self._clause_ends: list[int] = []
+        self._chunks = chunks if chunks is not None else []
+        self._offsets: list[int] = []  # each chunk's first sample, for the chunks counted so far
+        self.total = 0
+        #: The words timed so far, in order.
+        self.words: list[Word] = []
+        self._last_event = -1  # the last word with an event: none after it has one yet
+        # Nothing can be final before a new event comes or the audio reaches this sample (a call of
+        # ``ready`` per callback, a few hundred a clip, mostly returns here).
+        self._wait_for: int | None = None
+
+    def event(self, kind: int, position: int, sample: int) -> None:
+        """A word or clause-end event: ``position`` 1-based in the text's characters, ``sample`` where."""
+        self._wait_for = None
         if kind == _EVENT_END:
-            clause_ends.append(sample)
-            continue
-        index = bisect.bisect_right(starts, position - 1) - 1
-        if 0 <= index < len(spans) and position - 1 < spans[index][2] and placed_at[index] is None:
-            placed_at[index] = sample
-    total = int(samples.shape[0])
-    clause_ends.append(total)
-    clause_ends.sort()
-    following = [*[at for at in placed_at if at is not None], total]
-    placed: list[tuple[float, float] | None] = []
-    next_index = 0
-    for at in placed_at:
-        if at is None:
-            placed.append(None)
-            continue
-        next_index += 1
-        limit = min(following[next_index], clause_ends[bisect.bisect_right(clause_ends, at)] if at < total else total)
-        limit = min(max(limit, at), total)
-        # espeak places a word's event before the pause that precedes it (after a comma, a full
-        # stop): the word is said where its sound starts, and ends where its sound ends.
-        loud = np.flatnonzero(np.abs(samples[at:limit].astype(np.int32)) > _SILENCE)
-        start, end = (at + int(loud[0]), at + int(loud[-1]) + 1) if loud.size else (at, limit)
-        placed.append((start / rate, end / rate))
-    return fill_gaps([word for word, _, _ in spans], placed, total / rate)
+            bisect.insort(self._clause_ends, sample)
+            return
+        index = bisect.bisect_right(self._starts, position - 1) - 1
+        if 0 <= index < len(self._spans) and position - 1 < self._spans[index][2] and self._event_at[index] is None:
+            self._event_at[index] = sample
+            self._last_event = max(self._last_event, index)
+
+    def audio(self, samples: np.ndarray[Any, np.dtype[np.int16]]) -> None:
+        """The next samples of the clip."""
+        self._chunks.append(samples)
+
+    @property
+    def waiting(self) -> bool:
+        """Whether ``ready`` may find words final: events came since it last looked, or a word waits
+        for the audio up to a boundary already known (else only the next event can make one final)."""
+        return self._wait_for != _NEVER
+
+    def _count(self) -> None:
+        """Count the chunks that came since the last call (``total``, ``_offsets``)."""
+        for chunk in self._chunks[len(self._offsets) :]:
+            self._offsets.append(self.total)
+            self.total += int(chunk.size)
+
+    def ready(self, *, final: bool = False) -> list[Word]:
+        """The words whose times are final now (all the rest when ``final``), appended to ``words``."""
+        self._count()
+        if not final and self._wait_for is not None and self.total < self._wait_for:
+            return []
+        first, n = len(self.words), len(self._spans)
+        stop, limits = first, {}
+        self._wait_for = _NEVER  # unless the scan finds a boundary whose audio is to come: the next event
+        for index in range(first, min(n, self._last_event + 1) if not final else n):
+            at = self._event_at[index]
+            if at is None:
+                continue
+            limit = self._limit(index, at, final)
+            if limit is None:
+                break
+            limits[index] = limit
+            stop = index + 1
+        if final:
+            stop = n
+        placed: list[tuple[float, float] | None] = []
+        for index in range(first, stop):
+            at = self._event_at[index]
+            if at is None:
+                placed.append(None)
+                continue
+            limit = min(max(limits[index], at), self.total)
+            # espeak places a word's event before the pause that precedes it (after a comma, a full
+            # stop): the word is said where its sound starts, and ends where its sound ends.
+            span = self._samples(at, limit)
+            loud = (span > _SILENCE) | (span < -_SILENCE)  # |sample| > _SILENCE, in int16
+            if loud.any():
+                start, end = at + int(loud.argmax()), at + loud.size - int(loud[::-1].argmax())
+            else:
+                start, end = at, limit
+            placed.append((start / self.rate, end / self.rate))
+        words = [word for word, _, _ in self._spans[first:stop]]
+        timed = fill_gaps(words, placed, self.total / self.rate, before=self.words[-1] if self.words else None)
+        self.words += timed
+        return timed
+
+    def _limit(self, index: int, at: int, final: bool) -> int | None:
+        """Where the word at sample ``at`` must end by: the next boundary after it, once known and
+        its audio has come (the end of the audio, at the end); None while it is not."""
+        following = None
+        for later in range(index + 1, len(self._event_at) if final else self._last_event + 1):
+            if (following := self._event_at[later]) is not None:
+                break
+        clause = bisect.bisect_right(self._clause_ends, at)
+        ends = self._clause_ends[clause] if clause < len(self._clause_ends) else None
+        bounds = [bound for bound in (following, ends) if bound is not None]
+        if final:
+            return min([*bounds, self.total]) if at < self.total else self.total
+        if not bounds:
+            return None
+        if min(bounds) > self.total:  # known, and its audio is still to come
+            self._wait_for = min(bounds)
+            return None
+        return min(bounds)
+
+    def _samples(self, start: int, stop: int) -> np.ndarray[Any, np.dtype[np.int16]]:
+        """Samples ``start`` to ``stop`` of the clip so far."""
+        if stop <= start:
+            return np.zeros(0, dtype=np.int16)
+        first = max(0, bisect.bisect_right(self._offsets, start) - 1)
+        last = bisect.bisect_left(self._offsets, stop)
+        joined = np.concatenate(self._chunks[first:last]) if last - first > 1 else self._chunks[first]
+        base = self._offsets[first]
+        return joined[start - base : stop - base]
 
 
 def guess_language(text: str) -> str:

@@ -21,6 +21,12 @@ breaks (its job run again after pieces were sent, no piece for ``playback.STALL_
 ``Interrupted`` from the body, which SSE turns into a ``speech.audio.error`` event and the raw response
 into a connection closed before its last chunk (``ttsq.gateway.middleware.Observe``): never a short clip
 that looks complete.
+
+Words (a request with ``timestamps: "word"``, docs/timestamps.md, "Streams"): each source yields its
+audio as ``Sound``s, bytes with the words they complete; SSE deltas carry them, the raw body drops them.
+
+Why one file over 400 lines: every source above feeds the same two bodies through one ``Sound`` iterator
+with one way of failing before and after the first audio; split, each half would restate it.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import anyio
 from celery import states
@@ -42,10 +48,24 @@ from ttsq.engines.base import FRAMES_PER_SECOND
 from ttsq.errors import CorruptRecord, InvalidRequest, JobFailed, JobParked, JobTimeout, StreamBroken, TTSQError
 from ttsq.gateway.encoders import Encoder, PcmEncoder, encoder
 from ttsq.gateway.errors import ApiError, Interrupted
-from ttsq.records.playback import RATES, Broken, CheckState, Done, Failed, FromStored, Play, Playback, stored_pcm
+from ttsq.records.playback import (
+    RATES,
+    Broken,
+    CheckState,
+    Done,
+    Failed,
+    FromStored,
+    Play,
+    Playback,
+    WordFeed,
+    Words,
+    result_words,
+    stored_pcm,
+)
 from ttsq.results import checked_key
 
 if TYPE_CHECKING:
+    from ttsq.alignment import Word
     from ttsq.client import Job
     from ttsq.gateway.openai import Speech
     from ttsq.gateway.state import Gateway
@@ -62,6 +82,13 @@ STORED_PIECE_S = 0.5
 
 class ClientGone(Exception):
     """The client disconnected while waiting for the first audio."""
+
+
+class Sound(NamedTuple):
+    """Bytes of the response's audio (possibly none), and the words they complete."""
+
+    audio: bytes
+    words: tuple[Word, ...] = ()
 
 
 class SpeechAudio:
@@ -85,7 +112,7 @@ class SpeechAudio:
         self.streamed_s = 0.0
         self.source = "cache" if job.result is not None else ("stream" if streamed else "stored")
         self._chunks = self._audio()
-        self._first = b""
+        self._first: Sound | None = None
         self._disconnected: Callable[[], Awaitable[bool]] | None = None
         self._timed = False
 
@@ -115,23 +142,23 @@ class SpeechAudio:
 
     async def raw(self) -> AsyncIterator[bytes]:
         """``stream_format: audio``: the bytes; ``Interrupted`` propagates (the response is broken off)."""
-        if self._first:
-            yield self._first
-        while chunk := await self._next():
-            yield chunk
+        sound = self._first
+        while sound is not None:
+            if sound.audio:
+                yield sound.audio
+            sound = await self._next()
 
     async def sse(self) -> AsyncIterator[bytes]:
         """``stream_format: sse``: ``speech.audio.delta`` events, then ``speech.audio.done`` (or
         ``speech.audio.error``)."""
         try:
-            chunk = self._first
-            while True:
-                if chunk:
-                    delta = {"type": "speech.audio.delta", "audio": base64.b64encode(chunk).decode("ascii")}
-                    yield _event(delta)
-                chunk = await self._next()
-                if not chunk:
-                    break
+            sound = self._first
+            while sound is not None:
+                delta: dict[str, Any] = {"type": "speech.audio.delta", "audio": base64.b64encode(sound.audio).decode()}
+                if sound.words:
+                    delta["words"] = [word.to_dict() for word in sound.words]
+                yield _event(delta)
+                sound = await self._next()
         except Interrupted as exc:
             yield _event(exc.event())
             return
@@ -153,12 +180,12 @@ class SpeechAudio:
             return float(self.result["duration_s"])
         return round(self.streamed_s, 4)
 
-    async def _next(self) -> bytes:
-        """The next non-empty bytes, b"" at the end."""
+    async def _next(self) -> Sound | None:
+        """The next audio bytes or words, None at the end."""
         try:
             chunk = await self._chunks.__anext__()
         except StopAsyncIteration:
-            return b""
+            return None
         except (Interrupted, ClientGone):
             raise
         except Exception as exc:
@@ -170,7 +197,7 @@ class SpeechAudio:
             self.gateway.first_audio.labels(source=self.source).observe(time.perf_counter() - self.arrived)
         return chunk
 
-    async def _audio(self) -> AsyncGenerator[bytes, None]:
+    async def _audio(self) -> AsyncGenerator[Sound, None]:
         if self.job.result is not None:
             iterator = self._stored(self.job.result)
         elif not self.streamed:
@@ -181,7 +208,7 @@ class SpeechAudio:
             iterator = self._streamed()
         async with contextlib.aclosing(iterator):  # closed with this one: the stream's reader goes at once
             async for chunk in iterator:
-                if chunk:
+                if chunk.audio or chunk.words:
                     yield chunk
 
     async def aclose(self) -> None:
@@ -191,19 +218,22 @@ class SpeechAudio:
     async def _result(self) -> JobResult:
         return await result_of(self.gateway, self.job)
 
-    async def _stored(self, result: JobResult) -> AsyncGenerator[bytes, None]:
-        """The stored file: its bytes as read from storage; for ``pcm``, its samples at 24 kHz."""
+    async def _stored(self, result: JobResult) -> AsyncGenerator[Sound, None]:
+        """The stored file: its bytes as read from storage; for ``pcm``, its samples at 24 kHz. Its words
+        come with its first bytes: the whole file is there at once."""
         self.result, self.source = result, self.source if self.source != "stream" else "stored"
         self.ignored = [str(name) for name in result.get("ignored", [])]
+        words = tuple(result_words(result))
         storage, object_key = self.gateway.client.storage, checked_key(result["object_key"])
         if self.speech.response_format == "pcm":
-            yield await anyio.to_thread.run_sync(lambda: _as_pcm(storage.get(object_key)))
+            yield Sound(await anyio.to_thread.run_sync(lambda: _as_pcm(storage.get(object_key))), words)
             return
         pieces = await anyio.to_thread.run_sync(storage.stream, object_key)
         while (chunk := await anyio.to_thread.run_sync(next, pieces, None)) is not None:
-            yield chunk
+            yield Sound(chunk, words)
+            words = ()
 
-    async def _document(self) -> AsyncGenerator[bytes, None]:
+    async def _document(self) -> AsyncGenerator[Sound, None]:
         """A document's stitched audio, chunk by chunk in reading order while later chunks are made: the
         bytes of its stored file for a WAV (``DocumentStream``, whose reads block, on a thread)."""
         fmt = self.speech.response_format
@@ -223,19 +253,22 @@ class SpeechAudio:
                     raise self._broken(str(exc)[:300], "stream_broken", coder is not None) from None
                 if piece is None:
                     break
+                if not piece.pcm:  # words whose audio went out already
+                    yield Sound(b"", piece.words)
+                    continue
                 if coder is None:
                     coder = encoder(fmt, piece.sample_rate)
                 self.streamed_s += len(piece.pcm) / 2 / piece.sample_rate
-                yield await _encoded(coder.feed, piece.pcm, fmt)
+                yield Sound(await _encoded(coder.feed, piece.pcm, fmt), piece.words)
             if coder is not None:
-                yield await _encoded(_finish(coder), b"", fmt)
+                yield Sound(await _encoded(_finish(coder), b"", fmt))
             if stream.result is not None:
                 self.result = stream.result
                 self.ignored = [str(name) for name in stream.result.get("ignored", [])]
         finally:
             pieces.close()
 
-    async def _streamed(self) -> AsyncGenerator[bytes, None]:
+    async def _streamed(self) -> AsyncGenerator[Sound, None]:
         """The job's stream, piece by piece, encoded as it comes; from the stored file where the stream
         has moved on (``ttsq.records.playback``, the rules ``ttsq.client.AudioStream`` drives too)."""
         task_id = self.job.source_id or ""
@@ -264,7 +297,9 @@ class SpeechAudio:
                         if coder is None:
                             coder = encoder(self.speech.response_format, action.sample_rate)
                         self.streamed_s += len(action.pcm) / 2 / action.sample_rate
-                        yield await _encoded(coder.feed, action.pcm, self.speech.response_format)
+                        yield Sound(await _encoded(coder.feed, action.pcm, self.speech.response_format), action.words)
+                    elif isinstance(action, Words):
+                        yield Sound(b"", action.words)
                     elif isinstance(action, FromStored):
                         resume = action
                     elif isinstance(action, Done):
@@ -272,7 +307,7 @@ class SpeechAudio:
                         if isinstance(ignored, list):
                             self.ignored = [str(name)[:40] for name in ignored[:20]]
                         assert coder is not None
-                        yield await _encoded(_finish(coder), b"", self.speech.response_format)
+                        yield Sound(await _encoded(_finish(coder), b"", self.speech.response_format))
                     elif isinstance(action, Failed):
                         raise self._failed(task_id, action.kind, action.message, playback.played)
                     elif isinstance(action, Broken):
@@ -302,27 +337,33 @@ class SpeechAudio:
             if rate not in RATES:
                 raise ApiError(500, f"job {self.job.id}: its result names a rate of {rate} Hz", code="corrupt_record")
             coder = encoder(fmt, rate)
-            async for chunk in self._rest_of(result, 0, coder, rate):
+            async for chunk in self._rest_of(result, 0, coder, rate, playback.words):
                 yield chunk
             return
         assert coder is not None
-        async for chunk in self._rest_of(result, resume.offset, coder, playback.sample_rate):
+        async for chunk in self._rest_of(result, resume.offset, coder, playback.sample_rate, playback.words):
             yield chunk
 
-    async def _rest_of(self, result: JobResult, offset: int, coder: Encoder, rate: int) -> AsyncGenerator[bytes, None]:
+    async def _rest_of(
+        self, result: JobResult, offset: int, coder: Encoder, rate: int, words: WordFeed
+    ) -> AsyncGenerator[Sound, None]:
         """The stored file's samples from ``offset`` on, through the encoder the stream's pieces went
         through: for pcm and wav the bytes the stream would have sent (its pieces are the stored WAV's
-        samples). Read from storage as the client takes them: one storage chunk held at a time."""
+        samples). Read from storage as the client takes them: one storage chunk held at a time. The
+        result's words that ``words`` has not said yet come with the pieces that complete them."""
         self.result = result
         self.ignored = [str(name) for name in result.get("ignored", [])]
+        words.learn(result_words(result))
         storage, object_key = self.gateway.client.storage, checked_key(result["object_key"])
         chunks = await anyio.to_thread.run_sync(storage.stream, object_key)
         piece_bytes = max(2, int(rate * STORED_PIECE_S) * 2)
         pieces = stored_pcm(iter(lambda: next(chunks, b""), b""), offset, piece_bytes)
+        played = offset
         while (pcm := await anyio.to_thread.run_sync(next, pieces, None)) is not None:
             self.streamed_s += len(pcm) / 2 / rate
-            yield await _encoded(coder.feed, pcm, self.speech.response_format)
-        yield await _encoded(_finish(coder), b"", self.speech.response_format)
+            played += len(pcm) // 2
+            yield Sound(await _encoded(coder.feed, pcm, self.speech.response_format), words.due(played / rate))
+        yield Sound(await _encoded(_finish(coder), b"", self.speech.response_format), words.rest())
 
     def _broken(self, message: str, code: str, played: bool) -> Exception:
         """A stream that cannot go on: before any audio an HTTP error, after it an interruption."""

@@ -14,6 +14,11 @@ both drive a ``Playback``, so the rules of reading a stream (``ttsq.records.stre
   entries of one read is a broken stream.
 - ``end`` after every piece: ``Done``; before any piece (a cache hit at the worker, or nothing played):
   ``FromStored(0)``. ``error``: ``Failed``, the worker's own word.
+- Words (a job that asked for timestamps): each ``Play`` carries the words its piece completes, among
+  those known by then; words that become known after their audio was played (a ``words`` entry behind
+  its pieces, the ``end``'s result) come at once as ``Words``. A driver that goes on from the stored
+  file hands out the rest from the job's result the same way (``WordFeed``). Never a word twice, never
+  out of order, each once its audio has been played.
 - Time: nothing played by ``first_audio_by`` is ``Broken("timeout")``; a run that started and sends
   nothing for ``stall_s`` is ``Broken``; while nothing is playing (before a start, or waiting for the
   stored file), and after ``check_s`` of silence in any case, ``CheckState`` asks the driver whether
@@ -26,6 +31,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ttsq.alignment import Word, parse_words
+from ttsq.errors import CorruptRecord
 from ttsq.records.streams import StreamEntry
 
 #: A started stream with no new piece for this long is broken (seconds): its worker stalled or died
@@ -38,12 +45,70 @@ STATE_CHECK_S = 2.0
 RATES = range(4_000, 192_001)
 
 
+#: A word ends within this much of a piece's end is completed by it (seconds): stored times are
+#: rounded to the millisecond.
+WORD_SLACK_S = 0.001
+
+
+class WordFeed:
+    """The words of one clip, handed out in order, each once the audio that completes it has played.
+
+    ``learn`` what is known (from any index on: a stream's ``words`` entries, a result's whole list);
+    ``due`` the words that end by a point of the audio; ``rest`` what is left once all of it played."""
+
+    def __init__(self) -> None:
+        self.known: list[Word] = []
+        #: How many words were handed out.
+        self.said = 0
+
+    def learn(self, words: Iterable[Word], first: int = 0) -> bool:
+        """Words from index ``first`` on; what was said already stays said. False (nothing learned) for
+        words that leave a gap after those known: a later, whole list fills it."""
+        if first > len(self.known):
+            return False
+        words = list(words)
+        if first + len(words) <= self.said:
+            return True
+        self.known[first:] = words
+        return True
+
+    def due(self, played_s: float) -> tuple[Word, ...]:
+        """The known words not said yet that end by ``played_s`` seconds (in order: a word still being
+        said holds back the ones after it)."""
+        start = self.said
+        while self.said < len(self.known) and self.known[self.said].end <= played_s + WORD_SLACK_S:
+            self.said += 1
+        return tuple(self.known[start : self.said])
+
+    def rest(self) -> tuple[Word, ...]:
+        """Every known word not said yet (the audio has all played)."""
+        start, self.said = self.said, max(self.said, len(self.known))
+        return tuple(self.known[start:])
+
+
+def result_words(result: object, field: str = "words") -> list[Word]:
+    """The ``words`` of a job's result (a stream's ``end``, a stored result): checked, ``CorruptRecord``
+    naming ``field`` when they are not words; none when the result has none."""
+    if not isinstance(result, dict) or result.get("words") is None:
+        return []
+    return parse_words(result["words"], field=field)
+
+
 @dataclass(frozen=True)
 class Play:
-    """Play these samples (16-bit mono PCM, little-endian) at ``sample_rate``."""
+    """Play these samples (16-bit mono PCM, little-endian) at ``sample_rate``; ``words``: the words
+    these samples complete (docs/timestamps.md, "Streams")."""
 
     pcm: bytes
     sample_rate: int
+    words: tuple[Word, ...] = ()
+
+
+@dataclass(frozen=True)
+class Words:
+    """Words whose audio was played before they were known."""
+
+    words: tuple[Word, ...]
 
 
 @dataclass(frozen=True)
@@ -81,7 +146,7 @@ class CheckState:
     """Ask whether the job is over; if it is, read once more and, if that finds nothing, call ``job_over``."""
 
 
-Action = Play | FromStored | Done | Broken | Failed | CheckState
+Action = Play | Words | FromStored | Done | Broken | Failed | CheckState
 
 
 class Playback:
@@ -111,6 +176,8 @@ class Playback:
         #: The stream had moved past this reader (it came late or fell behind the window): what it
         #: missed is in the stored file. False for a job that never streamed to it at all.
         self.trimmed = False
+        #: The run's words, handed out with the pieces that complete them.
+        self.words = WordFeed()
         self._expected = 0  # the next piece's seq
         self._last_news = now
         self._last_check = now
@@ -163,9 +230,16 @@ class Playback:
             return self._start(entry)
         if entry.kind == "audio":
             return self._audio(entry, head)
+        if entry.kind == "words":
+            return self._words(entry)
         if entry.kind == "end":
             if self.phase == "live" and self.played:
-                return self._end(Done(entry.payload or {}))
+                try:
+                    self.words.learn(result_words(entry.payload, f"stream entry {entry.id} words"))
+                except CorruptRecord as exc:
+                    return self._end(Broken(f"job {self.task_id}: {exc}", "corrupt_record"))
+                rest = self.words.rest()
+                return [*([Words(rest)] if rest else []), *self._end(Done(entry.payload or {}))]
             return self._end(FromStored(self.offset))  # behind, or nothing played (a cache hit at the worker)
         payload = entry.payload or {}
         return self._end(Failed(str(payload.get("type", "error"))[:60], str(payload.get("message", ""))[:300]))
@@ -180,7 +254,15 @@ class Playback:
                 Broken(f"job {self.task_id}: stream names a rate of {entry.sample_rate} Hz", "corrupt_record")
             )
         self.phase, self.run, self.sample_rate, self._expected = "live", entry.run, entry.sample_rate, 0
+        self.words = WordFeed()  # a run that played nothing: its words start over with it
         return []
+
+    def _words(self, entry: StreamEntry) -> list[Action]:
+        if self.phase != "live" or (entry.run and entry.run != self.run):
+            return []  # another run's, or the stored file plays: the result has them
+        self.words.learn(entry.words, entry.first_word)
+        due = self.words.due(self.offset / self.sample_rate)
+        return [Words(due)] if due else []
 
     def _audio(self, entry: StreamEntry, head: bool) -> list[Action]:
         if entry.run and self.run and entry.run != self.run:  # a rerun whose start was trimmed
@@ -203,7 +285,9 @@ class Playback:
         self._expected += 1
         self.played = True
         self.offset += len(entry.pcm) // 2
-        return [Play(entry.pcm, self.sample_rate)]
+        if entry.words:
+            self.words.learn(entry.words, entry.first_word)
+        return [Play(entry.pcm, self.sample_rate, self.words.due(self.offset / self.sample_rate))]
 
     def _rerun(self) -> list[Action]:
         return self._end(

@@ -3,8 +3,13 @@
 The worker appends, in order: a ``start`` entry (sample rate, the run's name), ``audio`` entries
 (16-bit mono PCM, little-endian, base64, with a sequence number from 0, the sample it starts at and
 the run's name), then one final entry, ``end`` (the job's result, JSON) or ``error`` (its error type
-and message). The whole file is still encoded, stored once and indexed as for any job; the stream is
-only the early copy for the readers that are live while it is made. It holds what they still need and
+and message). A job that asked for timestamps also gets its words, as soon as the worker knows them:
+on an ``audio`` entry, the words its audio completes, or in ``words`` entries of their own (words
+known after their audio was written); either way the run's words from the index ``from`` on (JSON
+``[{"word", "start", "end"}]``, seconds of the run's audio, which is the stored file's). The ``end``'s
+result carries them all.
+The whole file is still encoded, stored once and indexed as for any job; the stream is only the
+early copy for the readers that are live while it is made. It holds what they still need and
 nothing after: the worker trims every piece that falls more than ``TTSQ_STREAM_WINDOW_S`` seconds of
 audio behind the newest one as it appends (``XADD ... MINID``, exact), and the key expires
 ``TTSQ_STREAM_GRACE_S`` after its ``end`` or ``error`` (``STREAM_LIVE_TTL_S`` after any other entry,
@@ -25,15 +30,20 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ttsq.alignment import Word, parse_words, words_to_json
 from ttsq.constants import STREAM_LIVE_TTL_S, STREAM_PREFIX
 from ttsq.errors import CorruptRecord
 from ttsq.records.connection import address, patiently
 
 if TYPE_CHECKING:
     import redis
+
+#: The most words a ``words`` entry may say it follows (a clip of the longest text has a few thousand).
+MAX_WORDS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -42,7 +52,7 @@ class StreamEntry:
 
     #: The Redis entry id: pass it back as ``after`` to resume behind this entry.
     id: str
-    #: ``start``, ``audio``, ``end`` or ``error``.
+    #: ``start``, ``audio``, ``words``, ``end`` or ``error``.
     kind: str
     sample_rate: int = 0
     #: Piece number (``audio``), from 0 in each run.
@@ -55,6 +65,9 @@ class StreamEntry:
     pcm: bytes = b""
     #: The job's result (``end``) or error (``error``: ``type`` and ``message``).
     payload: dict[str, Any] | None = None
+    #: The run's words from index ``first_word`` on (``words``), in seconds of the run's audio.
+    words: tuple[Word, ...] = ()
+    first_word: int = 0
 
 
 class AudioStreams:
@@ -80,16 +93,33 @@ class AudioStreams:
         return self._add(task_id, {"kind": "start", "sample_rate": str(sample_rate), "run": run}, keep_from=keep_from)
 
     def audio(
-        self, task_id: str, seq: int, pcm: bytes, *, at: int = -1, run: str = "", keep_from: str | None = None
+        self,
+        task_id: str,
+        seq: int,
+        pcm: bytes,
+        *,
+        at: int = -1,
+        run: str = "",
+        keep_from: str | None = None,
+        words: Sequence[Word] = (),
+        first_word: int = 0,
     ) -> str:
-        """Piece ``seq`` of the run: 16-bit mono PCM, little-endian, starting at sample ``at`` of the run.
+        """Piece ``seq`` of the run: 16-bit mono PCM, little-endian, starting at sample ``at`` of the run;
+        ``words``: the run's words from index ``first_word`` on that this piece completes.
         ``keep_from``: an entry id; every entry before it is trimmed in the same call (the writer's
         window). Its entry id."""
         fields = {"kind": "audio", "seq": str(seq), "pcm": base64.b64encode(pcm).decode("ascii")}
+        if words:
+            fields.update({"from": str(first_word), "words": json.dumps(words_to_json(words))})
         if at >= 0:
             fields["at"] = str(at)
         if run:
             fields["run"] = run
+        return self._add(task_id, fields, keep_from=keep_from)
+
+    def words(self, task_id: str, first: int, words: Sequence[Word], *, run: str, keep_from: str | None = None) -> str:
+        """The run's words from index ``first`` on, now that the worker knows when they are said. Its entry id."""
+        fields = {"kind": "words", "from": str(first), "run": run, "words": json.dumps(words_to_json(words))}
         return self._add(task_id, fields, keep_from=keep_from)
 
     def end(self, task_id: str, result: dict[str, Any]) -> None:
@@ -145,6 +175,7 @@ def parse_entry(entry_id: str, fields: dict[str, str]) -> StreamEntry:
                 id=entry_id, kind=kind, sample_rate=int(fields["sample_rate"]), run=str(fields.get("run", ""))[:64]
             )
         if kind == "audio":
+            first, words = _words(entry_id, fields) if "words" in fields else (0, ())
             return StreamEntry(
                 id=entry_id,
                 kind=kind,
@@ -152,6 +183,13 @@ def parse_entry(entry_id: str, fields: dict[str, str]) -> StreamEntry:
                 pcm=base64.b64decode(fields["pcm"]),
                 at=int(fields.get("at", -1)),
                 run=str(fields.get("run", ""))[:64],
+                words=words,
+                first_word=first,
+            )
+        if kind == "words":
+            first, words = _words(entry_id, fields)
+            return StreamEntry(
+                id=entry_id, kind=kind, run=str(fields.get("run", ""))[:64], words=words, first_word=first
             )
         if kind in ("end", "error"):
             payload = json.loads(fields["payload"])
@@ -161,6 +199,14 @@ def parse_entry(entry_id: str, fields: dict[str, str]) -> StreamEntry:
     except (KeyError, ValueError) as exc:
         raise CorruptRecord(f"stream entry {entry_id} ({kind})", f"cannot be read: {exc}") from None
     raise CorruptRecord(f"stream entry {entry_id}", f"unknown kind {str(kind)[:20]!r}")
+
+
+def _words(entry_id: str, fields: dict[str, str]) -> tuple[int, tuple[Word, ...]]:
+    """An entry's words and the index of the first: checked (``CorruptRecord`` naming the entry)."""
+    first = int(fields["from"])
+    if not 0 <= first <= MAX_WORDS:
+        raise ValueError(f"word index {first} out of range")
+    return first, tuple(parse_words(json.loads(fields["words"]), field=f"stream entry {entry_id} words"))
 
 
 def read_answer(answer: Any) -> list[tuple[str, list[Any]]]:

@@ -432,7 +432,7 @@ class Pipeline:
             isolated=isolated,
             on_enter=lambda: self.ledger.charge(task_id),
             on_exit=lambda: self.ledger.refund_soon(task_id),
-            on_piece=None if writer is None else writer.put,
+            on_piece=writer,  # a Piece, and where an engine that times words as it speaks puts them
         )
         if expected is not None:
             expected.done()  # after the hand-over, so the batcher always sees it on its way or arrived

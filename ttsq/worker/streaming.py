@@ -8,6 +8,14 @@ slower. An engine that does not stream hands over nothing; its clip is written w
 before it is encoded and stored. The stream is the early copy: when Redis refuses it, the job still
 stores its file and its result, and its readers end with an error instead of a short clip.
 
+A job that asked for timestamps gets its words in the stream as soon as the worker has them. An
+engine that times its words while it speaks hands them over beside its samples (``put_words``); each
+rides on the first audio entry whose audio completes it, so a reader gets a word with the piece that
+ends it (``ttsq.records.playback``). Words whose audio is already out wait for the next piece; what is
+left when the engine call returns (an engine that times its words only then) goes out as one ``words``
+entry before the file is encoded (``finish``). Words timed by the worker's aligner come with the result
+in the ``end``.
+
 The writer keeps the stream to its window: each piece carries the sample it starts at, and each write
 trims, in the same call, every entry whose audio ends more than ``AudioStreams.window_s`` seconds
 before the newest piece's end (the ``start`` goes with the first of them). Readers further behind
@@ -22,6 +30,7 @@ import logging
 import queue
 import time
 import uuid
+from collections.abc import Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any
@@ -33,6 +42,7 @@ from ttsq.audio import pcm_pieces
 if TYPE_CHECKING:
     import numpy.typing as npt
 
+    from ttsq.alignment import Word
     from ttsq.batching.jobs import BatchItem
     from ttsq.engines.base import EngineOutput
     from ttsq.observer import Observer
@@ -76,10 +86,31 @@ class StreamWriter:
         self._keep_from: str | None = None  # the oldest entry id the stream keeps
         self._first_written = False
         self._broken = False
+        self._words = 0  # the run's words written so far
+        self._pending_words: list[Word] = []  # handed over, not written yet (their audio is not out)
+        # Words as the engine hands them over, with the take they belong to (``put`` counts the takes:
+        # None starts another). Not queued: they wait for the next samples (or the end), so a word
+        # never wakes the writer on its own.
+        self._handed: collections.deque[tuple[int, Sequence[Word]]] = collections.deque()
+        self._takes = 0  # takes begun, as the engine's thread counts them
+        self._take = 0  # the take this thread is writing
 
     def put(self, samples: npt.NDArray[Any] | None) -> None:
         """The engine's next samples for this row, or None: the row starts over (never blocks)."""
+        if samples is None:
+            self._takes += 1
         self._queue.put(samples)
+
+    def __call__(self, samples: npt.NDArray[Any] | None) -> None:
+        """``put``: the writer is the row's ``Piece``, and its ``put_words`` takes the row's words
+        (``ttsq.engines.base.word_sink``)."""
+        self.put(samples)
+
+    def put_words(self, words: Sequence[Word]) -> None:
+        """The row's next words, in order, times in seconds of its audio (never blocks; from the thread
+        that ``put``s): each is written on the first piece whose audio ends it, handed over before or
+        after it; what no piece ends goes out when the engine call returns (``finish``)."""
+        self._handed.append((self._takes, tuple(words)))
 
     def wait(self, future: Future[BatchItem], timeout_s: float) -> BatchItem:
         """The job's batch item, writing its pieces as they come until it is done; ``FutureTimeout``
@@ -108,7 +139,7 @@ class StreamWriter:
             elif item is None:  # starts over: what came before it is not part of the audio
                 self._write(pending)
                 pending = []
-                self._run = None
+                self._run, self._pending_words, self._take = None, [], self._take + 1
             else:
                 pending.append(item)
             try:
@@ -119,10 +150,35 @@ class StreamWriter:
         return done
 
     def finish(self, output: EngineOutput) -> None:
-        """The engine call returned: an engine that streamed nothing for this row has its clip written now."""
+        """The engine call returned: an engine that streamed nothing for this row has its clip written now,
+        and the words the engine timed that are not in the stream yet follow it."""
         if self._run is None and not self._broken:
             self.sample_rate = output.sample_rate
             self._write([output.samples])
+        self._pending_words = []
+        words = output.words[self._words :] if output.words is not None else ()
+        if not words or self._broken or self._run is None:
+            return
+        try:
+            entry = self.streams.words(self.task_id, self._words, words, run=self._run, keep_from=self._keep_from)
+        except Exception as exc:  # as for audio: the job goes on, its readers end with an error
+            self._broken = True
+            logger.warning("job %s: could not write its stream: %s", self.task_id, type(exc).__name__)
+            return
+        self._kept.append((entry, self._written))
+        self._words += len(words)
+
+    def _completed(self, end: int) -> list[Word]:
+        """The pending words that the audio up to sample ``end`` of the run completes (taken out)."""
+        while self._handed and self._handed[0][0] <= self._take:
+            take, words = self._handed.popleft()
+            if take == self._take:  # an earlier take's words are not this audio's
+                self._pending_words += words
+        count = 0
+        while count < len(self._pending_words) and self._pending_words[count].end * self.sample_rate <= end + 0.5:
+            count += 1
+        taken, self._pending_words = self._pending_words[:count], self._pending_words[count:]
+        return taken
 
     def _write(self, pieces: list[npt.NDArray[Any]]) -> None:
         if not pieces or self._broken:
@@ -130,7 +186,7 @@ class StreamWriter:
         try:
             if self._run is None:
                 self._run = uuid.uuid4().hex[:12]
-                self._seq, self._at = 0, 0
+                self._seq, self._at, self._words = 0, 0, 0
                 entry = self.streams.start(
                     self.task_id, sample_rate=self.sample_rate, run=self._run, keep_from=self._keep_from
                 )
@@ -139,9 +195,18 @@ class StreamWriter:
             for pcm in pcm_pieces(samples, self.sample_rate, PIECE_S):
                 count = len(pcm) // 2
                 self._trim(self._written + count)
+                words = self._completed(self._at + count)
                 entry = self.streams.audio(
-                    self.task_id, self._seq, pcm, at=self._at, run=self._run, keep_from=self._keep_from
+                    self.task_id,
+                    self._seq,
+                    pcm,
+                    at=self._at,
+                    run=self._run,
+                    keep_from=self._keep_from,
+                    words=words,
+                    first_word=self._words,
                 )
+                self._words += len(words)
                 self._written += count
                 self._kept.append((entry, self._written))
                 self._seq += 1
