@@ -7,6 +7,8 @@ engine call; the attempts ledger (charged while a job is in its engine call) say
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +20,7 @@ from support import GatewayProcess, WorkerProcess, api_key, wait_until
 
 from ttsq.client import Client
 from ttsq.config import Settings
-from ttsq.constants import STREAM_PREFIX
+from ttsq.constants import ACCEPTED_PREFIX, STREAM_PREFIX
 from ttsq.errors import JobFailed
 
 StartWorker = Callable[..., WorkerProcess]
@@ -138,3 +140,39 @@ def test_a_document_cancelled_while_its_chunks_run_ends_revoked_and_keeps_their_
     assert client.cancel(document.id) == "REVOKED"
     assert final_state(client, document.id, worker, "ttsq.stitch") == "REVOKED"
     assert worker.log().count(": synthesized ") == 2  # the chunks' audio is made and cached
+
+
+def test_a_speech_stream_whose_job_is_cancelled_ends_with_a_cancelled_error(
+    settings: Settings, start_worker: StartWorker, start_gateway: StartGateway
+) -> None:
+    """SSE says ``cancelled`` as ``/audio`` does (it said ``job_failed``, with ``JobCancelled`` in its
+    message): a client tells a cancel from a failure by the code."""
+    start_worker(slow(settings))
+    gateway = start_gateway(settings)
+    client = Client(settings)
+    headers = {"Authorization": f"Bearer {api_key(settings)}"}
+    events: list[dict[str, Any]] = []
+
+    def listen() -> None:
+        body = {"model": "tts-1", "input": "Spoken, then called off.", "response_format": "pcm", "stream_format": "sse"}
+        with (
+            httpx.Client(base_url=gateway.url, headers=headers, timeout=120) as api,
+            api.stream("POST", "/v1/audio/speech", json=body) as response,
+        ):
+            events.extend(json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: "))
+
+    listener = threading.Thread(target=listen)
+    listener.start()
+    cache = redis.Redis.from_url(settings.cache_url, decode_responses=True)
+    try:
+        wait_until(lambda: bool(cache.keys(ACCEPTED_PREFIX + "*")), 60, "the speech job accepted")
+        task_id = cache.keys(ACCEPTED_PREFIX + "*")[0].removeprefix(ACCEPTED_PREFIX)
+    finally:
+        cache.close()
+    in_engine_call(client, task_id)
+    with httpx.Client(base_url=gateway.url, headers=headers, timeout=60) as api:
+        assert api.delete(f"/v1/jobs/{task_id}").json()["state"] == "REVOKED"
+    listener.join(120)
+    assert events and events[-1]["type"] == "speech.audio.error", events[-1:]
+    assert events[-1]["error"]["code"] == "cancelled", events[-1]
+    client.close()

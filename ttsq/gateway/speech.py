@@ -372,6 +372,10 @@ class SpeechAudio:
         return Interrupted(message, code)
 
     def _failed(self, task_id: str, kind: str, message: str, played: bool) -> Exception:
+        if kind == "JobCancelled":  # as GET /v1/jobs/{id}/audio says it: cancelled, not failed
+            if not played:
+                return final_state_error(states.REVOKED, task_id)
+            return Interrupted(message[:300] or f"job {task_id} was cancelled", "cancelled")
         text = f"job {task_id} failed: {kind}: {message}"
         if not played and kind == "InvalidRequest":
             return ApiError(400, message, code="invalid_value")
