@@ -43,6 +43,16 @@ _Ran = tuple["EngineOutput | Exception", int, float, float]
 #: A group waits at most this share of a recent engine call's time: past it, a bigger batch later
 #: costs its waiting jobs more than the fuller pass saves.
 FILL_SHARE = 0.5
+#: A group whose audio would queue behind the encoders waits until they have this many recent engine
+#: calls' worth of work left: its batch then returns as they run dry (more than one, for the bigger batch
+#: it will be and a late wake-up on a busy host; a little early costs a row or two, late leaves them idle).
+HOLD_CALLS = 1.5
+#: While a group is held for the encoders, the batcher looks again this often (seconds): they may run dry
+#: sooner than their recent pace said.
+HOLD_RECHECK_S = 0.02
+
+#: Seconds the stage after the engine is busy for a batch of these requests (``Batcher``'s ``downstream``).
+Downstream = Callable[[Sequence["SynthesisRequest"]], float]
 
 
 class BatchScheduler:
@@ -57,8 +67,10 @@ class BatchScheduler:
         max_batch: int,
         max_wait_s: float,
         backlog: Callable[[], int] | None = None,
+        downstream: Downstream | None = None,
     ) -> None:
         self.coming = Coming(intake.incoming, backlog)
+        self.downstream = downstream
         self.engine = engine
         #: Whether the engine hands streaming rows their audio while it makes them.
         self.streams = streams_audio(engine)
@@ -131,6 +143,8 @@ class BatchScheduler:
             wake = float("inf") if due is None else due_at[due]
             if coming:
                 wake = min(wake, now + POLL_S)  # a job on its way may also leave without arriving
+            elif pending and self.downstream is not None:
+                wake = min(wake, now + HOLD_RECHECK_S)
             intake.drain(block_until=wake)
 
     def _due_at(self, group: list[Waiting], now: float, coming: bool) -> float:
@@ -140,20 +154,26 @@ class BatchScheduler:
         if any(w.on_piece is not None for w in group):
             # Someone is listening: a streaming job waits for no company (what arrived with it rides along).
             return min(w.arrived for w in group if w.on_piece is not None)
-        due = oldest.deadline  # submitted + max_wait_s: the bound
         recent = self.recent_call_s
         deadlines = [w.request.deadline for w in group if w.request.deadline is not None]
-        if deadlines:  # leave the job whose deadline comes first the time an engine call takes
-            due = min(due, now + (min(deadlines) - time.time()) - (recent or 0.0))
-        if coming:  # wait for them, up to the bound
-            return due
-        # Nothing known to be coming: wait out a pause in the arrival stream, and never more than the
-        # fuller pass is worth. Waiting for company starts when the device is free: time queued behind
-        # a running batch was not spent waiting for this one to fill.
-        since = max(oldest.arrived, self.idle_since)
-        if recent is not None:
-            due = min(due, since + FILL_SHARE * recent)
-        return min(due, self.intake.arrivals.paused_at(since, self.max_wait_s))
+        # Leave the job whose deadline comes first the time an engine call takes.
+        latest = now + (min(deadlines) - time.time()) - (recent or 0.0) if deadlines else math.inf
+        due = min(oldest.deadline, latest)  # oldest.deadline: submitted + max_wait_s, the bound
+        if not coming:
+            # Nothing known to be coming: wait out a pause in the arrival stream, and never more than the
+            # fuller pass is worth. Waiting for company starts when the device is free: time queued
+            # behind a running batch was not spent waiting for this one to fill.
+            since = max(oldest.arrived, self.idle_since)
+            if recent is not None:
+                due = min(due, since + FILL_SHARE * recent)
+            due = min(due, self.intake.arrivals.paused_at(since, self.max_wait_s))
+        if self.downstream is not None and recent is not None:
+            # Audio that would only queue behind the encoders is made no sooner than they can take it:
+            # until then the group waits here for company, past the bound (the jobs wait as long either
+            # way, first come first served), though never past a deadline.
+            held = now + self.downstream([w.request for w in group]) - HOLD_CALLS * recent
+            due = max(due, min(held, latest))
+        return due
 
     def _take(self, key: tuple[Any, ...]) -> list[Waiting]:
         pending = self.intake.pending
