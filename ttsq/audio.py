@@ -120,10 +120,18 @@ def _wav_header(sample_rate: int, data_bytes: int) -> bytes:
 
 def _pcm16(array: npt.NDArray[Any]) -> bytes:
     """16-bit little-endian PCM the way libsndfile converts floats: ``floor(x * 32768)``, clipped."""
+    return bytes(as_int16(array).astype("<i2", copy=False).tobytes())
+
+
+def as_int16(samples: npt.NDArray[Any]) -> npt.NDArray[np.int16]:
+    """Samples as 16-bit integers, converted the way every WAV and stream ttsq writes converts floats
+    (``floor(x * 32768)``, clipped); int16 samples as they are. Converted once, a clip's stream and its
+    WAV then cost a copy each."""
+    array = np.asarray(samples)
     if array.dtype == np.int16:
-        return bytes(array.astype("<i2", copy=False).tobytes())
-    scaled = np.floor(np.clip(array.astype(np.float32), -1.0, 1.0) * np.float32(32768.0))
-    return bytes(np.clip(scaled, -32768, 32767).astype("<i2").tobytes())
+        return array
+    scaled = np.floor(np.clip(array.astype(np.float32, copy=False), -1.0, 1.0) * np.float32(32768.0))
+    return np.clip(scaled, -32768, 32767).astype(np.int16)
 
 
 def pcm16(samples: npt.NDArray[Any]) -> bytes:

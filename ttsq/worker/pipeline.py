@@ -21,6 +21,7 @@ Why one file over 400 lines: the stages above are one path, read top to bottom i
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import tempfile
 import time
@@ -31,7 +32,7 @@ from typing import IO, TYPE_CHECKING, Any, Generic, TypeVar
 
 import ttsq.tracing as tracing
 from ttsq.app import queue_for
-from ttsq.audio import EncodedAudio, EncodedFile, encode, probe, probe_file
+from ttsq.audio import EncodedAudio, EncodedFile, as_int16, encode, probe, probe_file
 from ttsq.errors import DeadlineExceeded, InvalidRequest, JobParked, JobTimeout
 from ttsq.job import JobResult, StoredAudio, SynthesisRequest, Timings, no_timings
 from ttsq.keys import audio_key, content_key, object_key
@@ -424,13 +425,15 @@ class Pipeline:
 
         # Everything in the batcher that was not the forward pass: filling, and waiting behind a batch.
         batch_wait_s = max(0.0, time.perf_counter() - queued - item.synthesis_s)
+        output = item.output
+        # A WAV and a stream are the same 16-bit PCM: converted once here, not once by each.
+        samples = as_int16(output.samples) if request.format == "wav" else output.samples
         if writer is not None:
             # The audio goes out before it is encoded and stored: that wait is what streaming saves.
-            writer.finish(item.output)
-        output = item.output
+            writer.finish(output if samples is output.samples else dataclasses.replace(output, samples=samples))
         stored = store_audio(
             self.storage,
-            output.samples,
+            samples,
             output.sample_rate,
             # A request with timestamps shares the audio of the same request without them.
             key=audio_key(request, self.engine.identity),
