@@ -137,23 +137,25 @@ class BatchScheduler:
             now = time.monotonic()
             coming = bool(pending) and self.coming(now)
             due_at = {key: self._due_at(group, now, coming) for key, group in pending.items()}
-            due = min(due_at, key=due_at.__getitem__, default=None)
-            if due is not None and due_at[due] <= now:
+            due = min(due_at, key=lambda key: due_at[key][0], default=None)
+            if due is not None and due_at[due][0] <= now:
                 return self._take(due)
-            wake = float("inf") if due is None else due_at[due]
-            if coming:
-                wake = min(wake, now + POLL_S)  # a job on its way may also leave without arriving
-            elif pending and self.downstream is not None:
+            wake, held = (float("inf"), False) if due is None else due_at[due]
+            if held:
+                # Held for the encoders: an arrival wakes it anyway, and a job that leaves without
+                # arriving changes nothing; they may run dry sooner than their recent pace said.
                 wake = min(wake, now + HOLD_RECHECK_S)
+            elif coming:
+                wake = min(wake, now + POLL_S)  # a job on its way may also leave without arriving
             intake.drain(block_until=wake)
 
-    def _due_at(self, group: list[Waiting], now: float, coming: bool) -> float:
-        """When a group that is not full stops waiting for company (monotonic seconds); ``coming``:
-        whether jobs are known to be on their way."""
+    def _due_at(self, group: list[Waiting], now: float, coming: bool) -> tuple[float, bool]:
+        """When a group that is not full stops waiting for company (monotonic seconds), and whether it
+        is held for the encoders until then; ``coming``: whether jobs are known to be on their way."""
         oldest = group[0]
         if any(w.on_piece is not None for w in group):
             # Someone is listening: a streaming job waits for no company (what arrived with it rides along).
-            return min(w.arrived for w in group if w.on_piece is not None)
+            return min(w.arrived for w in group if w.on_piece is not None), False
         recent = self.recent_call_s
         deadlines = [w.request.deadline for w in group if w.request.deadline is not None]
         # Leave the job whose deadline comes first the time an engine call takes.
@@ -171,9 +173,10 @@ class BatchScheduler:
             # Audio that would only queue behind the encoders is made no sooner than they can take it:
             # until then the group waits here for company, past the bound (the jobs wait as long either
             # way, first come first served), though never past a deadline.
-            held = now + self.downstream([w.request for w in group]) - HOLD_CALLS * recent
-            due = max(due, min(held, latest))
-        return due
+            held = min(now + self.downstream([w.request for w in group]) - HOLD_CALLS * recent, latest)
+            if held > due:
+                return held, True
+        return due, False
 
     def _take(self, key: tuple[Any, ...]) -> list[Waiting]:
         pending = self.intake.pending
