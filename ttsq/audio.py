@@ -131,7 +131,8 @@ def as_int16(samples: npt.NDArray[Any]) -> npt.NDArray[np.int16]:
     if array.dtype == np.int16:
         return array
     scaled = np.floor(np.clip(array.astype(np.float32, copy=False), -1.0, 1.0) * np.float32(32768.0))
-    return np.clip(scaled, -32768, 32767).astype(np.int16)
+    converted: npt.NDArray[np.int16] = np.clip(scaled, -32768, 32767).astype(np.int16)
+    return converted
 
 
 def pcm16(samples: npt.NDArray[Any]) -> bytes:
