@@ -80,6 +80,7 @@ class Phase:
         self.jobs = 0
         self.audio_s = 0.0
         self.batch_sizes: list[int] = []
+        self.latencies_s: list[float] = []
         self.first_audio_s: list[float] = []
         self.underruns_s: list[float] = []
         self.errors: list[str] = []
@@ -93,6 +94,7 @@ class Phase:
                 self.jobs += 1
                 self.audio_s += float(result["duration_s"])
                 self.batch_sizes.append(int(result["batch_size"]))
+                self.latencies_s.append(result["latency_s"])
                 if "first_audio_s" in result:
                     self.first_audio_s.append(result["first_audio_s"])
                     self.underruns_s.append(result["underrun_s"])
@@ -102,9 +104,10 @@ def one_job(client: Any, workload: str, text: str, timeout: float) -> dict[str, 
     """Submit one job of ``workload`` and wait for it. A stream is read to its end by a player that
     starts at its first piece and plays in real time: its result also says when the first audio came
     (``first_audio_s``, from the submit) and how long that player ran dry (``underrun_s``)."""
-    if workload != "pcm":
-        return dict(client.submit(text, format=WORKLOADS[workload]).wait(timeout))
     started = time.perf_counter()
+    if workload != "pcm":
+        result = dict(client.submit(text, format=WORKLOADS[workload]).wait(timeout))
+        return {**result, "latency_s": time.perf_counter() - started}
     stream = client.stream(text, timeout=timeout)
     first: float | None = None
     played_until = 0.0  # when the audio received so far runs out, on the player's clock
@@ -119,7 +122,12 @@ def one_job(client: Any, workload: str, text: str, timeout: float) -> dict[str, 
         played_until += len(piece.pcm) / 2 / piece.sample_rate
     if first is None or stream.result is None:
         raise RuntimeError("a stream ended without audio")
-    return {**stream.result, "first_audio_s": first - started, "underrun_s": underrun}
+    return {
+        **stream.result,
+        "first_audio_s": first - started,
+        "underrun_s": underrun,
+        "latency_s": time.perf_counter() - started,
+    }
 
 
 #: Sender threads per ``Client``: redis-py 8 pools hold at most 100 connections, and a waiting sender
@@ -194,16 +202,23 @@ def drive(
         "redis_cpu_ms_per_job": (after[1] - before[1]) * 1000 / jobs,
         "driver_cpu_ms_per_job": (after[2] - before[2]) * 1000 / jobs,
         "mean_batch": statistics.fmean(phase.batch_sizes) if phase.batch_sizes else 0.0,
+        # Submit to result (a stream: to its end), of the jobs counted.
+        "latency_p50_ms": 1000 * _quantile(phase.latencies_s, 0.5),
+        "latency_p95_ms": 1000 * _quantile(phase.latencies_s, 0.95),
         **(_stream_figures(phase) if phase.first_audio_s else {}),
     }
 
 
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
+
+
 def _stream_figures(phase: Phase) -> dict[str, float]:
     """First audio p50/p95 (ms, from the submit) and underruns of the streams counted."""
-    first = sorted(phase.first_audio_s)
     return {
-        "first_audio_p50_ms": 1000 * first[len(first) // 2],
-        "first_audio_p95_ms": 1000 * first[min(len(first) - 1, round(0.95 * (len(first) - 1)))],
+        "first_audio_p50_ms": 1000 * _quantile(phase.first_audio_s, 0.5),
+        "first_audio_p95_ms": 1000 * _quantile(phase.first_audio_s, 0.95),
         "streams_with_underrun": float(sum(1 for u in phase.underruns_s if u > 0)),
         "underrun_s_per_stream": statistics.fmean(phase.underruns_s),
     }
@@ -361,7 +376,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # Each job's audio, for the encoder alone: what the stand-in makes of texts this long.
         clip_s = speech_frames(texts("r", 1, args.chars)[0]) / FRAMES_PER_SECOND
         header = f"{'round':>5} {'workload':>8} {'jobs/s':>7} {'audio-s/s':>9} {'batch':>6} {'cpu ms/job':>10} "
-        print(header + f"{'cpu ms/audio-s':>14} {'redis ms/job':>12} {'driver ms/job':>13} {'cores':>5}", flush=True)
+        print(
+            header
+            + f"{'cpu ms/audio-s':>14} {'redis ms/job':>12} {'driver ms/job':>13} {'cores':>5} {'latency p50/p95 ms'}",
+            flush=True,
+        )
         for number in range(args.rounds):
             figures: dict[str, Any] = {}
             order = workloads[number % len(workloads) :] + workloads[: number % len(workloads)]
@@ -379,7 +398,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     f"{number + 1:>5} {workload:>8} {row['jobs_per_s']:>7.1f} {row['audio_s_per_s']:>9.1f} "
                     f"{row['mean_batch']:>6.1f} {row['worker_cpu_ms_per_job']:>10.1f} "
                     f"{row['worker_cpu_ms_per_audio_s']:>14.2f} {row['redis_cpu_ms_per_job']:>12.2f} "
-                    f"{row['driver_cpu_ms_per_job']:>13.2f} {row['worker_cores_used']:>5.2f}"
+                    f"{row['driver_cpu_ms_per_job']:>13.2f} {row['worker_cores_used']:>5.2f} "
+                    f"{row['latency_p50_ms']:>6.0f}/{row['latency_p95_ms']:<6.0f}"
                     + (
                         f"  first audio p50/p95 {row['first_audio_p50_ms']:.0f}/{row['first_audio_p95_ms']:.0f} ms, "
                         f"underruns in {row['streams_with_underrun']:.0f} of {row['jobs']} streams"
@@ -466,7 +486,8 @@ def summarize(
     print(f"\nmedians over {len(rounds)} round(s), per worker:")
     for workload, entry in summary.items():
         line = f"{workload:>8}: {entry['audio_s_per_s']:7.1f} audio-s/s, {entry['jobs_per_s']:6.1f} jobs/s, "
-        line += f"batch {entry['mean_batch']:5.1f}, worker CPU {entry['worker_cpu_ms_per_job']:6.1f} ms/job"
+        line += f"batch {entry['mean_batch']:5.1f}, worker CPU {entry['worker_cpu_ms_per_job']:6.1f} ms/job, "
+        line += f"latency p50/p95 {entry['latency_p50_ms']:.0f}/{entry['latency_p95_ms']:.0f} ms"
         if "first_audio_p50_ms" in entry:
             line += (
                 f"; first audio p50/p95 {entry['first_audio_p50_ms']:.0f}/{entry['first_audio_p95_ms']:.0f} ms, "
