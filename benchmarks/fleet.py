@@ -20,8 +20,10 @@ For each workload, each round (rounds rotate the order, so a drift of the machin
 closed loop at ``--in-flight`` jobs (or Poisson arrivals at ``--rate`` jobs/s), for ``--seconds``; only the
 jobs that finish inside the window count. Per workload: jobs/s and audio-s/s per worker, the workers'
 CPU per job and per audio second (from /proc), Redis's and this driver's CPU per job, and the mean batch
-a job rode in. Then the **baseline**: the same clips encoded by ``ttsq.audio.encode`` (what a worker
-stores) in a thread pool as wide as the machine, alone, for ``--seconds``; and the gateway's streaming
+a job rode in, and the cores the workers used. Then the **baseline**: the same clips encoded by
+``ttsq.audio.encode`` (what a worker stores) in a thread pool as wide as the workers' cores, alone, for
+``--baseline-s`` right before each workload and again right after it, averaged (on shared cores what
+the machine gives moves by the minute: the two bracket the window); and the gateway's streaming
 encoders (``ttsq.gateway.encoders``) fed 0.2 s pieces, for their CPU per audio second. The summary
 prints, per format, "through the queue / encoder alone" and Opus's CPU per audio second over MP3's.
 Medians over rounds.
@@ -48,7 +50,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.compare import _cpu_s, _env, _process
 from ttsq.config import Settings
 from ttsq.constants import FLEET_PREFIX
+from ttsq.engines.base import FRAMES_PER_SECOND
 from ttsq.ops.redis_server import RedisServer
+from ttsq.testing.standin import speech_frames
 
 #: Workload -> the stored format of its jobs ("pcm" streams, and stores a WAV).
 WORKLOADS = {"wav": "wav", "pcm": "wav", "mp3": "mp3", "opus": "ogg"}
@@ -76,6 +80,7 @@ class Phase:
         self.jobs = 0
         self.audio_s = 0.0
         self.batch_sizes: list[int] = []
+        self.latencies_s: list[float] = []
         self.first_audio_s: list[float] = []
         self.underruns_s: list[float] = []
         self.errors: list[str] = []
@@ -89,6 +94,7 @@ class Phase:
                 self.jobs += 1
                 self.audio_s += float(result["duration_s"])
                 self.batch_sizes.append(int(result["batch_size"]))
+                self.latencies_s.append(result["latency_s"])
                 if "first_audio_s" in result:
                     self.first_audio_s.append(result["first_audio_s"])
                     self.underruns_s.append(result["underrun_s"])
@@ -98,9 +104,10 @@ def one_job(client: Any, workload: str, text: str, timeout: float) -> dict[str, 
     """Submit one job of ``workload`` and wait for it. A stream is read to its end by a player that
     starts at its first piece and plays in real time: its result also says when the first audio came
     (``first_audio_s``, from the submit) and how long that player ran dry (``underrun_s``)."""
-    if workload != "pcm":
-        return dict(client.submit(text, format=WORKLOADS[workload]).wait(timeout))
     started = time.perf_counter()
+    if workload != "pcm":
+        result = dict(client.submit(text, format=WORKLOADS[workload]).wait(timeout))
+        return {**result, "latency_s": time.perf_counter() - started}
     stream = client.stream(text, timeout=timeout)
     first: float | None = None
     played_until = 0.0  # when the audio received so far runs out, on the player's clock
@@ -115,7 +122,12 @@ def one_job(client: Any, workload: str, text: str, timeout: float) -> dict[str, 
         played_until += len(piece.pcm) / 2 / piece.sample_rate
     if first is None or stream.result is None:
         raise RuntimeError("a stream ended without audio")
-    return {**stream.result, "first_audio_s": first - started, "underrun_s": underrun}
+    return {
+        **stream.result,
+        "first_audio_s": first - started,
+        "underrun_s": underrun,
+        "latency_s": time.perf_counter() - started,
+    }
 
 
 #: Sender threads per ``Client``: redis-py 8 pools hold at most 100 connections, and a waiting sender
@@ -184,20 +196,29 @@ def drive(
         "audio_s_per_s": phase.audio_s / args.seconds / args.workers,
         "audio_s_per_job": phase.audio_s / jobs,
         "worker_cpu_ms_per_job": workers_cpu * 1000 / jobs,
+        # How much of the machine the workers got: on shared cores, the share the run had.
+        "worker_cores_used": workers_cpu / args.seconds,
         "worker_cpu_ms_per_audio_s": workers_cpu * 1000 / max(phase.audio_s, 1e-9),
         "redis_cpu_ms_per_job": (after[1] - before[1]) * 1000 / jobs,
         "driver_cpu_ms_per_job": (after[2] - before[2]) * 1000 / jobs,
         "mean_batch": statistics.fmean(phase.batch_sizes) if phase.batch_sizes else 0.0,
+        # Submit to result (a stream: to its end), of the jobs counted.
+        "latency_p50_ms": 1000 * _quantile(phase.latencies_s, 0.5),
+        "latency_p95_ms": 1000 * _quantile(phase.latencies_s, 0.95),
         **(_stream_figures(phase) if phase.first_audio_s else {}),
     }
 
 
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
+
+
 def _stream_figures(phase: Phase) -> dict[str, float]:
     """First audio p50/p95 (ms, from the submit) and underruns of the streams counted."""
-    first = sorted(phase.first_audio_s)
     return {
-        "first_audio_p50_ms": 1000 * first[len(first) // 2],
-        "first_audio_p95_ms": 1000 * first[min(len(first) - 1, round(0.95 * (len(first) - 1)))],
+        "first_audio_p50_ms": 1000 * _quantile(phase.first_audio_s, 0.5),
+        "first_audio_p95_ms": 1000 * _quantile(phase.first_audio_s, 0.95),
         "streams_with_underrun": float(sum(1 for u in phase.underruns_s if u > 0)),
         "underrun_s_per_stream": statistics.fmean(phase.underruns_s),
     }
@@ -253,7 +274,13 @@ def encoder_alone(
         list(pool.map(encoder, range(threads)))
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     audio_s = done[0] * clip_s
-    return {"audio_s_per_s": audio_s / wall, "cpu_ms_per_audio_s": cpu * 1000 / audio_s}
+    return {"audio_s_per_s": audio_s / wall, "cpu_ms_per_audio_s": cpu * 1000 / audio_s, "cores_used": cpu / wall}
+
+
+def bracketed(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The encoder alone just before a workload and just after it, averaged: on cores that other work
+    shares, what the machine gave moves by the minute, and the two together bracket the window."""
+    return {key: (before[key] + after[key]) / 2 for key in before}
 
 
 def streamed_encoder_cpu(response_format: str, clip_s: float, repeats: int) -> float:
@@ -346,19 +373,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             + f", {args.seconds:g} s windows, {cores} cores",
             flush=True,
         )
+        # Each job's audio, for the encoder alone: what the stand-in makes of texts this long.
+        clip_s = speech_frames(texts("r", 1, args.chars)[0]) / FRAMES_PER_SECOND
         header = f"{'round':>5} {'workload':>8} {'jobs/s':>7} {'audio-s/s':>9} {'batch':>6} {'cpu ms/job':>10} "
-        print(header + f"{'cpu ms/audio-s':>14} {'redis ms/job':>12} {'driver ms/job':>13}", flush=True)
+        print(
+            header
+            + f"{'cpu ms/audio-s':>14} {'redis ms/job':>12} {'driver ms/job':>13} {'cores':>5} {'latency p50/p95 ms'}",
+            flush=True,
+        )
         for number in range(args.rounds):
             figures: dict[str, Any] = {}
             order = workloads[number % len(workloads) :] + workloads[: number % len(workloads)]
+            baseline: dict[str, Any] = {}
             for workload in order:
+                encoded = workload != "pcm"
+                if encoded:  # the encoder alone right before the workload, and right after it (below)
+                    alone = encoder_alone(WORKLOADS[workload], clip_s, args.baseline_s, cores, pinned)
                 row = drive(clients, workload, args, f"r{number}-{workload}-{os.getpid()}", pids, redis.process.pid)
                 figures[workload] = row
+                if encoded:
+                    after = encoder_alone(WORKLOADS[workload], clip_s, args.baseline_s, cores, pinned)
+                    baseline[workload] = bracketed(alone, after)
                 print(
                     f"{number + 1:>5} {workload:>8} {row['jobs_per_s']:>7.1f} {row['audio_s_per_s']:>9.1f} "
                     f"{row['mean_batch']:>6.1f} {row['worker_cpu_ms_per_job']:>10.1f} "
                     f"{row['worker_cpu_ms_per_audio_s']:>14.2f} {row['redis_cpu_ms_per_job']:>12.2f} "
-                    f"{row['driver_cpu_ms_per_job']:>13.2f}"
+                    f"{row['driver_cpu_ms_per_job']:>13.2f} {row['worker_cores_used']:>5.2f} "
+                    f"{row['latency_p50_ms']:>6.0f}/{row['latency_p95_ms']:<6.0f}"
                     + (
                         f"  first audio p50/p95 {row['first_audio_p50_ms']:.0f}/{row['first_audio_p95_ms']:.0f} ms, "
                         f"underruns in {row['streams_with_underrun']:.0f} of {row['jobs']} streams"
@@ -370,21 +411,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 time.sleep(args.settle_s)  # the last window's stragglers finish before the next starts
             rounds.append(figures)
-            clip_s = statistics.fmean(row["audio_s_per_job"] for row in figures.values() if row["jobs"])
-            baseline: dict[str, Any] = {
-                workload: encoder_alone(WORKLOADS[workload], clip_s, args.baseline_s, cores, pinned)
-                for workload in workloads
-                if workload != "pcm"
-            }
             baseline["streamed"] = {
                 fmt: {"cpu_ms_per_audio_s": streamed_encoder_cpu(fmt, clip_s, args.stream_repeats)}
                 for fmt in ("mp3", "opus")
             }
             baselines.append(baseline)
             print(
-                f"{number + 1:>5} encoder alone on {cores} threads ("
+                f"{number + 1:>5} encoder alone on {cores} threads, before and after each workload ("
                 + ", ".join(
-                    f"{name} {each['audio_s_per_s']:.0f} audio-s/s, {each['cpu_ms_per_audio_s']:.2f} ms/audio-s"
+                    f"{name} {each['audio_s_per_s']:.0f} audio-s/s, {each['cpu_ms_per_audio_s']:.2f} ms/audio-s, "
+                    f"{each['cores_used']:.2f} cores"
                     for name, each in baseline.items()
                     if name != "streamed"
                 )
@@ -450,7 +486,8 @@ def summarize(
     print(f"\nmedians over {len(rounds)} round(s), per worker:")
     for workload, entry in summary.items():
         line = f"{workload:>8}: {entry['audio_s_per_s']:7.1f} audio-s/s, {entry['jobs_per_s']:6.1f} jobs/s, "
-        line += f"batch {entry['mean_batch']:5.1f}, worker CPU {entry['worker_cpu_ms_per_job']:6.1f} ms/job"
+        line += f"batch {entry['mean_batch']:5.1f}, worker CPU {entry['worker_cpu_ms_per_job']:6.1f} ms/job, "
+        line += f"latency p50/p95 {entry['latency_p50_ms']:.0f}/{entry['latency_p95_ms']:.0f} ms"
         if "first_audio_p50_ms" in entry:
             line += (
                 f"; first audio p50/p95 {entry['first_audio_p50_ms']:.0f}/{entry['first_audio_p95_ms']:.0f} ms, "

@@ -6,6 +6,7 @@ import dataclasses
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,7 +27,7 @@ def engine() -> Iterator[Engine]:
     engine.close()
 
 
-def started(engine: Engine, **options: float) -> Batcher:
+def started(engine: Engine, **options: Any) -> Batcher:
     """A batcher over an already loaded engine (the wrapper keeps the batcher from reloading or closing it)."""
     batcher = Batcher(SharedEngine(engine), **options)  # type: ignore[arg-type]
     batcher.start()
@@ -272,4 +273,40 @@ def test_a_streaming_row_run_again_starts_its_audio_over(engine: Engine) -> None
     assert any(piece is not None for piece in got[:last_restart])
     kept = [piece for piece in got[last_restart + 1 :] if piece is not None]
     assert np.array_equal(np.concatenate(kept), item.output.samples)
+    batcher.stop()
+
+
+def test_a_group_whose_audio_would_queue_behind_the_encoders_waits_there_for_company(engine: Engine) -> None:
+    # The encoders are busy (``downstream``): a lone job does not leave after its short window, it waits
+    # until they are about to run dry, and the jobs that came meanwhile ride with it.
+    busy = threading.Event()
+    asked = threading.Semaphore(0)
+
+    def downstream(requests: Sequence[SynthesisRequest]) -> float:
+        if busy.is_set():
+            asked.release()
+            return 3600.0
+        return 0.0
+
+    batcher = started(engine, max_batch=8, max_wait_s=0.01, downstream=downstream)
+    assert batcher.submit(request("a first call, so an engine call's time is known")).result(10).batch_size == 1
+    busy.set()
+    first = batcher.submit(request("the first to wait"))
+    assert asked.acquire(timeout=10)  # the batcher asked, and held it past its 10 ms window
+    others = [batcher.submit(request(f"then number {i}")) for i in range(3)]
+    assert not first.done()
+    busy.clear()  # the encoders run dry
+    items = [future.result(10) for future in (first, *others)]
+    batcher.stop()
+    assert [item.batch_size for item in items] == [4] * 4
+    assert len({item.batch_id for item in items}) == 1
+
+
+def test_a_streaming_job_never_waits_for_the_encoders(engine: Engine) -> None:
+    busy = threading.Event()
+    batcher = started(engine, max_batch=8, max_wait_s=0.01, downstream=lambda _: 3600.0 if busy.is_set() else 0.0)
+    assert batcher.submit(request("a first call, so an engine call's time is known")).result(10).batch_size == 1
+    busy.set()
+    streamed = batcher.submit(request("someone is listening"), on_piece=lambda piece: None)
+    assert isinstance(streamed.result(10), BatchItem)
     batcher.stop()

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import struct
+import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
@@ -62,9 +64,33 @@ def encode(
     duration_s = mono.size / sample_rate
     target = encoded_rate(sample_rate, audio_format)
     mono, sample_rate = resample(mono, sample_rate, target), target
-    buffer = io.BytesIO()
-    sf.write(buffer, mono, sample_rate, format=container, subtype=subtype, **_OPTIONS.get(audio_format, {}))
-    return EncodedAudio(buffer.getvalue(), CONTENT_TYPES[audio_format], sample_rate, round(duration_s, 4))
+    data = _written(mono, sample_rate, container, subtype, _OPTIONS.get(audio_format, {}))
+    return EncodedAudio(data, CONTENT_TYPES[audio_format], sample_rate, round(duration_s, 4))
+
+
+def _written(mono: npt.NDArray[Any], sample_rate: int, container: str, subtype: str, options: dict[str, Any]) -> bytes:
+    """libsndfile's file of ``mono``, written to an anonymous file rather than a ``BytesIO``. Through a
+    Python file object libsndfile calls back into Python for every write it makes (hundreds per clip of
+    MP3), each call waiting for the interpreter lock: in a busy worker an encode then waited on the lock
+    more than it encoded. Through a descriptor it writes alone, the lock free for the whole encode."""
+    fd = _anonymous_file()
+    try:
+        with sf.SoundFile(
+            fd, "w", sample_rate, 1, subtype=subtype, format=container, closefd=False, **options
+        ) as handle:
+            handle.write(mono)
+        with open(fd, "rb", closefd=False) as written:
+            written.seek(0)
+            return written.read()
+    finally:
+        os.close(fd)
+
+
+def _anonymous_file() -> int:
+    """A descriptor of a new file in memory (Linux), or of a temporary file that has no name."""
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create("ttsq-encode", os.MFD_CLOEXEC)
+    return os.dup(tempfile.TemporaryFile().fileno())  # the dup outlives the closed object; its file has no name
 
 
 def encoded_rate(sample_rate: int, audio_format: str) -> int:
@@ -94,10 +120,19 @@ def _wav_header(sample_rate: int, data_bytes: int) -> bytes:
 
 def _pcm16(array: npt.NDArray[Any]) -> bytes:
     """16-bit little-endian PCM the way libsndfile converts floats: ``floor(x * 32768)``, clipped."""
+    return bytes(as_int16(array).astype("<i2", copy=False).tobytes())
+
+
+def as_int16(samples: npt.NDArray[Any]) -> npt.NDArray[np.int16]:
+    """Samples as 16-bit integers, converted the way every WAV and stream ttsq writes converts floats
+    (``floor(x * 32768)``, clipped); int16 samples as they are. Converted once, a clip's stream and its
+    WAV then cost a copy each."""
+    array = np.asarray(samples)
     if array.dtype == np.int16:
-        return bytes(array.astype("<i2", copy=False).tobytes())
-    scaled = np.floor(np.clip(array.astype(np.float32), -1.0, 1.0) * np.float32(32768.0))
-    return bytes(np.clip(scaled, -32768, 32767).astype("<i2").tobytes())
+        return array
+    scaled = np.floor(np.clip(array.astype(np.float32, copy=False), -1.0, 1.0) * np.float32(32768.0))
+    converted: npt.NDArray[np.int16] = np.clip(scaled, -32768, 32767).astype(np.int16)
+    return converted
 
 
 def pcm16(samples: npt.NDArray[Any]) -> bytes:

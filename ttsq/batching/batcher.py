@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 import ttsq.tracing as tracing
-from ttsq.batching.batches import BatchScheduler
+from ttsq.batching.batches import BatchScheduler, Downstream
 from ttsq.batching.jobs import STOP, BatchItem, Expected, Intake, Scheduler, Waiting
 from ttsq.batching.slots import SlotScheduler
 from ttsq.engines.base import is_continuous
@@ -49,10 +49,15 @@ class Batcher:
         max_wait_s: float,
         observer: Observer | None = None,
         backlog: Callable[[], int] | None = None,
+        downstream: Downstream | None = None,
     ) -> None:
         """``backlog``: how many jobs wait in the broker for this worker (a batch that is not full may
-        wait for them); called on the batcher thread, it must answer fast and never raise."""
+        wait for them); ``downstream``: how many seconds the stage after the engine (the worker's
+        encoders) is already busy for a batch of these requests (a batch whose audio would only queue
+        there waits for company instead). Both are called on the batcher thread, must answer fast and
+        never raise."""
         self.backlog = backlog
+        self.downstream = downstream
         self.engine = engine
         self.observer = observer or Observer()
         self.max_batch = max_batch
@@ -81,6 +86,7 @@ class Batcher:
             max_batch=self.max_batch,
             max_wait_s=self.max_wait_s,
             backlog=self.backlog,
+            downstream=self.downstream,
         )
 
     def start(self, timeout: float = 600.0) -> None:

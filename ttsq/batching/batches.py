@@ -43,6 +43,16 @@ _Ran = tuple["EngineOutput | Exception", int, float, float]
 #: A group waits at most this share of a recent engine call's time: past it, a bigger batch later
 #: costs its waiting jobs more than the fuller pass saves.
 FILL_SHARE = 0.5
+#: A group whose audio would queue behind the encoders waits until they have this many recent engine
+#: calls' worth of work left: its batch then returns as they run dry (more than one, for the bigger batch
+#: it will be and a late wake-up on a busy host; a little early costs a row or two, late leaves them idle).
+HOLD_CALLS = 1.5
+#: While a group is held for the encoders, the batcher looks again this often (seconds): they may run dry
+#: sooner than their recent pace said.
+HOLD_RECHECK_S = 0.02
+
+#: Seconds the stage after the engine is busy for a batch of these requests (``Batcher``'s ``downstream``).
+Downstream = Callable[[Sequence["SynthesisRequest"]], float]
 
 
 class BatchScheduler:
@@ -57,8 +67,10 @@ class BatchScheduler:
         max_batch: int,
         max_wait_s: float,
         backlog: Callable[[], int] | None = None,
+        downstream: Downstream | None = None,
     ) -> None:
         self.coming = Coming(intake.incoming, backlog)
+        self.downstream = downstream
         self.engine = engine
         #: Whether the engine hands streaming rows their audio while it makes them.
         self.streams = streams_audio(engine)
@@ -125,35 +137,46 @@ class BatchScheduler:
             now = time.monotonic()
             coming = bool(pending) and self.coming(now)
             due_at = {key: self._due_at(group, now, coming) for key, group in pending.items()}
-            due = min(due_at, key=due_at.__getitem__, default=None)
-            if due is not None and due_at[due] <= now:
+            due = min(due_at, key=lambda key: due_at[key][0], default=None)
+            if due is not None and due_at[due][0] <= now:
                 return self._take(due)
-            wake = float("inf") if due is None else due_at[due]
-            if coming:
+            wake, held = (float("inf"), False) if due is None else due_at[due]
+            if held:
+                # Held for the encoders: an arrival wakes it anyway, and a job that leaves without
+                # arriving changes nothing; they may run dry sooner than their recent pace said.
+                wake = min(wake, now + HOLD_RECHECK_S)
+            elif coming:
                 wake = min(wake, now + POLL_S)  # a job on its way may also leave without arriving
             intake.drain(block_until=wake)
 
-    def _due_at(self, group: list[Waiting], now: float, coming: bool) -> float:
-        """When a group that is not full stops waiting for company (monotonic seconds); ``coming``:
-        whether jobs are known to be on their way."""
+    def _due_at(self, group: list[Waiting], now: float, coming: bool) -> tuple[float, bool]:
+        """When a group that is not full stops waiting for company (monotonic seconds), and whether it
+        is held for the encoders until then; ``coming``: whether jobs are known to be on their way."""
         oldest = group[0]
         if any(w.on_piece is not None for w in group):
             # Someone is listening: a streaming job waits for no company (what arrived with it rides along).
-            return min(w.arrived for w in group if w.on_piece is not None)
-        due = oldest.deadline  # submitted + max_wait_s: the bound
+            return min(w.arrived for w in group if w.on_piece is not None), False
         recent = self.recent_call_s
         deadlines = [w.request.deadline for w in group if w.request.deadline is not None]
-        if deadlines:  # leave the job whose deadline comes first the time an engine call takes
-            due = min(due, now + (min(deadlines) - time.time()) - (recent or 0.0))
-        if coming:  # wait for them, up to the bound
-            return due
-        # Nothing known to be coming: wait out a pause in the arrival stream, and never more than the
-        # fuller pass is worth. Waiting for company starts when the device is free: time queued behind
-        # a running batch was not spent waiting for this one to fill.
-        since = max(oldest.arrived, self.idle_since)
-        if recent is not None:
-            due = min(due, since + FILL_SHARE * recent)
-        return min(due, self.intake.arrivals.paused_at(since, self.max_wait_s))
+        # Leave the job whose deadline comes first the time an engine call takes.
+        latest = now + (min(deadlines) - time.time()) - (recent or 0.0) if deadlines else math.inf
+        due = min(oldest.deadline, latest)  # oldest.deadline: submitted + max_wait_s, the bound
+        if not coming:
+            # Nothing known to be coming: wait out a pause in the arrival stream, and never more than the
+            # fuller pass is worth. Waiting for company starts when the device is free: time queued
+            # behind a running batch was not spent waiting for this one to fill.
+            since = max(oldest.arrived, self.idle_since)
+            if recent is not None:
+                due = min(due, since + FILL_SHARE * recent)
+            due = min(due, self.intake.arrivals.paused_at(since, self.max_wait_s))
+        if self.downstream is not None and recent is not None:
+            # Audio that would only queue behind the encoders is made no sooner than they can take it:
+            # until then the group waits here for company, past the bound (the jobs wait as long either
+            # way, first come first served), though never past a deadline.
+            held = min(now + self.downstream([w.request for w in group]) - HOLD_CALLS * recent, latest)
+            if held > due:
+                return held, True
+        return due, False
 
     def _take(self, key: tuple[Any, ...]) -> list[Waiting]:
         pending = self.intake.pending

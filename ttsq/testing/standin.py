@@ -28,7 +28,6 @@ not a synthesis. It follows neither a voice description nor sampling settings, a
 
 from __future__ import annotations
 
-import math
 import time
 import zlib
 from collections.abc import Sequence
@@ -153,8 +152,15 @@ class StandInEngine:
 
 
 def _cut(buffer: npt.NDArray[np.float32], size: int, text: str) -> npt.NDArray[np.float32]:
-    """``size`` samples of ``buffer``, from a place the text picks (so clips differ), as a copy."""
+    """``size`` samples of ``buffer``, from a place the text picks (so clips differ), as a copy. Only the
+    clip is copied, wrapping round the buffer's end: tiling the whole buffer for the rows that cross it
+    (about one in four) cost the batcher thread, which holds the interpreter lock meanwhile, more than
+    the rest of the worker's share of a job."""
     start = zlib.crc32(text.encode()) % buffer.size
-    reps = math.ceil((start + size) / buffer.size)
-    source = buffer if reps <= 1 else np.tile(buffer, reps)
-    return np.array(source[start : start + size], dtype=np.float32)
+    out = np.empty(size, dtype=np.float32)
+    done = 0
+    while done < size:
+        take = min(size - done, buffer.size - start)
+        out[done : done + take] = buffer[start : start + take]
+        done, start = done + take, 0
+    return out

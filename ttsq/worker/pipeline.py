@@ -23,25 +23,25 @@ Why one file over 400 lines: the stages above are one path, read top to bottom i
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Generic, TypeVar
 
 import ttsq.tracing as tracing
 from ttsq.app import queue_for
-from ttsq.audio import EncodedAudio, EncodedFile, encode, probe, probe_file
+from ttsq.audio import EncodedAudio, EncodedFile, as_int16, encode, probe, probe_file
 from ttsq.errors import DeadlineExceeded, InvalidRequest, JobCancelled, JobParked, JobTimeout
 from ttsq.job import JobResult, StoredAudio, SynthesisRequest, Timings, no_timings
 from ttsq.keys import audio_key, content_key, object_key
 from ttsq.observer import JobReport
 from ttsq.records.attempts import ParkedJob
 from ttsq.results import SUCCESS
+from ttsq.worker.encoding import Encoders, Turn
 from ttsq.worker.streaming import StreamWriter
 from ttsq.worker.timestamps import WordTimes
 
@@ -67,46 +67,6 @@ T = TypeVar("T")
 
 #: Encodes mono samples at a rate into a format (``ttsq.audio.encode``, or ``Encoders.encode``).
 Encode = Callable[["npt.NDArray[Any]", int, str], EncodedAudio]
-#: Formats whose encoding costs next to nothing (a header and a copy): encoded on the task thread, a hop
-#: through the pool would cost more than the work.
-CHEAP_FORMATS = frozenset({"wav"})
-
-
-class Encoders:
-    """Where a worker encodes finished audio: a pool of ``threads`` (``TTSQ_ENCODE_THREADS``; 0: the cores
-    this process may use).
-
-    The encoders (libsndfile's, through soundfile) release the interpreter lock while they work, so the
-    pool encodes on every core. It is bounded because more encodes than cores only share the same cores:
-    without it, every task thread of a batch that has just returned (up to twice the batch) encodes at
-    once, all of them finish together at the end, and meanwhile they hand the lock back and forth with
-    the consumer that takes messages off the broker and with the batcher. Bounded, encodes run first
-    come first served, each job's file is done as soon as its own turn is, and the waiting task threads
-    hold no lock. Measured in docs/benchmarks.md, "The fleet at GPU speed".
-    """
-
-    def __init__(self, threads: int = 0) -> None:
-        self.threads = threads or _usable_cores()
-        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ttsq-encode")
-
-    def encode(self, samples: npt.NDArray[Any], sample_rate: int, audio_format: str) -> EncodedAudio:
-        """``ttsq.audio.encode`` on the pool, waited for (on the caller's thread, for a cheap format). The
-        caller holds the job's encode span around the wait: the trace shows the queueing too."""
-        if audio_format in CHEAP_FORMATS:
-            return encode(samples, sample_rate, audio_format)
-        return self._pool.submit(encode, samples, sample_rate, audio_format).result()
-
-    def close(self) -> None:
-        """Let the encodes under way finish, then end the threads."""
-        self._pool.shutdown(wait=True)
-
-
-def _usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity, which a container's cpuset narrows)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # no sched_getaffinity (macOS)
-        return max(1, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
@@ -260,7 +220,10 @@ class Pipeline:
         observer: Observer,
         streams: AudioStreams | None = None,
         accepted: AcceptedJobs | None = None,
+        encoders: Encoders | None = None,
     ) -> None:
+        """``encoders``: the pool the batcher reads the backlog of (``ttsq.worker.encoding``); by default
+        one of ``TTSQ_ENCODE_THREADS`` of the pipeline's own. The pipeline closes it."""
         self.settings = settings
         self.streams = streams
         #: Where a job's outcome is settled against a cancel (None: no cancel is honoured, as in a bare test).
@@ -275,7 +238,7 @@ class Pipeline:
         self.observer = observer
         self.word_times = WordTimes(settings, storage)
         #: Encodes finished audio off the task threads' lock-holding path (``Encoders``).
-        self.encoders = Encoders(settings.encode_threads)
+        self.encoders = encoders or Encoders(settings.encode_threads)
 
     def close(self) -> None:
         """End the encoder pool, once the encodes under way have finished."""
@@ -425,6 +388,37 @@ class Pipeline:
                 observer=self.observer,
                 sent_at=sent_at,
             )
+        # Its encode counts in the encoders' backlog from the moment its batch returns until it is
+        # encoded, or the job leaves: the batcher holds back batches whose audio would only queue there.
+        turn = self.encoders.turn(request.format)
+        try:
+            return self._batched(
+                request,
+                key,
+                turn,
+                writer,
+                task_id=task_id,
+                queue_wait_s=queue_wait_s,
+                queued=queued,
+                isolated=isolated,
+                expected=expected,
+            )
+        finally:
+            turn.close()
+
+    def _batched(
+        self,
+        request: SynthesisRequest,
+        key: str,
+        turn: Turn,
+        writer: StreamWriter | None,
+        *,
+        task_id: str,
+        queue_wait_s: float | None,
+        queued: float,
+        isolated: bool,
+        expected: Expected | None,
+    ) -> tuple[JobResult, bool]:
         # A job that was in an engine call that never returned runs alone: if it is the one that
         # crashes workers, it takes no neighbour down with it this time.
         future = self.batcher.submit(
@@ -434,6 +428,7 @@ class Pipeline:
             on_exit=lambda: self.ledger.refund_soon(task_id),
             on_piece=writer,  # a Piece, and where an engine that times words as it speaks puts them
         )
+        future.add_done_callback(turn.batched)
         if expected is not None:
             expected.done()  # after the hand-over, so the batcher always sees it on its way or arrived
         try:
@@ -447,13 +442,15 @@ class Pipeline:
 
         # Everything in the batcher that was not the forward pass: filling, and waiting behind a batch.
         batch_wait_s = max(0.0, time.perf_counter() - queued - item.synthesis_s)
+        output = item.output
+        # A WAV and a stream are the same 16-bit PCM: converted once here, not once by each.
+        samples = as_int16(output.samples) if request.format == "wav" else output.samples
         if writer is not None:
             # The audio goes out before it is encoded and stored: that wait is what streaming saves.
-            writer.finish(item.output)
-        output = item.output
+            writer.finish(output if samples is output.samples else dataclasses.replace(output, samples=samples))
         stored = store_audio(
             self.storage,
-            output.samples,
+            samples,
             output.sample_rate,
             # A request with timestamps shares the audio of the same request without them.
             key=audio_key(request, self.engine.identity),
@@ -462,7 +459,7 @@ class Pipeline:
             truncated=output.truncated,
             ignored=output.ignored,
             index=lambda entry: self.cache.put(key, self.word_times.attach(request, key, output, entry)),
-            encoder=self.encoders.encode,
+            encoder=lambda samples, rate, audio_format: self.encoders.encode(samples, rate, audio_format, turn),
         )
         logger.info(
             "job %s: synthesized %s in batch %d of %d (%.2fs audio)",

@@ -36,6 +36,7 @@ from ttsq.records.stats import FleetObserver, worker_info
 from ttsq.redaction import redact_task_logs
 from ttsq.results import Results
 from ttsq.storage import open_storage
+from ttsq.worker.encoding import Encoders
 from ttsq.worker.health import Health, Recheck
 from ttsq.worker.lanes import Releaser
 from ttsq.worker.metrics import Metrics
@@ -98,12 +99,15 @@ class WorkerRuntime:
         #: Everything that counts or exports what happens to a job listens here (``ttsq.observer``).
         self.observer = Observers([self.metrics, self.fleet, *([tracing.TraceObserver()] if tracing.enabled() else [])])
         self._backlog_failed_at = -BACKLOG_RETRY_S
+        #: Encodes finished audio; the batcher reads its backlog (``ttsq.worker.encoding``).
+        self.encoders = Encoders(settings.encode_threads)
         self.batcher = Batcher(
             self.engine,
             max_batch=settings.max_batch,
             max_wait_s=settings.max_wait_ms / 1000,
             observer=self.observer,
             backlog=self._backlog,
+            downstream=self.encoders.busy_s,
         )
         #: Runs each ``ttsq.synthesize`` job: re-check, batch, store, index (``ttsq.worker.pipeline``).
         self.pipeline = Pipeline(
@@ -118,6 +122,7 @@ class WorkerRuntime:
             observer=self.observer,
             streams=self.redis.streams,
             accepted=self.accepted,
+            encoders=self.encoders,
         )
         #: The cache database, for what the document stitch keeps there (``ttsq.worker.documents``).
         self.documents_redis = self.redis.cache
