@@ -288,8 +288,19 @@ def script_runs(owner: RedisOwner, gateway: Gateway, admin: redis.Redis, results
         assert accepted.age_in_flight("q") == 1
         assert not admin.exists(f"{TENANT_IN_FLIGHT_PREFIX}q:t")
 
+    def cancel() -> None:
+        victim = f"cancelled-{time.monotonic_ns()}"
+        assert accepted.cancel(victim, ttl_s=60) is None and accepted.cancelled(victim)
+
+    def settle() -> None:
+        done = f"settled-{time.monotonic_ns()}"
+        assert accepted.settle(done, "SUCCESS", ttl_s=60)
+        assert accepted.cancel(done, ttl_s=60) == "SUCCESS"
+
     runs: dict[str, Run] = {
         "age_in_flight": age_in_flight,
+        "cancel": cancel,
+        "settle": settle,
         "claim_identity": claim_identity,
         "defer": defer,
         "release": release_deferred,
