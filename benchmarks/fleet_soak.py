@@ -217,14 +217,19 @@ def key_patterns(url: str, databases: tuple[int, ...] = (0, 1, 2)) -> dict[str, 
     return dict(sorted(out.items(), key=lambda item: -item[1]["bytes"]))
 
 
-def slope_per_min(points: list[tuple[float, float]]) -> float:
-    """Least-squares slope of ``(seconds, value)``, per minute."""
+def fit(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of ``(x, y)`` points (nan where x never varies)."""
     if len(points) < 2:
         return float("nan")
-    xs, ys = [p[0] / 60 for p in points], [p[1] for p in points]
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     sxx = sum((x - mx) ** 2 for x in xs)
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else float("nan")
+
+
+def slope_per_min(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of ``(seconds, value)``, per minute."""
+    return fit([(t / 60, value) for t, value in points])
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -258,14 +263,47 @@ def _wait_ready(settings: Settings, hostnames: list[str], processes: list[Any], 
         cache.close()
 
 
-def _start_gateway(settings: Settings, folder: Path, stack: ExitStack) -> tuple[Any, str]:
+def traced_gateway(dump: Path, every_s: float, frames: int = 12) -> None:
+    """``ttsq serve`` under tracemalloc (``--trace-gateway``): every ``every_s`` seconds, the 25 places whose
+    Python memory grew most since the first snapshot go to ``dump`` (what grows, when the RSS does)."""
+    import runpy
+    import tracemalloc
+
+    tracemalloc.start(frames)
+
+    def dumper() -> None:
+        first: tracemalloc.Snapshot | None = None
+        started = time.monotonic()
+        while True:
+            time.sleep(every_s)
+            snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+            if first is None:
+                first = snapshot
+                continue
+            lines = [f"--- {time.monotonic() - started:.0f} s, traced {tracemalloc.get_traced_memory()[0] / MB:.1f} MB"]
+            for stat in snapshot.compare_to(first, "traceback")[:25]:
+                lines.append(f"{stat.size_diff / 1024:+.0f} KB in {stat.count_diff:+d} blocks:")
+                lines.extend(f"    {line}" for line in stat.traceback.format()[-frames * 2 :])
+            with open(dump, "a") as out:
+                out.write("\n".join(lines) + "\n")
+
+    threading.Thread(target=dumper, daemon=True).start()
+    sys.argv = ["ttsq", "serve"]
+    runpy.run_module("ttsq.cli.main", run_name="__main__")
+
+
+def _start_gateway(settings: Settings, folder: Path, stack: ExitStack, trace_every_s: float) -> tuple[Any, str]:
     import httpx
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "ttsq.cli.main", "serve"]
+    if trace_every_s:
+        dump = folder / "gateway-tracemalloc.txt"
+        command = [sys.executable, __file__, "--as-traced-gateway", str(dump), "--sample-s", str(trace_every_s)]
     gateway = stack.enter_context(
         _process(
-            [sys.executable, "-m", "ttsq.cli.main", "serve"],
+            command,
             _env(settings.replace(gateway_port=port), TTSQ_LOG_LEVEL="WARNING"),
             folder / "gateway.log",
         )
@@ -327,7 +365,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for n, name in enumerate(hostnames)
         ]
         _wait_ready(settings, hostnames, workers, folder)
-        gateway, url = _start_gateway(settings, folder, stack)
+        gateway, url = _start_gateway(settings, folder, stack, args.trace_gateway)
         cache = redis_py.Redis.from_url(settings.cache_url)
         stack.callback(cache.close)
         keys = ApiKeys(cache)
@@ -338,7 +376,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     base_url=url,
                     headers={"Authorization": f"Bearer {token}"},
                     timeout=args.timeout,
-                    limits=httpx.Limits(max_connections=None, max_keepalive_connections=32),
+                    # An idle connection is dropped well before uvicorn's own 5 s keep-alive timeout: reused
+                    # at the moment the server closes it, a POST fails unsent ("Server disconnected without
+                    # sending a response"; seen once in 2,300 requests), and a POST is not retried.
+                    limits=httpx.Limits(max_connections=None, max_keepalive_connections=32, keepalive_expiry=2.0),
                 )
             )
             for token in tokens
@@ -565,7 +606,14 @@ def summarize(
         "active_streams_max": max((s["stream_keys"] for s in samples), default=0),
         # Of the stream keys, those whose job is over and that wait out their grace (TTSQ_STREAM_GRACE_S).
         "streams_in_grace_median": statistics.median(s["streams_ended"] for s in steady) if steady else None,
-        "gateway_bytes_per_open_stream": statistics.median(
+        # How memory follows the streams, sample to sample after warm-up (least squares): Redis's used memory
+        # against its stream keys, the gateway's RSS against its open streams. Near 0 for the gateway
+        # means its memory does not follow the streams open at this scale (bounded per reader).
+        "redis_bytes_per_stream_fit": fit([(s["stream_keys"], s["redis_used_memory"]) for s in steady]),
+        "gateway_bytes_per_open_stream": fit([(s["open_http"], s["gateway_rss"]) for s in steady]),
+        # An upper bound, not a per-stream cost: the gateway's RSS above its start (its warm-up included)
+        # over the streams open.
+        "gateway_rss_above_start_per_open_stream": statistics.median(
             (s["gateway_rss"] - rest["gateway_rss"]) / s["open_http"] for s in with_http
         )
         if with_http
@@ -598,15 +646,17 @@ def summarize(
         "slope after warm-up, MB/min: " + ", ".join(f"{name} {value:+.3f}" for name, value in slopes.items()),
     )
     per_stream = report["redis_bytes_per_active_stream"]
-    per_http = report["gateway_bytes_per_open_stream"]
+    per_http = report["gateway_rss_above_start_per_open_stream"]
     print(
-        f"Redis per active stream: {per_stream / 1024:.0f} KB held by its key"
+        f"Redis per active stream: {per_stream / 1024:.0f} KB held by its key, "
+        f"{report['redis_bytes_per_stream_fit'] / 1024:.0f} KB of used memory per stream key (fit)"
         if per_stream is not None
         else "Redis per active stream: no stream seen in a sample",
         f"(median {report['active_streams_median']} stream keys, {report['streams_in_grace_median']} of them "
         f"in their grace after the end, at most {report['active_streams_max']}); "
         + (
-            f"gateway RSS above its start per open stream: {per_http / 1024:.0f} KB "
+            f"gateway RSS per open stream (fit) {report['gateway_bytes_per_open_stream'] / 1024:.0f} KB, "
+            f"above its start per open stream: {per_http / 1024:.0f} KB "
             f"(median {report['open_http_median']} open, at most {report['open_http_max']})"
             if per_http is not None
             else "no gateway stream open in a sample"
@@ -662,7 +712,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", help="keep the storage and logs in this folder")
     parser.add_argument("--tiny", action="store_true", help="the smoke test: ~25 s, figures meaningless")
     parser.add_argument("--json", dest="json_path", help="also write the report here")
+    parser.add_argument(
+        "--trace-gateway",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="run the gateway under tracemalloc and write what grew every SECONDS to gateway-tracemalloc.txt "
+        "in the run's folder (slower: a diagnosis, not a figure)",
+    )
+    parser.add_argument("--as-traced-gateway", metavar="DUMP", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.as_traced_gateway:
+        traced_gateway(Path(args.as_traced_gateway), args.sample_s)
+        return 0
     if args.tiny:
         args.minutes, args.rate, args.sample_s, args.silent_s, args.grace_s = 0.25, 3.0, 1.0, 2.0, 3.0
         args.workers, args.chars, args.max_batch, args.timeout = 1, 40, 8, 120.0
