@@ -49,7 +49,7 @@ def serve(ctx: click.Context, host: str | None, port: int | None, log_level: str
     try:
         import uvicorn
 
-        from ttsq.gateway.app import create_gateway
+        from ttsq.gateway.app import KEEP_ALIVE_S, create_gateway
     except ImportError as exc:
         raise EngineUnavailable(f"the gateway needs its extra: pip install 'ttsq[gateway]' ({exc})") from exc
     level = (log_level or settings.log_level).lower()
@@ -64,6 +64,7 @@ def serve(ctx: click.Context, host: str | None, port: int | None, log_level: str
         port=settings.gateway_port,
         log_level=level,
         server_header=False,
+        timeout_keep_alive=KEEP_ALIVE_S,
         log_config=log_config,
         # On a terminal uvicorn colours parts of its messages; the log guard (ttsq.logs) would show
         # those escape sequences as text. (The JSON config has no colours to turn off.)

@@ -22,6 +22,11 @@ if TYPE_CHECKING:
 
 #: Threads a gateway process submits on at once (anyio's default is 40).
 SUBMIT_THREADS = 128
+#: How long an idle client connection is kept open (seconds). uvicorn's default, 5 s, is also httpx's
+#: (and so the OpenAI SDK's) pool expiry: a client reusing its connection as the server closes it gets
+#: "Server disconnected without sending a response" on a request never sent. Longer than a load
+#: balancer's idle timeout too (AWS's ALB: 60 s), as those ask of the servers behind them.
+KEEP_ALIVE_S = 75
 
 
 def create_gateway(settings: Settings) -> FastAPI:

@@ -204,7 +204,7 @@ def serve(
     import uvicorn
 
     from ttsq.gateway.apikeys import ApiKeys
-    from ttsq.gateway.app import create_gateway
+    from ttsq.gateway.app import KEEP_ALIVE_S, create_gateway
 
     sock = listening_socket(settings.gateway_host, settings.gateway_port)
     host, port = sock.getsockname()[:2]
@@ -221,6 +221,7 @@ def serve(
                 create_gateway(served),
                 log_level=log_level,
                 server_header=False,
+                timeout_keep_alive=KEEP_ALIVE_S,
                 log_config=log_config if log_config is not None else uvicorn.config.LOGGING_CONFIG,
                 # Colours would reach the log guard (ttsq.logs) as escape sequences, shown as text.
                 use_colors=False,
