@@ -160,7 +160,7 @@ APIKEY_IDS_KEY = "ttsq:apikeys"  # hash: key id -> SHA-256 of its token
 RATE_PREFIX = "ttsq:rate:"  # + key id + ":" + Unix minute -> requests in that minute; TTL 120 s
 QUOTA_PREFIX = "ttsq:quota:"  # + key id + ":" + Unix day -> audio milliseconds served that day; TTL 2 days
 CANCELLED_PREFIX = "ttsq:cancelled:"  # + task id -> 1: cancelled before its worker settled it; TTL = result TTL
-SETTLED_PREFIX = "ttsq:settled:"  # + task id -> the state its worker settled (SUCCESS, FAILURE); TTL = result TTL
+SETTLED_PREFIX = "ttsq:settled:"  # + task id -> the state its worker settled (SUCCESS, FAILURE); TTL = in-flight TTL
 
 # Named voices (the cache database; ``ttsq.records.named_voices``): a voice kept under a name.
 NAMED_VOICES_KEY = "ttsq:named-voices"  # hash: voice name -> JSON record (mode, instruct, language, seed, ...)

@@ -302,8 +302,10 @@ class Pipeline:
                 )
                 outcome = "synthesized"
             # The audio is stored and indexed either way (it was paid for); a cancel that came first wins.
+            # The mark answers a cancel only until the result is stored (a cancel reads that first), or
+            # for a rerun of the job: so it lives as long as the job can be in flight, not the result's day.
             if self.accepted is not None and not self.accepted.settle(
-                task_id, SUCCESS, ttl_s=self.settings.result_ttl_s
+                task_id, SUCCESS, ttl_s=self.settings.inflight_ttl_s
             ):
                 raise JobCancelled(f"job {task_id} was cancelled before it finished; its audio is cached")
             # Signed and ready: what is left (claim release, result store) belongs to the round trip.

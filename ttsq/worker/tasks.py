@@ -172,7 +172,8 @@ def register_tasks(app: Celery, runtime: WorkerRuntime) -> Documents:
 
 def _settle(task: Any, runtime: WorkerRuntime, state: str) -> None:
     """Settle the job's outcome (``state``) against a cancel; ``Ignore`` (raised) if the cancel came first."""
-    if not runtime.accepted.settle(str(task.request.id), state, ttl_s=runtime.settings.result_ttl_s):
+    # Kept while the job can be in flight (see Pipeline.run): after that its stored result answers.
+    if not runtime.accepted.settle(str(task.request.id), state, ttl_s=runtime.settings.inflight_ttl_s):
         raise _revoked(task, runtime)
 
 
