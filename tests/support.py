@@ -63,6 +63,30 @@ def stop_process(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM, ti
     return int(process.returncode)
 
 
+def late_reader(
+    worker: subprocess.Popen[bytes],
+    gateway: subprocess.Popen[bytes],
+    start_reader: Callable[[], None],
+    reader_open: Callable[[], bool],
+    stream_written: Callable[[], bool],
+) -> None:
+    """Make a gateway's reader late, with no race: the worker paused (SIGSTOP) before the reader opens,
+    so the job waits and the reader stays open on a stream not begun (a clip made faster than a scrape
+    would open and close between two); then the gateway paused while the worker writes and trims the
+    whole stream, and resumed once ``stream_written`` holds."""
+    worker.send_signal(signal.SIGSTOP)
+    try:
+        start_reader()
+        wait_until(reader_open, 30, "the reader open")
+        gateway.send_signal(signal.SIGSTOP)
+    finally:
+        worker.send_signal(signal.SIGCONT)
+    try:
+        wait_until(stream_written, 60, "the job's whole stream written while the gateway is paused")
+    finally:
+        gateway.send_signal(signal.SIGCONT)
+
+
 def settings_env(settings: Settings) -> dict[str, str]:
     """The TTSQ_* environment that reproduces ``settings`` in a subprocess."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TTSQ_")}

@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import signal
 import threading
 import time
 import wave
@@ -21,7 +20,7 @@ import pytest
 import redis
 import soundfile
 from document_corpus import corpus
-from support import SECRET, GatewayProcess, WorkerProcess, api_key, scrape, value, wait_until
+from support import SECRET, GatewayProcess, WorkerProcess, api_key, late_reader, scrape, value, wait_until
 
 from ttsq.config import Settings
 from ttsq.constants import STREAM_PREFIX
@@ -593,7 +592,7 @@ def test_a_late_reader_sends_the_bytes_a_live_one_would(
     """A gateway paused (SIGSTOP) while the worker writes and trims the whole stream: its reader finds
     the stream moved past it and goes on from the stored file; its pcm and wav are the bytes a live
     reader sends (a wav with the streamed header), not the stored file as is."""
-    start_worker(settings.replace(stream_window_s=1))
+    worker = start_worker(settings.replace(stream_window_s=1))
     gateway, token = start_gateway(settings), api_key(settings)
     cache = redis.Redis.from_url(settings.cache_url, decode_responses=True)
     for response_format in ("wav", "pcm"):
@@ -603,21 +602,15 @@ def test_a_late_reader_sends_the_bytes_a_live_one_would(
             "response_format": response_format,
         }
         reader = Reader(gateway, token, body)
-        reader.start()
-        wait_until(lambda: metric(gateway, "ttsq_gateway_streams_read") == 1, 30, "the reader open")
-        gateway.process.send_signal(signal.SIGSTOP)
-        try:
-            wait_until(
-                lambda: any(
-                    fields["kind"] == "end"
-                    for key in cache.keys(STREAM_PREFIX + "*")
-                    for _, fields in cache.xrange(key)
-                ),
-                60,
-                "the job's whole stream written while the gateway is paused",
-            )
-        finally:
-            gateway.process.send_signal(signal.SIGCONT)
+        late_reader(
+            worker.process,
+            gateway.process,
+            reader.start,
+            lambda: metric(gateway, "ttsq_gateway_streams_read") == 1,
+            lambda: any(
+                fields["kind"] == "end" for key in cache.keys(STREAM_PREFIX + "*") for _, fields in cache.xrange(key)
+            ),
+        )
         reader.join(60)
         assert reader.error is None and reader.status == 200
         stored, rate = stored_wav(gateway, token, reader.headers["x-ttsq-job-id"])

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import signal
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -19,7 +18,7 @@ import httpx
 import openai
 import pytest
 import redis
-from support import GatewayProcess, WorkerProcess, api_key, scrape, value, wait_until
+from support import GatewayProcess, WorkerProcess, api_key, late_reader, scrape, value, wait_until
 
 from ttsq.alignment import Word, parse_words, words_to_json
 from ttsq.client import AudioPiece, AudioStream, Client
@@ -298,7 +297,7 @@ def test_a_late_sse_reader_gets_the_words_from_the_stored_result(
 ) -> None:
     """The gateway paused (SIGSTOP) while the worker writes and trims the whole stream: its reader goes
     on from the stored file, and its deltas carry the stored words, each with the audio that ends it."""
-    start_worker(settings.replace(stream_window_s=1))
+    worker = start_worker(settings.replace(stream_window_s=1))
     gateway, token = start_gateway(settings), api_key(settings)
     cache = redis.Redis.from_url(settings.cache_url, decode_responses=True)
     text = f"{TEXT} {TEXT} Late."
@@ -315,23 +314,17 @@ def test_a_late_sse_reader_gets_the_words_from_the_stored_result(
                         got.append(json.loads(line[6:]))
 
         thread = threading.Thread(target=read, daemon=True)
-        thread.start()
-        wait_until(lambda: value(scrape(gateway.port), "ttsq_gateway_streams_read") == 1, 30, "the reader open")
-        gateway.process.send_signal(signal.SIGSTOP)
-        try:
-            wait_until(
-                lambda: any(
-                    fields["kind"] == "end"
-                    for key in cache.keys(STREAM_PREFIX + "*")
-                    for _, fields in cache.xrange(key)
-                ),
-                60,
-                "the job's whole stream written while the gateway is paused",
-            )
-            (key,) = cache.keys(STREAM_PREFIX + "*")
-            assert cache.xrange(key)[0][1]["kind"] != "start"  # trimmed: the reader is late
-        finally:
-            gateway.process.send_signal(signal.SIGCONT)
+        late_reader(
+            worker.process,
+            gateway.process,
+            thread.start,
+            lambda: value(scrape(gateway.port), "ttsq_gateway_streams_read") == 1,
+            lambda: any(
+                fields["kind"] == "end" for key in cache.keys(STREAM_PREFIX + "*") for _, fields in cache.xrange(key)
+            ),
+        )
+        (key,) = cache.keys(STREAM_PREFIX + "*")
+        assert cache.xrange(key)[0][1]["kind"] != "start"  # trimmed: the reader was late
         thread.join(60)
         assert not thread.is_alive() and got[-1]["type"] == "speech.audio.done"
         job_id = headers["x-ttsq-job-id"]
