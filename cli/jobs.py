@@ -440,10 +440,10 @@ def _submit(
             click.echo(f"ttsq: document queued ({job.chunks} chunks)", err=True)
         click.echo(job.id)
         return
-    if job.result is None and job.id is not None and keeps_running:
-        _accepted(job, kind)
-    _show_waits_on_redis()
-    try:
+    try:  # from the moment the job is accepted: a Ctrl-C before the wait begins names it too
+        if job.result is None and job.id is not None and keeps_running:
+            _accepted(job, kind)
+        _show_waits_on_redis()
         result = _wait_with_progress(client, job, timeout) if kind == "document" else job.wait(timeout)
     except KeyboardInterrupt:
         if not keeps_running or job.id is None:

@@ -402,13 +402,15 @@ def test_ctrl_c_while_waiting_names_the_job_and_how_to_reattach_or_cancel(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+    assert process.stderr is not None
+    accepted = process.stderr.readline().decode().strip()  # the command is waiting (the worker may be first)
     deadline = time.monotonic() + 60
     while not (events.exists() and events.read_text()) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert events.read_text(), "the job never reached the engine"
     process.send_signal(signal.SIGINT)  # what Ctrl-C sends, while the engine sleeps over the job
     stdout, stderr = process.communicate(timeout=60)
-    accepted, message = stderr.decode().strip().splitlines()
+    (message,) = stderr.decode().strip().splitlines()
     assert process.returncode == 130 and stdout == b"", (stdout, message)
     match = re.fullmatch(r"ttsq: interrupted; job (\S+) keeps running: `ttsq result \1` waits for it again, "
                          r"`ttsq cancel \1` cancels it", message)  # fmt: skip
