@@ -5,15 +5,14 @@ prompt, forward pass and repair, on espeak audio.
 Random weights give random classes, so the tests hold shape and order, not accuracy: one (start, end)
 per word of the text, starts never going back, each end at or after its start, all inside the clip.
 
-The checkpoint's tensor names and shapes are written out below from the reference implementation
-(``qwen-asr`` 0.0.6, ``Qwen3ASRForConditionalGeneration`` with a forced-aligner thinker), not from
-ttsq's model: a renamed or reshaped parameter on either side fails the strict load.
+The checkpoint (``ttsq.testing.aligner_checkpoint``) names and shapes its tensors from the reference
+implementation (``qwen-asr`` 0.0.6, ``Qwen3ASRForConditionalGeneration`` with a forced-aligner thinker),
+written out there, not from ttsq's model: a renamed or reshaped parameter fails the strict load.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,163 +28,23 @@ from ttsq.engines.espeak import EspeakEngine
 from ttsq.errors import ConfigError, EngineUnavailable
 from ttsq.job import SynthesisRequest
 
-torch = pytest.importorskip("torch", reason="the qwen aligner needs: pip install 'ttsq[qwen]'")
+pytest.importorskip("torch", reason="the qwen aligner needs: pip install 'ttsq[qwen]'")
 pytest.importorskip("transformers", reason="the qwen aligner needs: pip install 'ttsq[qwen]'")
+from ttsq.testing.aligner_checkpoint import CLASSES, SEGMENT_MS, build  # after the skips: it imports torch
 
 #: Whole-file: torch and a model load, several seconds on two cores; `pytest -m "not slow"` skips it.
 pytestmark = pytest.mark.slow
 
 ENGLISH = "The small library opened early on Monday, and the children ran inside - to find their books."
 CHINESE = "今天 天气很好。 我们去 park 散步吧!"
-SEGMENT_MS = 80
-CLASSES = 5000  # the published head: 5000 bins of 80 ms, 400 s
-LIVE_BINS = 64
 StartWorker = Callable[..., WorkerProcess]
-_SPECIALS = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|audio_start|>",
-    "<|audio_end|>",
-    "<|audio_pad|>",
-    "<timestamp>",
-]
-_AUDIO = dict(
-    num_mel_bins=128,
-    encoder_layers=2,
-    encoder_attention_heads=2,
-    encoder_ffn_dim=32,
-    d_model=16,
-    output_dim=32,
-    n_window=50,
-    n_window_infer=800,
-    conv_chunksize=500,
-    downsample_hidden_size=8,
-    max_source_positions=1500,
-    activation_function="gelu",
-    scale_embedding=False,
-)
-_TEXT = dict(
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=16,
-    hidden_act="silu",
-    max_position_embeddings=65536,
-    rms_norm_eps=1e-6,
-    rope_theta=1000000,
-    attention_bias=False,
-    tie_word_embeddings=False,
-    rope_scaling={"rope_type": "default", "interleaved": True, "mrope_interleaved": True, "mrope_section": [4, 2, 2]},
-)
-
-
-def reference_tensors(audio: dict[str, int], text: dict[str, int], vocab: int, classes: int) -> dict[str, list[int]]:
-    """Every persistent tensor of ``qwen-asr``'s ``Qwen3ASRForConditionalGeneration`` (forced-aligner
-    thinker), by name, with its shape."""
-    shapes: dict[str, list[int]] = {}
-    a, d, ffn, ch = "thinker.audio_tower.", audio["d_model"], audio["encoder_ffn_dim"], audio["downsample_hidden_size"]
-    bins = ((audio["num_mel_bins"] + 1) // 2 + 1) // 2
-    bins = (bins + 1) // 2
-    shapes |= {f"{a}conv2d1.weight": [ch, 1, 3, 3], f"{a}conv2d1.bias": [ch]}
-    for conv in ("conv2d2", "conv2d3"):
-        shapes |= {f"{a}{conv}.weight": [ch, ch, 3, 3], f"{a}{conv}.bias": [ch]}
-    shapes[f"{a}conv_out.weight"] = [d, ch * bins]
-    for i in range(audio["encoder_layers"]):
-        layer = f"{a}layers.{i}."
-        for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
-            shapes |= {f"{layer}self_attn.{proj}.weight": [d, d], f"{layer}self_attn.{proj}.bias": [d]}
-        for norm in ("self_attn_layer_norm", "final_layer_norm"):
-            shapes |= {f"{layer}{norm}.weight": [d], f"{layer}{norm}.bias": [d]}
-        shapes |= {f"{layer}fc1.weight": [ffn, d], f"{layer}fc1.bias": [ffn]}
-        shapes |= {f"{layer}fc2.weight": [d, ffn], f"{layer}fc2.bias": [d]}
-    shapes |= {f"{a}ln_post.weight": [d], f"{a}ln_post.bias": [d]}
-    shapes |= {f"{a}proj1.weight": [d, d], f"{a}proj1.bias": [d]}
-    shapes |= {f"{a}proj2.weight": [audio["output_dim"], d], f"{a}proj2.bias": [audio["output_dim"]]}
-    m, h, head = "thinker.model.", text["hidden_size"], text["head_dim"]
-    heads, kv, mid = text["num_attention_heads"], text["num_key_value_heads"], text["intermediate_size"]
-    shapes[f"{m}embed_tokens.weight"] = [vocab, h]
-    for i in range(text["num_hidden_layers"]):
-        layer = f"{m}layers.{i}."
-        shapes |= {
-            f"{layer}self_attn.q_proj.weight": [heads * head, h],
-            f"{layer}self_attn.k_proj.weight": [kv * head, h],
-            f"{layer}self_attn.v_proj.weight": [kv * head, h],
-            f"{layer}self_attn.o_proj.weight": [h, heads * head],
-            f"{layer}self_attn.q_norm.weight": [head],
-            f"{layer}self_attn.k_norm.weight": [head],
-            f"{layer}mlp.gate_proj.weight": [mid, h],
-            f"{layer}mlp.up_proj.weight": [mid, h],
-            f"{layer}mlp.down_proj.weight": [h, mid],
-            f"{layer}input_layernorm.weight": [h],
-            f"{layer}post_attention_layernorm.weight": [h],
-        }
-    shapes[f"{m}norm.weight"] = [h]
-    shapes["thinker.lm_head.weight"] = [classes, h]
-    return shapes
-
-
-def build_checkpoint(folder: Path, seed: int = 0) -> Path:
-    """A tiny Qwen3-ForcedAligner checkpoint in the published file layout, random weights."""
-    from safetensors.torch import save_file
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import Qwen2TokenizerFast, WhisperFeatureExtractor
-
-    folder.mkdir(parents=True, exist_ok=True)
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(
-        ["The quick brown fox jumps over the lazy dog. 今天天气很好"] * 20,
-        trainers.BpeTrainer(
-            vocab_size=320, special_tokens=_SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-        ),
-    )
-    tokenizer = Qwen2TokenizerFast(
-        tokenizer_object=bpe, bos_token=None, eos_token="<|im_end|>", unk_token=None, pad_token="<|endoftext|>"
-    )
-    tokenizer.save_pretrained(folder)
-    WhisperFeatureExtractor(feature_size=128).save_pretrained(folder)
-    ids = {name: tokenizer.convert_tokens_to_ids(name) for name in _SPECIALS}
-    vocab = len(tokenizer)
-    config = {
-        "architectures": ["Qwen3ASRForConditionalGeneration"],
-        "model_type": "qwen3_asr",
-        "support_languages": ["English", "Chinese"],
-        "timestamp_token_id": ids["<timestamp>"],
-        "timestamp_segment_time": SEGMENT_MS,
-        "thinker_config": {
-            "model_type": "qwen3_forced_aligner",
-            "classify_num": CLASSES,
-            "audio_token_id": ids["<|audio_pad|>"],
-            "audio_start_token_id": ids["<|audio_start|>"],
-            "audio_end_token_id": ids["<|audio_end|>"],
-            "audio_config": {**_AUDIO, "model_type": "qwen3_asr_audio_encoder"},
-            "text_config": {**_TEXT, "vocab_size": vocab, "model_type": "qwen3_asr_text"},
-        },
-    }
-    (folder / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-    generator = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for name, shape in reference_tensors(_AUDIO, _TEXT, vocab, CLASSES).items():  # type: ignore[arg-type]
-        if name.endswith("norm.weight") or name.endswith("layernorm.weight") or "layer_norm.weight" in name:
-            tensors[name] = torch.ones(shape)
-        elif name.endswith(".bias"):
-            tensors[name] = torch.zeros(shape)
-        else:
-            tensors[name] = torch.randn(shape, generator=generator) * 0.2
-    # Only the first 64 bins (5.1 s) can win, so that random times fall mostly inside a short clip and
-    # the repair and the clipping both have work to do.
-    tensors["thinker.lm_head.weight"][LIVE_BINS:] = 0
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    return folder
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_checkpoint(tmp_path_factory.mktemp("aligner") / "Qwen3-ForcedAligner-tiny")
+    # Only the first 64 bins (5.1 s) can win, so that random times fall mostly inside a short clip and
+    # the repair and the clipping both have work to do.
+    return build(tmp_path_factory.mktemp("aligner") / "Qwen3-ForcedAligner-tiny", "tiny", live_bins=64)
 
 
 @pytest.fixture(scope="module")
