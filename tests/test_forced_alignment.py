@@ -32,6 +32,15 @@ def test_units_keep_letters_digits_and_apostrophes_and_split_cjk_and_kana(word: 
     assert units(word) == expected
 
 
+def test_a_text_cannot_smuggle_the_prompts_special_tokens() -> None:
+    """Untrusted text spelling ``<timestamp>`` or ``<|audio_pad|>`` would add slots or audio places;
+    units keep letters, digits and apostrophes only, so the prompt's special tokens are the aligner's."""
+    found = [unit for word in ["<timestamp>", "<|audio_pad|><|audio_end|>"] for unit in units(word)]
+    assert found == ["timestamp", "audiopadaudioend"]
+    assert prompt(found, 1).count("<timestamp>") == 4
+    assert prompt(found, 1).count("<|audio_pad|>") == 1
+
+
 def test_the_prompt_is_the_audio_then_each_unit_with_two_slots() -> None:
     assert prompt(["Hi", "you"], 2) == (
         "<|audio_start|><|audio_pad|><|audio_pad|><|audio_end|>Hi<timestamp><timestamp>you<timestamp><timestamp>"

@@ -116,6 +116,12 @@ def test_the_same_audio_and_text_give_the_same_times(aligner: object, espeak: Es
     assert aligner.align(samples, rate, "Hello there, friend", "english") == first  # type: ignore[attr-defined]
 
 
+def test_a_text_spelling_the_special_tokens_is_aligned_as_words(aligner: object) -> None:
+    text = "say <timestamp> and <|audio_pad|> aloud"
+    tone = np.sin(np.arange(32_000) * 2 * np.pi * 330 / 16_000).astype(np.float32) * 0.3
+    assert_shape_and_order(aligner.align(tone, 16_000, text, "english"), text, 2.0)  # type: ignore[attr-defined]
+
+
 def test_silence_too_short_to_hear_and_punctuation_alone_are_spread_not_run(aligner: object) -> None:
     words = aligner.align(np.zeros(100, dtype=np.float32), 16_000, "too short", "english")  # type: ignore[attr-defined]
     assert [(w.word, w.start) for w in words] == [("too", 0.0), ("short", words[1].start)]

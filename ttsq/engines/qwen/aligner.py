@@ -52,6 +52,8 @@ logger = logging.getLogger(__name__)
 #: The aligner hears 16 kHz audio as 100 mel frames a second (Whisper's front end).
 RATE = 16_000
 _HOP = 160
+#: The longest audio ``qwen-asr`` aligns in one pass (it cuts longer audio first; this path does not).
+REFERENCE_LONGEST_S = 180
 #: Keys of a sub-config that name its file format, not the network.
 _NOT_NETWORK = ("model_type", "architectures", "transformers_version", "dtype", "torch_dtype")
 
@@ -248,5 +250,11 @@ class QwenForcedAligner:
         # Under 20 ms of audio makes no mel frame; a text of punctuation alone has nothing to time.
         if not unit_list or samples.shape[0] * RATE < 2 * _HOP * rate:
             return fill_gaps(words, [None] * len(words), clip_s)
+        if clip_s > REFERENCE_LONGEST_S:
+            logger.warning(
+                "qwen-aligner: a %.0f s clip, past the %d s qwen-asr aligns at once: its times may drift",
+                clip_s,
+                REFERENCE_LONGEST_S,
+            )
         slots_ms = monotonic(self.slot_times(np.asarray(samples), rate, unit_list))
         return times_of_words(text, [len(found) for found in per_word], [ms / 1000 for ms in slots_ms], clip_s)
