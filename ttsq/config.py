@@ -110,8 +110,12 @@ class Settings:
     engine: str = "espeak"
     #: Word timestamps (docs/timestamps.md): the aligner for an engine that does not time its own words
     #: (espeak does): ``whisper`` (faster-whisper on the CPU, the extras ``fidelity`` and
-    #: ``fidelity-multilingual``), the one so far.
+    #: ``fidelity-multilingual``) or ``qwen-aligner`` (Qwen3-ForcedAligner-0.6B on ``TTSQ_QWEN_DEVICE``,
+    #: the extra ``qwen``; its checkpoint is ``TTSQ_QWEN_ALIGNER_MODEL``).
     aligner: str = "whisper"
+    #: qwen-aligner: a local Qwen3-ForcedAligner-0.6B checkpoint folder (config.json, safetensors,
+    #: tokenizer and preprocessor files); required for ``TTSQ_ALIGNER=qwen-aligner``. Never downloaded.
+    qwen_aligner_model: str = ""
     #: Queue of voice_design jobs; custom_voice and voice_clone jobs use ``<queue>.custom_voice`` and
     #: ``<queue>.voice_clone``.
     queue: str = DEFAULT_QUEUE
@@ -370,7 +374,12 @@ class Settings:
                 "s3:// URL needs a bucket name of at least 3 characters",
             )
         _check(bool(self.engine), "engine", "must not be empty")
-        _check(self.aligner in ("whisper",), "aligner", "must be whisper (the one aligner so far)")
+        _check(self.aligner in ("whisper", "qwen-aligner"), "aligner", "must be whisper or qwen-aligner")
+        _check(
+            self.aligner != "qwen-aligner" or bool(self.qwen_aligner_model),
+            "qwen_aligner_model",
+            "is required for TTSQ_ALIGNER=qwen-aligner: a local Qwen3-ForcedAligner checkpoint folder",
+        )
         _check(
             self.qwen_device == "auto"
             or self.qwen_device == "cpu"

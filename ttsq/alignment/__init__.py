@@ -15,8 +15,9 @@ Which aligner a job gets (docs/timestamps.md):
   on the CPU from wheels: Whisper ``tiny.en`` for English (the extra ``fidelity``), multilingual Whisper
   ``base`` for every other language (``fidelity-multilingual``).
 
-Qwen3-ForcedAligner-0.6B (vLLM-Omni's aligner for Qwen3-TTS) is not here yet: docs/timestamps.md says
-what it needs.
+- **qwen-aligner**: Qwen3-ForcedAligner-0.6B, vLLM-Omni's aligner for Qwen3-TTS
+  (``ttsq.engines.qwen.aligner``, with its torch-free text side in ``ttsq.alignment.forced``): one
+  forward pass of a local checkpoint on the qwen engines' device, for GPU deployments.
 
 Aligners are found by name in ``ALIGNERS`` and imported only when chosen (faster-whisper and torch
 stay out of producers).
@@ -35,6 +36,8 @@ from ttsq.errors import ConfigError, CorruptRecord, EngineUnavailable
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
+
+    from ttsq.config import Settings
 
 #: What a request may ask for: no timestamps, or word times.
 Timestamps = Literal["word"]
@@ -100,14 +103,16 @@ class Aligner(Protocol):
     def align(self, samples: npt.NDArray[Any], rate: int, text: str, language: str) -> list[Word]: ...
 
 
-#: name -> "module:factory" (the factory takes no arguments). ``native`` is not here: it is the engine.
+#: name -> "module:factory" (the factory takes the settings). ``native`` is not here: it is the engine.
+#: A string, not an import: the qwen aligner's module imports torch, which only its workers load.
 ALIGNERS: dict[str, str] = {
-    "whisper": "ttsq.alignment.whisper:WhisperAligner",
+    "whisper": "ttsq.alignment.whisper:from_settings",
+    "qwen-aligner": "ttsq.engines.qwen.aligner:QwenForcedAligner",
 }
 
 
-def create_aligner(name: str, **options: Any) -> Aligner:
-    """The aligner registered as ``name``, built (its model loads on first use)."""
+def create_aligner(name: str, settings: Settings) -> Aligner:
+    """The aligner registered as ``name``, built from ``settings`` (its model loads on first use)."""
     target = ALIGNERS.get(name)
     if target is None:
         raise ConfigError("TTSQ_ALIGNER", f"unknown aligner {name!r}; expected one of {', '.join(sorted(ALIGNERS))}")
@@ -115,8 +120,9 @@ def create_aligner(name: str, **options: Any) -> Aligner:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise EngineUnavailable(f"aligner {name!r} cannot be imported ({exc})") from exc
-    aligner: Aligner = getattr(module, factory)(**options)
+        hint = " (pip install 'ttsq[qwen]')" if name == "qwen-aligner" else ""
+        raise EngineUnavailable(f"aligner {name!r} cannot be imported ({exc}){hint}") from exc
+    aligner: Aligner = getattr(module, factory)(settings)
     return aligner
 
 

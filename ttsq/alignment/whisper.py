@@ -25,6 +25,8 @@ from ttsq.errors import EngineUnavailable
 if TYPE_CHECKING:
     import numpy.typing as npt
 
+    from ttsq.config import Settings
+
 #: The recognizer's models by name: Whisper ``tiny.en`` (English only, the extra ``fidelity``) and
 #: Whisper ``base`` (multilingual, the extra ``fidelity-multilingual``).
 MODELS = ("tiny.en", "base")
@@ -178,6 +180,11 @@ class WhisperAligner:
         """Every word of ``text`` with the times of the words heard in its place."""
         code = whisper_language(language, text)
         return match(text, self.heard(samples, rate, code), duration(samples, rate), by_characters=code in _UNSPACED)
+
+
+def from_settings(settings: Settings) -> WhisperAligner:
+    """The ``whisper`` aligner of ``TTSQ_ALIGNER`` (``ttsq.alignment.ALIGNERS``): its defaults."""
+    return WhisperAligner()
 
 
 #: Languages written without spaces between words (or whose words carry particles: Korean): matched

@@ -47,7 +47,7 @@ class WordTimes:
         """The configured aligner, built on first use."""
         with self._lock:
             if self._aligner is None:
-                self._aligner = create_aligner(self.settings.aligner)
+                self._aligner = create_aligner(self.settings.aligner, self.settings)
             return self._aligner
 
     def words(self, request: SynthesisRequest, output: EngineOutput, entry: StoredAudio) -> list[Word]:
