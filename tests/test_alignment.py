@@ -169,3 +169,12 @@ def test_matching_places_words_by_what_was_heard_in_their_place() -> None:
     assert [w.word for w in words] == ["저는", "매일", "아침", "공원에서", "산책을", "합니다."]
     assert (words[3].start, words[3].end) == (1.6, 2.4)
     assert words[4].start >= 2.4 and words[5].end <= 4.0
+
+
+def test_a_word_that_ends_with_the_clip_stays_inside_its_duration() -> None:
+    """Word times go out to the millisecond and ``duration_s`` to a tenth of one (``ttsq.audio``): a
+    word ending on the clip's last sample must not read past the clip."""
+    for samples in (29_629, 27_190, 24_001, 1):  # 1.23454..., 1.13291... (rounded: 1.235, 1.133), ... s at 24 kHz
+        end = samples / 24_000
+        word = Word("end", max(0.0, end - 0.2), end).to_dict()
+        assert word["start"] <= word["end"] <= round(end, 4), (samples, word)

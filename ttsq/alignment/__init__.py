@@ -55,12 +55,18 @@ class Word:
     end: float
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"word", "start", "end"}``, times rounded to the millisecond."""
-        return {"word": self.word, "start": round(self.start, 3), "end": round(self.end, 3)}
+        """``{"word", "start", "end"}``, times to the millisecond, rounded down: a word that ends with the
+        clip stays inside its ``duration_s`` (rounded to 0.1 ms), where rounding to nearest could put its
+        end half a millisecond past it."""
+        return {"word": self.word, "start": _millis(self.start), "end": _millis(self.end)}
 
     def shifted(self, seconds: float) -> Word:
         """The same word, ``seconds`` later (a document chunk's start in the stitched file)."""
         return Word(self.word, self.start + seconds, self.end + seconds)
+
+
+def _millis(seconds: float) -> float:
+    return math.floor(seconds * 1000) / 1000
 
 
 def words_to_json(words: Sequence[Word]) -> list[dict[str, Any]]:
