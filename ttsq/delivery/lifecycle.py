@@ -175,6 +175,9 @@ TRANSITIONS: tuple[Transition, ...] = (
     ),
     T(S.LOST, E.CANCELLED, S.CANCELLED, _CANCELLING, _CANCEL),
     T(S.HELD, E.RECEIVED, S.RUNNING, ("ttsq.worker.gate:Gate.admit", "received.lua"), _LOST_JOBS),
+    # Final for the message. The gate refuses shapes ttsq's producers do not send (a raw send_task, a
+    # hostile envelope: no record); a job ttsq accepted whose message it refused would keep its record,
+    # and the sweeper would send it again as lost (docs/guarantees.md, "A job's lifecycle").
     T(
         S.HELD,
         E.REFUSED,
@@ -189,6 +192,8 @@ TRANSITIONS: tuple[Transition, ...] = (
         ("ttsq.worker.recovery:Recovery._give_back", "progress_unless_done.lua"),
         _KILLED,
     ),
+    # kombu's last resort, whoever holds the message: for one no holder recorded (a worker of an older
+    # ttsq) and one held on a broker connection its worker lost; a live worker's are renewed by its beat.
     T(S.HELD, E.VISIBILITY_PASSED, S.QUEUED, ("kombu.transport.redis:QoS.restore_visible",), _KILLED),
     T(S.HELD, E.CANCELLED, S.CANCELLED, _CANCELLING, _CANCEL),
     T(
