@@ -184,6 +184,19 @@ def test_every_state_shows_something_and_every_event_moves_a_job() -> None:
     assert {move.event for move in TRANSITIONS} == set(Event)
 
 
+def test_what_each_state_shows_is_a_state_the_result_backend_answers() -> None:
+    """Celery's own state names, or what ``ttsq status`` says of an id with no record (``UnknownJob``)."""
+    from celery import states
+
+    from ttsq.client import unknown_job
+    from ttsq.errors import UnknownJob
+
+    said = str(unknown_job("x"))
+    assert isinstance(unknown_job("x"), UnknownJob) and "unknown job" in said, said
+    for state, shown in SHOWN.items():
+        assert shown.celery in states.ALL_STATES or shown.celery == "unknown job", (state, shown.celery)
+
+
 # --- step ----------------------------------------------------------------------------------------
 
 
