@@ -15,6 +15,10 @@ queue's lists and the unacked hash, sends again whom the rules say. After every 
 - a lost job (no copy anywhere, not received) is sent again within its bound: the grace, two
   confirmations and a few sweeps after it was lost;
 - and at the end, with faults stopped, every accepted job was received.
+
+Every job also moves through the lifecycle table (``ttsq.delivery.lifecycle.step``): sent, popped, its
+message lost, given back by recovery, sent again, received. A move the table lacks fails the run, and at
+every sweep a job is ``lost`` in the table exactly when no copy of it is anywhere in the world.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from ttsq.delivery.lifecycle import INITIAL, Event, State, step
 from ttsq.delivery.lost import Unseen, UnseenJobs
 
 GRACE_S = 10.0
@@ -64,6 +69,9 @@ class World:
         self.popped: list[tuple[float, float, str]] = []  # (recorded at, marked at, task id): with a worker
         self.returning: list[tuple[float, str]] = []  # (back at, task id): a dead worker's, given back
         self.copies: collections.Counter[str] = collections.Counter()  # messages of each job anywhere
+        #: Each job's state in the lifecycle table. A popped message counts as queued until something
+        #: shows whether kombu recorded it (a worker's death, or the gate's mark).
+        self.states: dict[str, State] = {}
         self.seq = 0
         self.watermark = 0
         self.next_sweep = SWEEP_S
@@ -73,11 +81,21 @@ class World:
     def redis_now(self) -> float:
         return self.now + self.skew
 
+    def move(self, task_id: str, *events: Event) -> None:
+        """``task_id`` makes these moves, each one the lifecycle table must have."""
+        for event in events:
+            try:
+                self.states[task_id] = step(self.states[task_id], event)
+            except ValueError as exc:
+                raise AssertionError(f"{task_id}: {exc}") from None
+
     def accept(self, task_id: str) -> None:
         self.seq += 1
         job = self.jobs.get(task_id)
         if job is None:
             self.jobs[task_id] = Job(task_id, self.seq, self.redis_now)
+            self.states[task_id] = INITIAL
+            self.move(task_id, Event.SENT)
         else:  # sent again: accepted anew with a new place in the queue, as AcceptedJobs.accept does
             job.seq, job.accepted_at, job.exposed_at = self.seq, self.redis_now, None
         self.queue.append(task_id)
@@ -98,12 +116,15 @@ class World:
             for recorded_at, _, task_id in self.popped:
                 if recorded_at <= self.now:
                     self.returning.append((self.now + RECOVERY_S, task_id))
+                    self.move(task_id, Event.POPPED)  # held by a dead worker until recovery looks
                 else:  # popped and not recorded yet: gone (kombu's fetch window)
                     self.copies[task_id] -= 1
+                    self.move(task_id, Event.MESSAGE_LOST)
             self.popped = []
         elif roll < 0.404 and self.queue:  # Redis loses a queued message
             position = self.rng.randrange(len(self.queue))
             self.copies[self.queue[position]] -= 1
+            self.move(self.queue[position], Event.MESSAGE_LOST)
             del self.queue[position]
         elif roll < 0.405:  # Redis's clock jumps forward
             self.skew += self.rng.uniform(0.5, 30)
@@ -119,7 +140,11 @@ class World:
             if job is not None:  # a second copy is dropped by the gate (Receipt.DUPLICATE)
                 self.received += 1
                 self.watermark = max(self.watermark, job.seq)
-        self.queue.extend(t for at, t in self.returning if at <= self.now)
+                self.move(task_id, Event.POPPED, Event.RECEIVED)
+        for at, task_id in self.returning:
+            if at <= self.now:
+                self.queue.append(task_id)
+                self.move(task_id, Event.HOLDER_DIED)
         self.returning = [(at, t) for at, t in self.returning if at > self.now]
         while self.now >= self.next_sweep:
             self.sweep()
@@ -145,6 +170,11 @@ class World:
         return {t for t in task_ids if t in recorded or t in self.queue}
 
     def sweep(self) -> None:
+        for task_id in self.jobs:  # each sweep, not each step: a check on every job every step costs 60%
+            copies = self.copies[task_id]
+            assert (copies == 0) == (self.states[task_id] is State.LOST), (
+                f"{task_id}: {self.states[task_id].value} in the table with {copies} copies in the world"
+            )
         depth = len(self.queue)
         looking = self.rules.sweep(
             self.now,
@@ -163,6 +193,7 @@ class World:
             assert copies == 0, f"{task_id} sent again at {self.now:.2f} s with {copies} copy(ies) on their way"
             self.jobs[task_id].sent_again += 1
             self.sent_again += 1
+            self.move(task_id, Event.SENT_AGAIN)
             self.accept(task_id)
             self.rules.sent(task_id)
 
@@ -177,6 +208,7 @@ class World:
             self.settle()
         self.rules.sweep(self.now, [])
         assert self.rules.tracked == 0
+        assert set(self.states.values()) == {State.RUNNING}, collections.Counter(self.states.values())
 
 
 def run(seed: int, steps: int) -> World:
