@@ -28,6 +28,7 @@ from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.constants import RESTARTS_KEY
 from ttsq.records.deadletters import DeadLetters
+from ttsq.records.owner import RedisOwner
 from ttsq.worker.envelope import MAX_MESSAGE_BYTES, Refused, check_raw, check_task
 
 StartWorker = Callable[..., WorkerProcess]
@@ -242,6 +243,33 @@ def test_a_message_without_an_id_is_dead_lettered_once_and_never_comes_back(
     assert redis.Redis.from_url(settings.broker_url).llen(settings.queue) == 0
     assert "KeyError" not in worker.log() and "Unrecoverable" not in worker.log()
     assert worker.process is not None and worker.process.poll() is None
+
+
+def test_a_job_ttsq_accepted_whose_message_a_worker_refuses_is_sent_again_from_its_record(
+    settings: Settings, start_worker: StartWorker
+) -> None:
+    """A message altered on the way (or written by a producer of another version): the refused copy is
+    dead-lettered, and the job, which ttsq accepted, is found nowhere and sent again by the sweeper from
+    its record, as ttsq's producer writes it: it runs once (docs/guarantees.md, "A job's lifecycle")."""
+    settings = settings.replace(lost_job_grace_s=1)
+    start_worker(settings)
+    message = envelope(settings.queue, marker="accepted, then refused", body={"text": "x"})
+    task_id = message["headers"]["id"]
+    owner = RedisOwner(settings, role="test")
+    owner.accepted.accept(
+        task_id,
+        task="ttsq.synthesize",
+        queue=settings.queue,
+        kwargs={"text": "Sent again from its record."},
+        headers={},
+    )
+    push(settings, encoded(message))
+    with Client(settings) as client:
+        assert client.wait(task_id, timeout=60)["duration_s"] > 0
+    assert not owner.accepted.exists(task_id)
+    (letter,) = dead_letters(settings).letters()
+    assert (letter.task_id, letter.reason) == (task_id, "body")
+    owner.close()
 
 
 #: Bodies Celery 5.7 cannot take apart as a task's ``[args, kwargs, embed]``: a JSON object or a number

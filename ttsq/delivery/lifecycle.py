@@ -176,8 +176,8 @@ TRANSITIONS: tuple[Transition, ...] = (
     T(S.LOST, E.CANCELLED, S.CANCELLED, _CANCELLING, _CANCEL),
     T(S.HELD, E.RECEIVED, S.RUNNING, ("ttsq.worker.gate:Gate.admit", "received.lua"), _LOST_JOBS),
     # Final for the message. The gate refuses shapes ttsq's producers do not send (a raw send_task, a
-    # hostile envelope: no record); a job ttsq accepted whose message it refused would keep its record,
-    # and the sweeper would send it again as lost (docs/guarantees.md, "A job's lifecycle").
+    # hostile envelope: no record); a job ttsq accepted whose message it refused keeps its record, and
+    # the sweeper sends it again from there as lost (docs/guarantees.md, "A job's lifecycle").
     T(
         S.HELD,
         E.REFUSED,
