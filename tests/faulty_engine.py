@@ -8,6 +8,8 @@ would fail:
   (unless ``FAULTY_ENGINE_ARMED`` names a file that does not exist: the bug has been fixed);
 - ``[hang]``: the engine call never returns, as on a stuck kernel;
 - ``[slow]``: the batch takes ``SLOW_S`` seconds longer, so a test can act while it is in flight;
+- ``[held]``: the batch waits while the file ``FAULTY_ENGINE_HOLD`` names exists (at most ``HOLD_S``), so
+  a test acts while it is in flight however slowly the machine lets the test run, then removes the file;
 - ``[crash-after-audio]``: a streaming row is handed its audio, then (a second later, once its pieces
   are in its stream) the process dies with SIGKILL, once: while the file ``FAULTY_ENGINE_ONCE`` names
   exists (it is removed first);
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     from ttsq.job import SynthesisRequest
 
 SLOW_S = 1.0
+HOLD_S = 120.0
 
 
 class FaultyEngine(EspeakEngine):
@@ -56,6 +59,11 @@ class FaultyEngine(EspeakEngine):
             threading.Event().wait()
         if any("[slow]" in text for text in texts):
             time.sleep(SLOW_S)
+        hold = os.environ.get("FAULTY_ENGINE_HOLD")
+        if hold and any("[held]" in text for text in texts):
+            deadline = time.monotonic() + HOLD_S
+            while os.path.exists(hold) and time.monotonic() < deadline:
+                time.sleep(0.02)
         once = os.environ.get("FAULTY_ENGINE_ONCE")
         if any("[crash-after-audio]" in text for text in texts) and once and os.path.exists(once):
             super().synthesize_batch(requests, pieces)

@@ -392,24 +392,29 @@ def test_ctrl_c_while_waiting_names_the_job_and_how_to_reattach_or_cancel(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    events = tmp_path / "events"
+    events, hold = tmp_path / "events", tmp_path / "hold"
+    hold.touch()  # the engine holds the job until the test has interrupted the command
     monkeypatch.setenv("FAULTY_ENGINE_EVENTS", str(events))
+    monkeypatch.setenv("FAULTY_ENGINE_HOLD", str(hold))
     settings = settings.replace(engine=faulty_engine)
     start_worker(settings)
     process = subprocess.Popen(
-        [sys.executable, "-m", "ttsq.cli.main", "submit", "A slow job [slow]."],
+        [sys.executable, "-m", "ttsq.cli.main", "submit", "A held job [held]."],
         env=settings_env(settings),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
     assert process.stderr is not None
-    accepted = process.stderr.readline().decode().strip()  # the command is waiting (the worker may be first)
-    deadline = time.monotonic() + 60
-    while not (events.exists() and events.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert events.read_text(), "the job never reached the engine"
-    process.send_signal(signal.SIGINT)  # what Ctrl-C sends, while the engine sleeps over the job
-    stdout, stderr = process.communicate(timeout=60)
+    try:
+        accepted = process.stderr.readline().decode().strip()  # the command waits (the worker may be first)
+        deadline = time.monotonic() + 60
+        while not (events.exists() and events.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert events.read_text(), "the job never reached the engine"
+        process.send_signal(signal.SIGINT)  # what Ctrl-C sends, while the engine holds the job
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        hold.unlink()
     (message,) = stderr.decode().strip().splitlines()
     assert process.returncode == 130 and stdout == b"", (stdout, message)
     match = re.fullmatch(r"ttsq: interrupted; job (\S+) keeps running: `ttsq result \1` waits for it again, "
