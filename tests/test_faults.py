@@ -49,6 +49,7 @@ def faulty(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
     """Settings for workers running the faulty engine, with a visibility timeout short enough
     that redelivery happens within a test (and the worst hold of a healthy job still fits in it)."""
     monkeypatch.setenv("FAULTY_ENGINE_EVENTS", str(tmp_path / "batches.log"))
+    monkeypatch.setenv("FAULTY_ENGINE_HOLD", str(tmp_path / "hold"))
     return settings.replace(
         engine=faulty_engine, visibility_timeout_s=25, job_timeout_s=12, storage_attempts=1, storage_timeout_s=2
     )
@@ -348,10 +349,17 @@ def test_a_job_past_its_deadline_is_dropped_before_synthesis(
     )
     with pytest.raises(DeadlineExceeded, match="before synthesis"):
         expired.get(timeout=30)
-    # A deadline that passes while the job waits behind a slow batch: dropped, not run late.
-    slow = client.submit("[slow] A batch that keeps the engine busy.")
-    wait_until(lambda: batches_started(tmp_path, worker.process.pid) >= 1, 30, "the slow batch")
-    late = client.submit("Wanted within half a second.", deadline=time.time() + 0.5)
+    # A deadline that passes while the job waits behind a batch the engine holds: dropped, not run late.
+    hold = tmp_path / "hold"
+    hold.touch()
+    slow = client.submit("[held] A batch that keeps the engine busy.")
+    try:
+        wait_until(lambda: batches_started(tmp_path, worker.process.pid) >= 1, 30, "the held batch")
+        deadline = time.time() + 0.5
+        late = client.submit("Wanted within half a second.", deadline=deadline)
+        time.sleep(max(0.0, deadline - time.time()) + 0.2)  # past its deadline while it waits
+    finally:
+        hold.unlink()
     with pytest.raises(DeadlineExceeded, match="dropped"):
         late.wait(timeout=30)
     assert slow.wait(timeout=30)["duration_s"] > 0

@@ -253,14 +253,20 @@ def test_a_document_streams_chunk_by_chunk_and_plays_the_stored_file(
 
 
 def test_an_identical_request_joins_the_running_stream_from_its_first_piece(
-    settings: Settings, start_worker: StartWorker, faulty_engine: str
+    settings: Settings, start_worker: StartWorker, faulty_engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    hold = tmp_path / "hold"
+    hold.touch()  # the engine holds the job until both requests are in: the second finds it running
+    monkeypatch.setenv("FAULTY_ENGINE_HOLD", str(hold))
     faulty = settings.replace(engine=faulty_engine)
     start_worker(faulty)
     client = Client(faulty)
-    text = "[slow] " + TEXT  # the engine call takes a second more: the second request finds it running
-    first = client.stream(text, timeout=60)
-    second = client.stream(text, timeout=60)
+    text = "[held] " + TEXT
+    try:
+        first = client.stream(text, timeout=60)
+        second = client.stream(text, timeout=60)
+    finally:
+        hold.unlink()
     assert second.job.joined and second.job.id == first.job.id
     heard = [b"".join(piece.pcm for piece in stream) for stream in (second, first)]
     assert heard[0] == heard[1] and heard[0]
