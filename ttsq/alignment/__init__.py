@@ -66,7 +66,9 @@ class Word:
 
 
 def _millis(seconds: float) -> float:
-    return math.floor(seconds * 1000) / 1000
+    # A nanosecond of slack: the same time reached by two sums (a piece's start plus a word's offset,
+    # or the word's own) may differ in its last bits, and must not fall on two sides of a millisecond.
+    return math.floor(seconds * 1000 + 1e-6) / 1000
 
 
 def words_to_json(words: Sequence[Word]) -> list[dict[str, Any]]:
