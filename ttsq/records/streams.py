@@ -90,7 +90,7 @@ class AudioStreams:
     def start(self, task_id: str, *, sample_rate: int, run: str, keep_from: str | None = None) -> str:
         """A run of the job begins producing audio at ``sample_rate``; ``run`` names the run (a rerun
         after a worker died writes a new start with another name). Its entry id."""
-        return self._add(task_id, {"kind": "start", "sample_rate": str(sample_rate), "run": run}, keep_from=keep_from)
+        return self.append(task_id, [start_fields(sample_rate=sample_rate, run=run)], keep_from=keep_from)[0]
 
     def audio(
         self,
@@ -108,24 +108,38 @@ class AudioStreams:
         ``words``: the run's words from index ``first_word`` on that this piece completes.
         ``keep_from``: an entry id; every entry before it is trimmed in the same call (the writer's
         window). Its entry id."""
-        fields = {"kind": "audio", "seq": str(seq), "pcm": base64.b64encode(pcm).decode("ascii")}
-        if words:
-            fields.update({"from": str(first_word), "words": json.dumps(words_to_json(words))})
-        if at >= 0:
-            fields["at"] = str(at)
-        if run:
-            fields["run"] = run
-        return self._add(task_id, fields, keep_from=keep_from)
+        fields = audio_fields(seq, pcm, at=at, run=run, words=words, first_word=first_word)
+        return self.append(task_id, [fields], keep_from=keep_from)[0]
 
     def words(self, task_id: str, first: int, words: Sequence[Word], *, run: str, keep_from: str | None = None) -> str:
         """The run's words from index ``first`` on, now that the worker knows when they are said. Its entry id."""
         fields = {"kind": "words", "from": str(first), "run": run, "words": json.dumps(words_to_json(words))}
-        return self._add(task_id, fields, keep_from=keep_from)
+        return self.append(task_id, [fields], keep_from=keep_from)[0]
 
-    def end(self, task_id: str, result: dict[str, Any]) -> None:
+    def append(self, task_id: str, entries: Sequence[dict[str, str]], *, keep_from: str | None = None) -> list[str]:
+        """``entries`` (``start_fields``, ``audio_fields``, ...) in order, in one round trip; their ids.
+        ``keep_from``: an entry id; every entry before it is trimmed by the first of them (the writer's
+        window), never one of ``entries`` itself."""
+        key = STREAM_PREFIX + task_id
+
+        def add() -> Any:
+            pipe = self._redis.pipeline(transaction=False)
+            for index, fields in enumerate(entries):
+                if index or keep_from is None:
+                    pipe.xadd(key, fields)  # type: ignore[arg-type]
+                else:  # exact: an approximate MINID trims whole nodes of 100 entries, about a minute of audio
+                    pipe.xadd(key, fields, minid=keep_from, approximate=False)  # type: ignore[arg-type]
+            pipe.expire(key, max(self.grace_s, STREAM_LIVE_TTL_S))
+            return pipe.execute()[:-1]
+
+        ids = patiently(add, self.url, self.patience_s)
+        return [entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id) for entry_id in ids]
+
+    def end(self, task_id: str, result: dict[str, Any], *, keep_from: str | None = None) -> None:
         """The job succeeded: its result (the stored file's URL and facts) closes the stream, which goes
-        ``grace_s`` later."""
-        self._add(task_id, {"kind": "end", "payload": json.dumps(result, sort_keys=True)}, ttl_s=self.grace_s)
+        ``grace_s`` later. ``keep_from``: as for ``append`` (the writer's window at the clip's end)."""
+        fields = {"kind": "end", "payload": json.dumps(result, sort_keys=True)}
+        self._add(task_id, fields, keep_from=keep_from, ttl_s=self.grace_s)
 
     def error(self, task_id: str, error: BaseException) -> None:
         """The job failed: its error type and message close the stream (never the input text: ttsq's
@@ -140,7 +154,7 @@ class AudioStreams:
             pipe = self._redis.pipeline(transaction=False)
             if keep_from is None:
                 pipe.xadd(key, fields)  # type: ignore[arg-type]
-            else:  # exact: an approximate MINID trims whole nodes of 100 entries, about a minute of audio
+            else:  # exact, as in ``append``
                 pipe.xadd(key, fields, minid=keep_from, approximate=False)  # type: ignore[arg-type]
             pipe.expire(key, ttl_s or max(self.grace_s, STREAM_LIVE_TTL_S))
             return pipe.execute()[0]
@@ -164,6 +178,25 @@ class AudioStreams:
         # RESP3 answers a map of stream -> entries, RESP2 a list of [stream, entries] pairs.
         streams = answer.values() if isinstance(answer, dict) else [pair[1] for pair in answer or []]
         return [parse_entry(entry_id, fields) for entries in streams for entry_id, fields in entries]
+
+
+def start_fields(*, sample_rate: int, run: str) -> dict[str, str]:
+    """A ``start`` entry's fields, for ``AudioStreams.append``."""
+    return {"kind": "start", "sample_rate": str(sample_rate), "run": run}
+
+
+def audio_fields(
+    seq: int, pcm: bytes, *, at: int = -1, run: str = "", words: Sequence[Word] = (), first_word: int = 0
+) -> dict[str, str]:
+    """An ``audio`` entry's fields (``AudioStreams.audio``), for ``AudioStreams.append``."""
+    fields = {"kind": "audio", "seq": str(seq), "pcm": base64.b64encode(pcm).decode("ascii")}
+    if words:
+        fields.update({"from": str(first_word), "words": json.dumps(words_to_json(words))})
+    if at >= 0:
+        fields["at"] = str(at)
+    if run:
+        fields["run"] = run
+    return fields
 
 
 def parse_entry(entry_id: str, fields: dict[str, str]) -> StreamEntry:

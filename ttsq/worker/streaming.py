@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ttsq.audio import pcm_pieces
+from ttsq.records.streams import audio_fields, start_fields
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -181,36 +182,38 @@ class StreamWriter:
         return taken
 
     def _write(self, pieces: list[npt.NDArray[Any]]) -> None:
+        """What queued up since the last write, in one round trip: its pieces (and the run's ``start``,
+        where it begins one), trimming what earlier writes put out of the window."""
         if not pieces or self._broken:
             return
         try:
+            entries: list[dict[str, str]] = []
+            ends: list[int] = []  # where each entry's audio ends, over every run of this writer
+            written = self._written
             if self._run is None:
                 self._run = uuid.uuid4().hex[:12]
                 self._seq, self._at, self._words = 0, 0, 0
-                entry = self.streams.start(
-                    self.task_id, sample_rate=self.sample_rate, run=self._run, keep_from=self._keep_from
-                )
-                self._kept.append((entry, self._written))
+                entries.append(start_fields(sample_rate=self.sample_rate, run=self._run))
+                ends.append(written)
             samples = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
             for pcm in pcm_pieces(samples, self.sample_rate, PIECE_S):
                 count = len(pcm) // 2
-                self._trim(self._written + count)
                 words = self._completed(self._at + count)
-                entry = self.streams.audio(
-                    self.task_id,
-                    self._seq,
-                    pcm,
-                    at=self._at,
-                    run=self._run,
-                    keep_from=self._keep_from,
-                    words=words,
-                    first_word=self._words,
+                entries.append(
+                    audio_fields(self._seq, pcm, at=self._at, run=self._run, words=words, first_word=self._words)
                 )
                 self._words += len(words)
-                self._written += count
-                self._kept.append((entry, self._written))
+                written += count
+                ends.append(written)
                 self._seq += 1
                 self._at += count
+            # Never a piece of this write: a reader blocked on the stream wakes at its first entry and
+            # reads the rest after the round trip, so a piece trimmed by its own write would never reach
+            # a reader that keeps up (an engine that does not stream writes its whole clip at once).
+            self._trim(written)
+            ids = self.streams.append(self.task_id, entries, keep_from=self._keep_from)
+            self._written = written
+            self._kept.extend(zip(ids, ends, strict=True))
         except Exception as exc:  # the early copy only: the job goes on, its readers end with an error
             self._broken = True
             logger.warning("job %s: could not write its stream: %s", self.task_id, type(exc).__name__)
@@ -220,9 +223,17 @@ class StreamWriter:
             if self.sent_at is not None:
                 self.observer.first_audio(max(0.0, time.time() - self.sent_at))
 
+    def end_trim(self) -> str | None:
+        """The entry id the stream's ``end`` trims before (``AudioStreams.end``'s ``keep_from``): the
+        window counted back from the clip's end, so an ended stream waiting out its grace holds one
+        window, however much the last write put in. A reader still behind it plays the stored file,
+        which is there by then."""
+        self._trim(self._written)
+        return self._keep_from
+
     def _trim(self, newest_end: int) -> None:
-        """Before writing a piece that ends at sample ``newest_end``: the entries whose audio ends more
-        than the window before it are out, and the next write trims them (``keep_from``)."""
+        """Before a write whose audio ends at sample ``newest_end``: the entries whose audio ends more
+        than the window before it are out, and the write trims them (``keep_from``)."""
         window = int(self.streams.window_s * self.sample_rate)
         last_out: str | None = None
         while self._kept and self._kept[0][1] <= newest_end - window:
