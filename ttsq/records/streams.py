@@ -135,7 +135,9 @@ class AudioStreams:
         key = STREAM_PREFIX + task_id
 
         def add() -> Any:
-            pipe = self._redis.pipeline(transaction=False)
+            # MULTI/EXEC: a reader blocked on the stream wakes once the whole write is in and takes it
+            # in one read, not once at its first entry and again for the rest.
+            pipe = self._redis.pipeline(transaction=len(entries) > 1)
             for index, fields in enumerate(entries):
                 if index or keep_from is None:
                     pipe.xadd(key, fields)  # type: ignore[arg-type]
