@@ -249,7 +249,7 @@ def redis_bytes(args: argparse.Namespace) -> dict[str, Any]:
 
     rate, grace_s = 24_000, 1
     rng = np.random.default_rng(41)
-    # Speech-like in what matters here: base64 of 16-bit samples is the same size whatever they are.
+    # Speech-like in what matters here: 16-bit samples are the same size in a stream whatever they are.
     clip = (rng.standard_normal(int(args.clip_s * rate)) * 0.1).astype(np.float32)
     redis = RedisServer().start()
     try:

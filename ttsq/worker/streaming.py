@@ -230,9 +230,10 @@ class StreamWriter:
 
         A piece per round trip cost the worker, Redis and each reader (who kept up, and took one
         entry a read) a command each: an engine that does not stream writes a whole clip at once.
-        Counting the window back from the group's start, not its end, keeps every group whole for one
-        more round trip: a reader blocked on the stream wakes at a group's first entry and reads the
-        rest after it, so a group that trimmed its own pieces would cut them from a reader that keeps up.
+        Counting the window back from the group's start, not its end, keeps every group whole until
+        the one after next: a reader that keeps up, one read per group, gets every piece, where a
+        group that trimmed its own pieces (a whole clip longer than the window) would cut them from
+        every reader before it could read them.
         """
         if not group:
             return
