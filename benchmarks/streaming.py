@@ -19,8 +19,9 @@ serve`` read through the official ``openai`` package (``with_streaming_response`
 ``--redis-bytes N`` measures instead what Redis holds per stream being made (docs/deployment.md, "Redis
 sizing"): N streams of ``--clip-s`` seconds of 24 kHz audio written by the worker's own ``StreamWriter``
 into a private redis-server, left open (no ``end``: streams being made), Redis's ``used_memory`` over
-N; in the same run the same streams kept whole (what every stream held before it kept a window), and
-then at rest: after their ``end`` and ``TTSQ_STREAM_GRACE_S``.
+N; in the same run the same streams kept whole (what every stream held before it kept a window); then
+per stream ended and waiting out its grace (its ``end`` trims it to the window), and at rest: after
+``TTSQ_STREAM_GRACE_S``.
 
     python benchmarks/streaming.py --redis-bytes 50 [--clip-s 60] [--window-s 5]
 
@@ -248,7 +249,7 @@ def redis_bytes(args: argparse.Namespace) -> dict[str, Any]:
 
     rate, grace_s = 24_000, 1
     rng = np.random.default_rng(41)
-    # Speech-like in what matters here: base64 of 16-bit samples is the same size whatever they are.
+    # Speech-like in what matters here: 16-bit samples are the same size in a stream whatever they are.
     clip = (rng.standard_normal(int(args.clip_s * rate)) * 0.1).astype(np.float32)
     redis = RedisServer().start()
     try:
@@ -262,13 +263,15 @@ def redis_bytes(args: argparse.Namespace) -> dict[str, Any]:
             streams = AudioStreams(client, window_s=window_s, grace_s=grace_s)
             before = used()
             ids = [f"bench-{name}-{n}" for n in range(args.redis_bytes)]
+            writers = {}
             for task_id in ids:
-                writer = StreamWriter(streams, task_id, sample_rate=rate, observer=Observer(), sent_at=None)
-                writer.finish(EngineOutput(samples=clip, sample_rate=rate))
+                writers[task_id] = StreamWriter(streams, task_id, sample_rate=rate, observer=Observer(), sent_at=None)
+                writers[task_id].finish(EngineOutput(samples=clip, sample_rate=rate))
             open_bytes = used() - before
             figures[f"{name}_bytes_per_stream"] = round(open_bytes / args.redis_bytes)
-            for task_id in ids:
-                streams.end(task_id, {"duration_s": args.clip_s})
+            for task_id in ids:  # as the worker ends a stream: trimmed to the window from the clip's end
+                streams.end(task_id, {"duration_s": args.clip_s}, keep_from=writers[task_id].end_trim())
+            figures[f"{name}_ended_bytes_per_stream"] = round((used() - before) / args.redis_bytes)
             time.sleep(grace_s + 1.5)
             figures[f"{name}_at_rest_bytes"] = used() - before
             figures[f"{name}_keys_at_rest"] = len(client.keys("ttsq:stream:bench-*"))
@@ -411,7 +414,9 @@ def main() -> int:
             f"ttsq stream memory: {figures['streams']} open streams of {figures['clip_s']:.0f} s "
             f"at {figures['rate']} Hz; "
             f"Redis bytes per stream being made: {figures['windowed_bytes_per_stream']:,} with a "
-            f"{figures['window_s']} s window, {figures['whole_bytes_per_stream']:,} kept whole; after end + grace: "
+            f"{figures['window_s']} s window, {figures['whole_bytes_per_stream']:,} kept whole; per ended stream in "
+            f"its grace: {figures['windowed_ended_bytes_per_stream']:,} against "
+            f"{figures['whole_ended_bytes_per_stream']:,}; after end + grace: "
             f"{figures['windowed_at_rest_bytes']:,} bytes ({figures['windowed_keys_at_rest']} keys) against "
             f"{figures['whole_at_rest_bytes']:,} ({figures['whole_keys_at_rest']} keys)"
         )

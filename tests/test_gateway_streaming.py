@@ -57,7 +57,8 @@ def stored_wav(gateway: GatewayProcess, token: str, job_id: str) -> tuple[np.nda
 
 
 def stream_entries(settings: Settings, job_id: str) -> list[str]:
-    client = redis.Redis.from_url(settings.cache_url, decode_responses=True)
+    # Stream pieces are bytes: the kinds are what these reads need.
+    client = redis.Redis.from_url(settings.cache_url, decode_responses=True, encoding_errors="replace")
     try:
         return [fields["kind"] for _, fields in client.xrange(STREAM_PREFIX + job_id)]
     finally:
@@ -594,7 +595,8 @@ def test_a_late_reader_sends_the_bytes_a_live_one_would(
     reader sends (a wav with the streamed header), not the stored file as is."""
     worker = start_worker(settings.replace(stream_window_s=1))
     gateway, token = start_gateway(settings), api_key(settings)
-    cache = redis.Redis.from_url(settings.cache_url, decode_responses=True)
+    # Stream pieces are bytes: the kinds are what these reads need.
+    cache = redis.Redis.from_url(settings.cache_url, decode_responses=True, encoding_errors="replace")
     for response_format in ("wav", "pcm"):
         body = {
             "model": "tts-1",

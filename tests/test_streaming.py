@@ -16,16 +16,19 @@ from document_corpus import corpus
 from support import WorkerProcess, run_cli, wait_until
 
 from ttsq.app import make_app
+from ttsq.audio import pcm16
 from ttsq.client import AudioPiece, AudioStream, Client, Job
 from ttsq.config import Settings
 from ttsq.constants import STREAM_PREFIX
-from ttsq.engines.base import EngineIdentity
+from ttsq.engines.base import EngineIdentity, EngineOutput
 from ttsq.engines.espeak import EspeakEngine
 from ttsq.errors import CorruptRecord, InvalidRequest, StreamBroken
 from ttsq.job import SynthesisRequest
 from ttsq.keys import content_key
+from ttsq.observer import Observer
 from ttsq.records.owner import RedisOwner
 from ttsq.records.streams import parse_entry
+from ttsq.worker.streaming import PIECE_S, StreamWriter
 
 StartWorker = Callable[..., WorkerProcess]
 TEXT = "A streamed sentence arrives in pieces, and the pieces make the stored file."
@@ -81,8 +84,15 @@ def test_the_stream_field_is_checked_and_is_not_part_of_the_content_key() -> Non
 
 def test_stream_entries_read_back_are_checked() -> None:
     pcm = base64.b64encode(b"\x01\x00").decode()
-    assert parse_entry("1-0", {"kind": "audio", "seq": "3", "pcm": pcm}).pcm == b"\x01\x00"
+    assert parse_entry("1-0", {"kind": "audio", "seq": "3", "pcm": pcm}).pcm == b"\x01\x00"  # as workers wrote it
+    raw = {b"kind": b"audio", b"seq": b"3", b"raw": b"\xff\x00", b"run": b"r1"}  # as read, not decoded
+    entry = parse_entry(b"1-0", raw)
+    assert (entry.id, entry.pcm, entry.seq, entry.run) == ("1-0", b"\xff\x00", 3, "r1")
+    fields: dict[str, str] | dict[bytes, bytes]
     for fields in (
+        {b"kind": b"audio", b"seq": b"3", b"raw": b"\xff"},  # half a sample
+        {"kind": "audio", "seq": "3", "raw": "\ufffd\x00"},  # read as text: its bytes are lost
+        {"kind": "audio", "seq": "3", "pcm": "not base64!"},
         {"kind": "audio", "seq": "x", "pcm": pcm},
         {"kind": "audio", "pcm": pcm},
         {"kind": "start"},
@@ -93,6 +103,32 @@ def test_stream_entries_read_back_are_checked() -> None:
     ):
         with pytest.raises(CorruptRecord):
             parse_entry("1-0", fields)
+
+
+def test_a_clip_written_at_once_reaches_a_reader_that_keeps_up_and_its_end_keeps_one_window(
+    settings: Settings,
+) -> None:
+    """An engine that does not stream hands over its whole clip at once: the writer sends a window of
+    it per round trip, and no round trip trims its own pieces or the ones before (a reader blocked on
+    the stream wakes at the first and reads the rest after it), so a clip of two windows is all there to
+    read; the end trims what lies more than a window before the clip's end."""
+    rate, window_s = 24_000, 4
+    owner = RedisOwner(settings.replace(stream_window_s=window_s), role="test")
+    task_id = f"whole-{uuid.uuid4().hex}"
+    clip = (np.sin(np.arange(7 * rate) / 20) * 0.3).astype(np.float32)
+    writer = StreamWriter(owner.streams, task_id, sample_rate=rate, observer=Observer(), sent_at=None)
+    writer.finish(EngineOutput(samples=clip, sample_rate=rate))
+    entries = owner.streams.read(task_id, block_s=0.1)
+    audio = [entry for entry in entries if entry.kind == "audio"]
+    assert entries[0].kind == "start" and [entry.seq for entry in audio] == list(range(len(audio)))
+    assert b"".join(entry.pcm for entry in audio) == pcm16(clip)  # all of it, from its first piece
+    owner.streams.end(task_id, {"duration_s": 7.0}, keep_from=writer.end_trim())
+    kept = owner.streams.read(task_id, block_s=0.1)
+    tail = [entry for entry in kept if entry.kind == "audio"]
+    assert kept[-1].kind == "end" and kept[0].kind == "audio" and tail[0].seq > 0
+    assert sum(len(entry.pcm) for entry in tail) <= (window_s + PIECE_S) * rate * 2  # a window and a piece
+    assert b"".join(entry.pcm for entry in tail) == pcm16(clip)[-sum(len(entry.pcm) for entry in tail) :]
+    owner.close()
 
 
 def test_espeak_hands_a_streaming_row_its_audio_as_it_speaks(tmp_path: Path) -> None:

@@ -236,7 +236,7 @@ class Settings:
     # Streams (``stream: true``, every job of the gateway's speech route): docs/streaming.md.
     #: Seconds of audio a job's Redis stream keeps behind its newest piece; older pieces are trimmed as
     #: the worker appends. A reader further behind (or later) continues from the stored file at the
-    #: sample it had reached. Redis holds about this times 64 KB per stream being made (24 kHz).
+    #: sample it had reached. Redis holds about this times 48 KB per stream (24 kHz).
     stream_window_s: int = 5
     #: How long a job's stream stays readable after its ``end`` or ``error`` entry (seconds); a reader
     #: that comes back later reads the job's stored file.

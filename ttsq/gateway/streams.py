@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from ttsq.constants import STREAM_PREFIX
 from ttsq.errors import CorruptRecord
-from ttsq.records.streams import StreamEntry, parse_entry, read_answer
+from ttsq.records.streams import NOT_DECODED, StreamEntry, parse_entry, read_answer, xread_command
 
 if TYPE_CHECKING:
     from redis import asyncio as aioredis
@@ -183,7 +183,10 @@ class StreamReader:
                         continue
                     self._read_generation, self._in_read = self._generation, True
                     try:
-                        answer = await connection.xread(positions, count=READ_COUNT, block=BLOCK_MS)  # type: ignore[arg-type]
+                        command = xread_command(positions, count=READ_COUNT, block_ms=BLOCK_MS)
+                        answer = await connection.execute_command(  # type: ignore[no-untyped-call]
+                            *command, keys=list(positions), **NOT_DECODED
+                        )
                     finally:
                         self._in_read = False
                 except asyncio.CancelledError:

@@ -255,6 +255,7 @@ class Pipeline:
         key = claimed_key
         started = time.perf_counter()
         outcome, result, written = "failed", None, False
+        writer: StreamWriter | None = None  # a streaming job's, once it goes to the engine
         request: SynthesisRequest | None = None
         self.observer.job_started(task_id)
         # A batch that is not full may wait for this job while it is checked (cache, ledger).
@@ -291,12 +292,13 @@ class Pipeline:
                 attempts = self.ledger.attempts(task_id)
                 if attempts >= self.settings.max_attempts:
                     self._park(kwargs, request, task_id, attempts)
+                writer = self._writer(request, task_id=task_id, queue_wait_s=queue_wait_s, started=started)
                 result, written = self._synthesize(
                     request,
                     key,
+                    writer,
                     task_id=task_id,
                     queue_wait_s=queue_wait_s,
-                    started=started,
                     isolated=attempts > 0,
                     expected=expected,
                 )
@@ -313,8 +315,11 @@ class Pipeline:
             if request.stream and self.streams is not None:
                 # Its readers learn the result from the stream itself; a cache hit wrote no audio to
                 # it, and its readers read the stored file instead.
-                done = result
-                self._stream_quietly(lambda: self.streams.end(task_id, dict(done)) if self.streams else None, task_id)
+                done, keep_from = result, writer.end_trim() if writer is not None else None
+                self._stream_quietly(
+                    lambda: self.streams.end(task_id, dict(done), keep_from=keep_from) if self.streams else None,
+                    task_id,
+                )
             return result
         except Exception as exc:
             if isinstance(exc, InvalidRequest):
@@ -367,29 +372,30 @@ class Pipeline:
         logger.error("job %s parked after %d unfinished attempts", task_id, attempts)
         raise JobParked(error)
 
+    def _writer(
+        self, request: SynthesisRequest, *, task_id: str, queue_wait_s: float | None, started: float
+    ) -> StreamWriter | None:
+        """The writer of a streaming job's audio to its stream; None for a job that does not stream."""
+        if not request.stream or self.streams is None:
+            return None
+        sent_at = None if queue_wait_s is None else time.time() - (time.perf_counter() - started) - queue_wait_s
+        return StreamWriter(
+            self.streams, task_id, sample_rate=self.engine.identity.sample_rate, observer=self.observer, sent_at=sent_at
+        )
+
     def _synthesize(
         self,
         request: SynthesisRequest,
         key: str,
+        writer: StreamWriter | None,
         *,
         task_id: str,
         queue_wait_s: float | None,
-        started: float,
         isolated: bool = False,
         expected: Expected | None = None,
     ) -> tuple[JobResult, bool]:
         """The job's result, and whether this run wrote its object (an earlier run may have)."""
         queued = time.perf_counter()
-        writer = None
-        if request.stream and self.streams is not None:
-            sent_at = None if queue_wait_s is None else time.time() - (time.perf_counter() - started) - queue_wait_s
-            writer = StreamWriter(
-                self.streams,
-                task_id,
-                sample_rate=self.engine.identity.sample_rate,
-                observer=self.observer,
-                sent_at=sent_at,
-            )
         # Its encode counts in the encoders' backlog from the moment its batch returns until it is
         # encoded, or the job leaves: the batcher holds back batches whose audio would only queue there.
         turn = self.encoders.turn(request.format)

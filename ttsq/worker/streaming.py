@@ -17,10 +17,11 @@ entry before the file is encoded (``finish``). Words timed by the worker's align
 in the ``end``.
 
 The writer keeps the stream to its window: each piece carries the sample it starts at, and each write
-trims, in the same call, every entry whose audio ends more than ``AudioStreams.window_s`` seconds
-before the newest piece's end (the ``start`` goes with the first of them). Readers further behind
-continue from the stored file (``ttsq.records.playback``), so Redis holds one window per stream being
-made, not the clip.
+(one round trip, at most a window of audio) trims, with its first entry, every entry whose audio ends
+more than ``AudioStreams.window_s`` seconds before the write's first piece (the ``start`` goes with the
+run's first piece); the ``end`` trims the same way from the clip's end (``end_trim``). Readers further
+behind continue from the stored file (``ttsq.records.playback``), so Redis holds about one window per
+stream, not the clip (two at most, while a clip handed over at once is written).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ttsq.audio import pcm_pieces
+from ttsq.records.streams import audio_fields, start_fields
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -51,7 +53,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 #: Seconds of audio per piece when a whole clip is written at once.
-PIECE_S = 0.5
+PIECE_S = 1.0
 #: The future resolved: the queue holds nothing after it.
 _DONE = object()
 
@@ -181,36 +183,38 @@ class StreamWriter:
         return taken
 
     def _write(self, pieces: list[npt.NDArray[Any]]) -> None:
+        """What queued up since the last write: its pieces (after the run's ``start``, where it begins
+        one), in one round trip per window of audio (``_send``)."""
         if not pieces or self._broken:
             return
         try:
+            group: list[dict[str, str | bytes]] = []
+            ends: list[int] = []  # where each entry's audio ends, over every run of this writer
+            written = self._written
             if self._run is None:
                 self._run = uuid.uuid4().hex[:12]
                 self._seq, self._at, self._words = 0, 0, 0
-                entry = self.streams.start(
-                    self.task_id, sample_rate=self.sample_rate, run=self._run, keep_from=self._keep_from
-                )
-                self._kept.append((entry, self._written))
+                group.append(start_fields(sample_rate=self.sample_rate, run=self._run))
+                ends.append(-1)  # it goes with the run's first piece: a reader needs both
             samples = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+            window = int(self.streams.window_s * self.sample_rate)
             for pcm in pcm_pieces(samples, self.sample_rate, PIECE_S):
                 count = len(pcm) // 2
-                self._trim(self._written + count)
+                if group and written + count - self._written > window:
+                    self._send(group, ends)
+                    group, ends = [], []
                 words = self._completed(self._at + count)
-                entry = self.streams.audio(
-                    self.task_id,
-                    self._seq,
-                    pcm,
-                    at=self._at,
-                    run=self._run,
-                    keep_from=self._keep_from,
-                    words=words,
-                    first_word=self._words,
+                group.append(
+                    audio_fields(self._seq, pcm, at=self._at, run=self._run, words=words, first_word=self._words)
                 )
                 self._words += len(words)
-                self._written += count
-                self._kept.append((entry, self._written))
+                written += count
+                ends.append(written)
+                if ends[0] < 0:
+                    ends[0] = written
                 self._seq += 1
                 self._at += count
+            self._send(group, ends)
         except Exception as exc:  # the early copy only: the job goes on, its readers end with an error
             self._broken = True
             logger.warning("job %s: could not write its stream: %s", self.task_id, type(exc).__name__)
@@ -220,9 +224,36 @@ class StreamWriter:
             if self.sent_at is not None:
                 self.observer.first_audio(max(0.0, time.time() - self.sent_at))
 
+    def _send(self, group: list[dict[str, str | bytes]], ends: list[int]) -> None:
+        """One round trip: ``group`` (at most a window of audio, or one piece), whose entries' audio ends
+        at ``ends``, trimming the entries that end more than a window before the group's start.
+
+        A piece per round trip cost the worker, Redis and each reader (who kept up, and took one
+        entry a read) a command each: an engine that does not stream writes a whole clip at once.
+        Counting the window back from the group's start, not its end, keeps every group whole until
+        the one after next: a reader that keeps up, one read per group, gets every piece, where a
+        group that trimmed its own pieces (a whole clip longer than the window) would cut them from
+        every reader before it could read them.
+        """
+        if not group:
+            return
+        ends = [self._written if end < 0 else end for end in ends]  # a start sent before any piece
+        self._trim(self._written)
+        ids = self.streams.append(self.task_id, group, keep_from=self._keep_from)
+        self._written = ends[-1]
+        self._kept.extend(zip(ids, ends, strict=True))
+
+    def end_trim(self) -> str | None:
+        """The entry id the stream's ``end`` trims before (``AudioStreams.end``'s ``keep_from``): the
+        window counted back from the clip's end, so an ended stream waiting out its grace holds one
+        window, however much the last write put in. A reader still behind it plays the stored file,
+        which is there by then."""
+        self._trim(self._written)
+        return self._keep_from
+
     def _trim(self, newest_end: int) -> None:
-        """Before writing a piece that ends at sample ``newest_end``: the entries whose audio ends more
-        than the window before it are out, and the next write trims them (``keep_from``)."""
+        """The entries whose audio ends more than the window before sample ``newest_end`` are out, and
+        the next write trims them (``keep_from``)."""
         window = int(self.streams.window_s * self.sample_rate)
         last_out: str | None = None
         while self._kept and self._kept[0][1] <= newest_end - window:
