@@ -398,8 +398,14 @@ def test_ctrl_c_while_waiting_names_the_job_and_how_to_reattach_or_cancel(
     monkeypatch.setenv("FAULTY_ENGINE_HOLD", str(hold))
     settings = settings.replace(engine=faulty_engine)
     start_worker(settings)
+    # `ttsq submit` as `python -m ttsq.cli.main` runs it, with every thread's stack dumped on SIGUSR1:
+    # what the command was doing, if it outlives the interrupt.
+    launch = (
+        "import faulthandler, runpy, signal, sys; faulthandler.register(signal.SIGUSR1, all_threads=True); "
+        "sys.argv[0] = 'ttsq'; runpy.run_module('ttsq.cli.main', run_name='__main__')"
+    )
     process = subprocess.Popen(
-        [sys.executable, "-m", "ttsq.cli.main", "submit", "A held job [held]."],
+        [sys.executable, "-c", launch, "submit", "A held job [held]."],
         env=settings_env(settings),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -411,12 +417,30 @@ def test_ctrl_c_while_waiting_names_the_job_and_how_to_reattach_or_cancel(
         while not (events.exists() and events.read_text()) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert events.read_text(), "the job never reached the engine"
+        with open(f"/proc/{process.pid}/status") as status:  # its signal masks, said if it fails
+            masks = [line.strip() for line in status if line.startswith(("SigBlk", "SigIgn", "SigCgt"))]
         process.send_signal(signal.SIGINT)  # what Ctrl-C sends, while the engine holds the job
-        stdout, stderr = process.communicate(timeout=60)
+        try:
+            stdout, stderr = process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGUSR1)
+            time.sleep(1)
+            process.kill()
+            stdout, stderr = process.communicate()
+            raise AssertionError(
+                f"still running 60 s after SIGINT; {masks}; {accepted!r}:\n{stderr.decode()}"
+            ) from None
     finally:
         hold.unlink()
-    (message,) = stderr.decode().strip().splitlines()
-    assert process.returncode == 130 and stdout == b"", (stdout, message)
+    lines = stderr.decode().strip().splitlines()
+    assert process.returncode == 130 and stdout == b"" and len(lines) == 1, (
+        process.returncode,
+        masks,
+        accepted,
+        stdout,
+        stderr,
+    )
+    (message,) = lines
     match = re.fullmatch(r"ttsq: interrupted; job (\S+) keeps running: `ttsq result \1` waits for it again, "
                          r"`ttsq cancel \1` cancels it", message)  # fmt: skip
     assert match, message
