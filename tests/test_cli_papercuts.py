@@ -398,10 +398,13 @@ def test_ctrl_c_while_waiting_names_the_job_and_how_to_reattach_or_cancel(
     monkeypatch.setenv("FAULTY_ENGINE_HOLD", str(hold))
     settings = settings.replace(engine=faulty_engine)
     start_worker(settings)
-    # `ttsq submit` as `python -m ttsq.cli.main` runs it, with every thread's stack dumped on SIGUSR1:
-    # what the command was doing, if it outlives the interrupt.
+    # `ttsq submit` as `python -m ttsq.cli.main` runs it from a terminal: Ctrl-C raises KeyboardInterrupt.
+    # A suite started in the background (`pytest &`, as a CI runner may) has SIGINT ignored, and every
+    # process it starts inherits that (Python leaves an ignored SIGINT ignored): the command would
+    # rightly not hear the interrupt. Every thread's stack is dumped on SIGUSR1, if it outlives it.
     launch = (
-        "import faulthandler, runpy, signal, sys; faulthandler.register(signal.SIGUSR1, all_threads=True); "
+        "import faulthandler, runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "faulthandler.register(signal.SIGUSR1, all_threads=True); "
         "sys.argv[0] = 'ttsq'; runpy.run_module('ttsq.cli.main', run_name='__main__')"
     )
     process = subprocess.Popen(
