@@ -23,6 +23,11 @@ from support import BUCKET, FAULTY, SECRET, TESTS, GatewayProcess, WorkerProcess
 from ttsq.config import Settings
 from ttsq.ops.redis_server import RedisServer, free_port
 
+# torch's OpenMP threads sleep between parallel regions instead of spinning, here and in the workers the
+# tests start (they inherit it): with two test processes per core, the spinning of one process's idle
+# team was CPU the others waited for (test_qwen_fast.py alone: 60 CPU-s spinning, 47 passive).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto`` (the default, pyproject.toml): two test processes per core. Most of a test's time is
