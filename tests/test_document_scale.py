@@ -99,9 +99,12 @@ def test_a_document_behind_a_backlog_is_waiting_not_lost(
         engine=faulty_engine,
         max_batch=1,
         job_timeout_s=6,
-        storage_attempts=1,
+        # Two tries of a second each: one try of one second failed a chunk's upload when the S3 server,
+        # a thread of the test process, answered late on a loaded machine (the smallest timeout these
+        # settings allow grows to 18 s; the backlog still outlasts it and the grace).
+        storage_attempts=2,
         storage_timeout_s=1,
-        visibility_timeout_s=13,
+        visibility_timeout_s=18,
         lost_job_grace_s=2,
     )
     stale_s = small.visibility_timeout_s + small.lost_job_grace_s
