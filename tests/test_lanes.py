@@ -166,7 +166,7 @@ def _queued_ids(settings: Settings, queue: str) -> list[str]:
 def test_the_lanes_benchmark_runs(tmp_path: Path) -> None:
     script = Path(__file__).parent.parent / "benchmarks" / "lanes.py"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TTSQ_")}
-    args = ["--capacity-jobs", "24", "--seconds", "3", "--backlog", "120", "--tenants", "150,40,10", "--stagger", "1"]
+    args = ["--capacity-jobs", "16", "--seconds", "2", "--backlog", "60", "--tenants", "60,20,6", "--stagger", "0.5"]
     out = subprocess.run([sys.executable, str(script), *args], capture_output=True, timeout=600, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr.decode()[-2000:]
     report = json.loads(out.stdout.decode()[out.stdout.decode().index("{\n") :])
