@@ -263,6 +263,49 @@ def test_redis_restart_mid_burst_loses_no_accepted_job_and_workers_consume_after
         server.stop()
 
 
+def test_a_job_held_across_a_redis_restart_is_acknowledged_once_it_is_done(
+    faulty: Settings, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    """A worker finishes the job it held when its broker connection dropped, and that job's ack, which
+    cannot go on the connection the message came on, is made on a new one: no entry is left in kombu's
+    ``unacked`` hash to run the job again when the visibility timeout passes (here long after the test)."""
+    server = RedisServer(directory=str(tmp_path / "redis"), appendonly=True)
+    os.makedirs(server.directory)
+    server.start()
+    url = server.url
+    settings = faulty.replace(
+        broker_url=f"{url}/0", result_backend=f"{url}/1", cache_url=f"{url}/2", visibility_timeout_s=600
+    )
+    hold = tmp_path / "hold"
+    hold.touch()
+    worker: WorkerProcess | None = None
+    try:
+        worker = start_worker(settings)
+        assert worker.process is not None
+        with Client(settings) as client:
+            job = client.submit("[held] A job in the engine while Redis restarts.")
+        wait_until(lambda: batches_started(tmp_path, worker.process.pid) >= 1, 30, "the held batch")
+        assert unacked(settings) == 1
+        server.stop(keep_data=True)
+        time.sleep(1)
+        server.start()
+        hold.unlink()
+        with Client(settings) as client:
+            assert client.wait(job.id or "", timeout=SLACK_S)["duration_s"] > 0
+            wait_until(lambda: unacked(settings) == 0, 30, "the held message acknowledged on a new connection")
+            # The worker consumes on its new connection, and acknowledges there as ever.
+            assert client.submit("After the restart.").wait(timeout=SLACK_S)["duration_s"] > 0
+        # Its ack follows its stored result by a moment (Celery acks a late-ack task after storing it).
+        wait_until(lambda: unacked(settings) == 0, 30, "the job after the restart acknowledged")
+        assert "acknowledged 1 message(s) finished after their broker connection was lost" in worker.log()
+        assert len(s3_keys(settings)) == 2 and worker.process.poll() is None
+    finally:
+        hold.unlink(missing_ok=True)
+        if worker is not None:
+            worker.stop()
+        server.stop()
+
+
 def test_storage_outage_retries_with_backoff_and_completes_when_the_store_is_back(
     settings: Settings, start_worker: StartWorker
 ) -> None:

@@ -19,7 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ttsq.constants import HELD_PREFIX, HOLDER_PREFIX, HOLDERS_KEY
-from ttsq.records.queues import UNACKED_INDEX_KEY
+from ttsq.records.queues import UNACKED_INDEX_KEY, UNACKED_KEY
 
 if TYPE_CHECKING:
     from collections.abc import Collection
@@ -87,6 +87,23 @@ class Holders:
         now = time.time()  # kombu's clock for the index: the worker host's, as when it delivered them
         # XX: only tags still in kombu's index; one acked meanwhile is not brought back.
         return int(self._redis.zadd(UNACKED_INDEX_KEY, dict.fromkeys(tags, now), xx=True, ch=True) or 0)
+
+    def acknowledge(self, name: str, tags: Collection[str]) -> int:
+        """Acknowledge ``tags`` that incarnation ``name`` finished after the connection they came on was
+        lost: drop them from kombu's ``unacked`` hash and index and from ``name``'s set, as kombu's own ack
+        does, in one transaction. Return how many were still there.
+
+        Only for messages whose job is over (Celery acknowledges a late-ack task once its outcome is
+        stored): if kombu gave one back meanwhile and another worker holds it again under the same tag,
+        dropping that entry costs nothing but the rerun of a job that has its result. kombu's
+        ``restore_by_tag`` watches the hash, so a tag is never both given back and dropped."""
+        if not tags:
+            return 0
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.hdel(UNACKED_KEY, *tags)
+        pipe.zrem(UNACKED_INDEX_KEY, *tags)
+        pipe.srem(held_key(name), *tags)
+        return int(pipe.execute()[0] or 0)
 
     def retire(self, name: str) -> None:
         """Forget incarnation ``name``: everything it held has gone back, or it held nothing."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Collection
 from queue import Empty
@@ -59,9 +60,15 @@ class Gate:
         ``HeldQoS``; None keeps kombu's bookkeeping alone."""
         self.held_key = held_key
         #: The delivery tags this process holds on its live broker connection, for the heartbeat to keep
-        #: alive (``ttsq.worker.recovery``). Emptied when the connection is lost: the acks of those
-        #: messages can no longer reach Redis, so they are left to the visibility timeout, as before.
+        #: alive (``ttsq.worker.recovery``). Emptied when the connection is lost: those messages' acks
+        #: cannot go on the connection they came on, and wait in ``late_acks``.
         self.live_tags: set[str] = set()
+        #: Tags of messages finished after the connection they came on was lost, whose acks the recovery
+        #: thread makes on a new connection (``Holders.acknowledge``). Left alone, their entries stayed in
+        #: kombu's ``unacked`` hash until the visibility timeout (an hour) and ran once more then. Bounded
+        #: by what the process held when the connection went: its prefetch.
+        self._late_acks: set[str] = set()
+        self._late_lock = threading.Lock()
         self.tasks = frozenset(tasks)
         self.observer = observer
         self.accepted = accepted
@@ -131,6 +138,21 @@ class Gate:
             return True
         message.ack()
         return False
+
+    def ack_later(self, delivery_tag: Any, multiple: bool = False) -> None:
+        """``basic_ack`` of a channel whose connection was lost: the ack is made later, on a new one."""
+        with self._late_lock:
+            self._late_acks.add(str(delivery_tag))
+
+    def late_acks(self) -> frozenset[str]:
+        """The acks still to make on a new connection."""
+        with self._late_lock:
+            return frozenset(self._late_acks)
+
+    def acked_late(self, tags: Collection[str]) -> None:
+        """``tags`` were acknowledged on a new connection."""
+        with self._late_lock:
+            self._late_acks.difference_update(tags)
 
     def close(self) -> None:
         """Nothing to release: the connections are closed with the process."""
@@ -306,11 +328,12 @@ class GatedConsumer(Consumer):  # type: ignore[misc]
     Celery detaches the dead connection's transport, then closes its channel, whose attempt to
     push the held messages back (and, later, each ack of a task still running) needs that
     transport and raises ``AttributeError``, which Celery takes for an "Unrecoverable error".
-    Before Celery's clean-up, the dead channel is told not to push messages back, and acks on it
-    fail as the connection errors they are (Celery logs "Couldn't ack" and carries on). The
-    consumer reconnects as after any connection loss; the messages it held stay in Redis' unacked
-    set and come back after the visibility timeout, like those of a worker that died, and their
-    rerun is answered from the cache.
+    Before Celery's clean-up, the dead channel is told not to push messages back; the consumer
+    reconnects as after any connection loss. The worker finishes the messages it held, and their acks,
+    which cannot go on the dead channel, are kept for the recovery thread to make on a new connection
+    (``Gate.ack_later``, ``Holders.acknowledge``): they leave no entry in kombu's ``unacked`` hash. A
+    reject on the dead channel fails as the connection error it is (Celery logs it and carries on):
+    that message stays unacknowledged and comes back after the visibility timeout.
     """
 
     def create_task_handler(self, *args: Any, **kwargs: Any) -> Any:
@@ -346,7 +369,9 @@ class GatedConsumer(Consumer):  # type: ignore[misc]
         channel = getattr(self.connection, "_default_channel", None)
         if channel is not None:
             channel.do_restore = False
-            channel.basic_ack = channel.basic_reject = _dead_channel
+            channel.basic_reject = _dead_channel
+            # Without a held set there is no recovery thread to make the ack later.
+            channel.basic_ack = gate.ack_later if gate is not None and gate.held_key is not None else _dead_channel
         super().on_connection_error_after_connected(exc)
 
 

@@ -11,8 +11,10 @@ result (``ttsq status`` says its worker died), and forgets the holder.
 
 A live process renews the delivery time of what it holds on its live broker connection with every beat
 (``Holders.keep_alive``): a long stitch or batch is never given to a second worker by kombu's visibility
-timeout while the first still works on it. Messages it held on a connection it lost (their acks cannot
-reach Redis) are left to the visibility timeout, as before; so is one a worker of an older ttsq held. A
+timeout while the first still works on it. Messages it held on a connection it lost (a Redis restart, a
+failover) it still finishes; their acks, which cannot go on that connection, it makes here on a new one
+(``Holders.acknowledge``) at its next look. A message a worker of an older ttsq held is left to the
+visibility timeout. A
 message no holder recorded (the worker died between kombu popping it and recording it) is in no
 record of the broker's: the accepted-job ledger's sweeper sends it again (``ttsq.worker.sweeper``).
 """
@@ -56,6 +58,8 @@ class Recovery:
         node: str,
         stopping: Callable[[], bool] = lambda: False,
         live_tags: Callable[[], Collection[str]] = frozenset,
+        late_acks: Callable[[], Collection[str]] = frozenset,
+        acked_late: Callable[[Collection[str]], None] = lambda tags: None,
     ) -> None:
         """``name``: this process's incarnation; ``app``: the worker's own, whose channel gives tags back."""
         self.name = name
@@ -66,6 +70,10 @@ class Recovery:
         self._stopping = stopping  # the runtime's: this ends with the worker it serves
         #: The tags this process holds on its live broker connection (``Gate.live_tags``).
         self._live_tags = live_tags
+        #: The acks this process could not make on the connection their messages came on
+        #: (``Gate.late_acks``), made here on a new one, and said made (``Gate.acked_late``).
+        self._late_acks = late_acks
+        self._acked_late = acked_late
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ttsq-recovery", daemon=True)
         #: Holder -> time.monotonic() it was first seen silent.
@@ -91,11 +99,27 @@ class Recovery:
                     self.holders.beat(self.name, ttl_s=HOLDER_TTL_S, info={"node": self.node})
                     self.holders.keep_alive(self._live_tags())
                     last_beat = time.monotonic()
+                self.acknowledge_late()
                 self.recover()
             except Exception as exc:  # Redis restarting, most likely: the next look tries again
                 logger.warning("looking for dead workers failed: %s: %s", type(exc).__name__, exc)
             if self._stop.wait(LOOK_INTERVAL_S):
                 return
+
+    def acknowledge_late(self) -> int:
+        """Make the acks of messages finished after their connection was lost; return how many entries of
+        kombu's ``unacked`` hash they removed. Redis still away: they wait for the next look."""
+        tags = self._late_acks()
+        if not tags:
+            return 0
+        removed = self.holders.acknowledge(self.name, tags)
+        self._acked_late(tags)
+        logger.info(
+            "acknowledged %d message(s) finished after their broker connection was lost (%d still unacknowledged)",
+            len(tags),
+            removed,
+        )
+        return removed
 
     def recover(self) -> int:
         """Give back what every dead holder held; return how many messages went back."""

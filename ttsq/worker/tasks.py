@@ -87,6 +87,8 @@ def worker_app(settings: Settings, runtime: WorkerRuntime) -> Celery:
         node=runtime.node,
         stopping=lambda: runtime.stopping,
         live_tags=gate.live_tags.copy,
+        late_acks=gate.late_acks,
+        acked_late=gate.acked_late,
     )
     app.ttsq_recovery.start()
     return app
