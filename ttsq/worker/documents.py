@@ -41,6 +41,7 @@ from ttsq.constants import (
     STITCH_TASK_NAME,
     TASK_NAME,
 )
+from ttsq.delivery.fanout import unsent
 from ttsq.document import (
     ChunkSpan,
     Document,
@@ -244,21 +245,20 @@ class Documents:
         """Send each chunk that no fan-out of the document sent before, through ``ttsq.sending`` (accepted,
         then sent or deferred under the release window); return how many were sent.
 
-        A chunk is sent once: what says so is its accepted record, written before its message (a chunk
-        with a record was sent, waits in its tenant's place, or is lost and the sweeper sends it again
-        from that record), then its result (a chunk that finished has dropped its record, after its
-        result was stored: read in that order, a chunk finishing between the two reads is seen by the
-        second). The broker is not looked at: a chunk a worker is popping is in no list and not yet in
-        kombu's unacked hash, and a fan-out that went by the broker sent it twice."""
+        A chunk is sent once, by ``ttsq.delivery.fanout.unsent``: only if it has neither an accepted record
+        (written before its message) nor a result, the records read first (why the order matters, and
+        why the broker is not asked: its docstring)."""
         ids = [chunk.task_id for chunk in chunks]
         accepted = self.runtime.accepted
-        recorded = accepted.tasks(ids)
+        recorded = accepted.tasks(ids)  # first: the order is the rule's (``ttsq.delivery.fanout``)
         backend = self.app.backend
-        finished = backend.client.mget([backend.get_key_for_task(task_id) for task_id in ids])
+        results = backend.client.mget([backend.get_key_for_task(task_id) for task_id in ids])
+        finished = {task_id for task_id, result in zip(ids, results, strict=True) if result is not None}
+        todo = set(unsent(ids, recorded, finished))
         window = self.settings.release_window
         sent = 0
-        for chunk, result in zip(chunks, finished, strict=True):
-            if chunk.task_id in recorded or result is not None:
+        for chunk in chunks:
+            if chunk.task_id not in todo:
                 continue
             # No cap: the document counts against its tenant's, and waits for these (docs/scheduling.md).
             with sending(self.app, accepted, chunk, window=window, scope=self.settings.queue, traced=False) as send:
