@@ -39,7 +39,7 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from ttsq.delivery.fanout import unsent
+from ttsq.delivery.fanout import Read, choose, unsent
 
 STEPS = 200_000
 DOCUMENTS = 6  # documents under way at once
@@ -117,14 +117,19 @@ class World:
     # --- the fan-out -----------------------------------------------------------------------------
 
     def fan_out(self, document: Document) -> Iterator[int]:
-        """The product's: records first, results after, ``unsent`` decides. Yields, after each act, the
-        steps until its next."""
-        ids = [chunk.task_id for chunk in document.chunks]
-        recorded = self.records(document)
-        yield self.rng.randrange(READ_PAUSE)
-        finished = self.results(document)
-        yield 0
-        yield from self.send(document, unsent(ids, recorded, finished))
+        """The product's: ``choose`` asks for its reads in its order, answered here with other steps
+        between them, and decides. Yields, after each act, the steps until its next."""
+        chooser = choose([chunk.task_id for chunk in document.chunks])
+        ask = next(chooser)
+        while True:
+            answer = self.records(document) if ask is Read.RECORDS else self.results(document)
+            yield self.rng.randrange(READ_PAUSE)
+            try:
+                ask = chooser.send(answer)
+            except StopIteration as done:
+                todo: list[str] = done.value
+                break
+        yield from self.send(document, todo)
 
     def records(self, document: Document) -> set[str]:
         if document.fan_outs > 1:  # what a resume finds under way: the states that make the rule hard

@@ -4,13 +4,43 @@ A document's fan-out (``ttsq.worker.documents``) sends each chunk through ``ttsq
 (recorded) first, then sent. A fan-out whose worker died half way is resumed on the document's
 redelivery with the same chunk ids, and must send only the chunks no fan-out sent before: the first one
 sent some, and those may be anywhere by now (queued, popped, running, finished, lost). ``unsent`` is the
-rule; the fan-out reads what it needs from Redis and sends what it answers.
-``tests/test_fanout_simulation.py`` drives it through many thousands of resumed fan-outs.
+rule; ``choose`` asks for what the rule needs, in the order it must be read, and the fan-out answers
+each ask from Redis (``drive``) and sends what it returns. ``tests/test_fanout_simulation.py`` drives the
+same ``choose`` through many thousands of resumed fan-outs, other steps between its two reads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import enum
+from collections.abc import Callable, Collection, Generator, Sequence
+
+
+class Read(enum.Enum):
+    """What ``choose`` asks to be read, for all the chunk ids: the ids it answers with."""
+
+    #: The ids with an accepted record.
+    RECORDS = "records"
+    #: The ids with a result (of any state).
+    RESULTS = "results"
+
+
+def choose(ids: Sequence[str]) -> Generator[Read, Collection[str], list[str]]:
+    """The chunks to send of ``ids``: asks for the records, then the results (the order ``unsent`` needs),
+    and returns what ``unsent`` answers."""
+    recorded = yield Read.RECORDS
+    finished = yield Read.RESULTS
+    return unsent(ids, recorded, finished)
+
+
+def drive(chooser: Generator[Read, Collection[str], list[str]], read: Callable[[Read], Collection[str]]) -> list[str]:
+    """Answer each of ``chooser``'s asks with ``read``, at once; what it returns."""
+    ask = next(chooser)
+    while True:
+        try:
+            ask = chooser.send(read(ask))
+        except StopIteration as done:
+            chosen: list[str] = done.value
+            return chosen
 
 
 def unsent(ids: Sequence[str], recorded: Collection[str], finished: Collection[str]) -> list[str]:

@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict
 from typing import IO, TYPE_CHECKING, Any, cast
 
@@ -41,7 +41,7 @@ from ttsq.constants import (
     STITCH_TASK_NAME,
     TASK_NAME,
 )
-from ttsq.delivery.fanout import unsent
+from ttsq.delivery.fanout import Read, choose, drive
 from ttsq.document import (
     ChunkSpan,
     Document,
@@ -250,11 +250,15 @@ class Documents:
         why the broker is not asked: its docstring)."""
         ids = [chunk.task_id for chunk in chunks]
         accepted = self.runtime.accepted
-        recorded = accepted.tasks(ids)  # first: the order is the rule's (``ttsq.delivery.fanout``)
         backend = self.app.backend
-        results = backend.client.mget([backend.get_key_for_task(task_id) for task_id in ids])
-        finished = {task_id for task_id, result in zip(ids, results, strict=True) if result is not None}
-        todo = set(unsent(ids, recorded, finished))
+
+        def read(what: Read) -> Collection[str]:  # in the order the rule asks (``ttsq.delivery.fanout``)
+            if what is Read.RECORDS:
+                return accepted.tasks(ids)
+            results = backend.client.mget([backend.get_key_for_task(task_id) for task_id in ids])
+            return {task_id for task_id, result in zip(ids, results, strict=True) if result is not None}
+
+        todo = set(drive(choose(ids), read))
         window = self.settings.release_window
         sent = 0
         for chunk in chunks:
