@@ -140,6 +140,9 @@ S, E, T = State, Event, Transition
 TRANSITIONS: tuple[Transition, ...] = (
     T(S.ACCEPTED, E.SENT, S.QUEUED, ("ttsq.sending:sending", "ttsq.sending:publish"), _LOST_JOBS),
     T(S.ACCEPTED, E.DEFERRED, S.DEFERRED, ("defer.lua", "ttsq.sending:sending"), _FAIR),
+    # The sender died between the record and the send (a producer process, a fan-out's worker): the
+    # record stays unseen and no message was ever sent; the sweeper sends it as lost.
+    T(S.ACCEPTED, E.MESSAGE_LOST, S.LOST, (), _LOST_JOBS, fault=True),
     T(
         S.ACCEPTED,
         E.WITHDRAWN,
@@ -193,7 +196,9 @@ TRANSITIONS: tuple[Transition, ...] = (
         _KILLED,
     ),
     # kombu's last resort, whoever holds the message: for one no holder recorded (a worker of an older
-    # ttsq) and one held on a broker connection its worker lost; a live worker's are renewed by its beat.
+    # ttsq), and one whose ack the old primary took but never passed to its replica. A live worker's are
+    # renewed by its beat; what it finished after losing its connection it acknowledges on a new one
+    # (``Recovery.acknowledge_late``).
     T(S.HELD, E.VISIBILITY_PASSED, S.QUEUED, ("kombu.transport.redis:QoS.restore_visible",), _KILLED),
     T(S.HELD, E.CANCELLED, S.CANCELLED, _CANCELLING, _CANCEL),
     T(
