@@ -13,11 +13,15 @@ script measures both at the message level against one redis-server of its own, i
   over both lanes' streams, and per message ``XACK`` + ``XDEL`` in one round trip (a queue must delete
   what it acknowledged, or the stream grows with every job ever sent).
 
-Per path it reports the median messages/s of ``--rounds`` rounds (the consumers are started and waiting
-before the clock starts; the producer and the consumers run at once), the Redis commands per message (INFO
-commandstats before and after, broken down by command; ``info`` itself left out), the round trips per
-message (requests the processes' redis-py connections wrote: a pipeline is one) and the Redis memory per
-queued message (``used_memory`` before and after ``--messages`` queued with no consumer).
+Per path, in rounds interleaved between the two (``--rounds``, medians reported): the producer alone
+sends ``--messages`` into an empty queue (sent/s, and the Redis memory per queued message: ``used_memory``
+before and after), then the consumers alone drain it (consumed/s, from the first consumer's start);
+msg/s is the round's messages over both. Over the whole round: Redis commands per message (INFO
+commandstats before and after, broken down by command; ``info`` itself left out), Redis's own time
+executing them (commandstats' ``usec``), and round trips per message (requests the processes' redis-py
+connections wrote: a pipeline is one). The streams path is bare redis-py, with none of kombu's or Celery's
+Python per message: its msg/s is what Redis allows, not what a kombu transport on streams would reach;
+commands, round trips, Redis time and memory are what would carry over.
 
 Then the recovery of a dead consumer's messages over Streams, with ttsq's own timing as the yardstick
 (``HOLDER_BEAT_S``, ``HOLDER_TTL_S`` as ``XAUTOCLAIM``'s min-idle, a look every ``LOOK_INTERVAL_S``):
@@ -27,7 +31,8 @@ renewing. A claimer runs ``XAUTOCLAIM`` every look and reports when the dead one
 how many it took from each live one. Today's bound (holder heartbeat recovery, ``ttsq.worker.recovery``)
 is computed from the same constants.
 
-Last, the lines of ttsq that exist because of kombu's list transport (``--code`` prints them per file).
+Last, the lines of ttsq that stand on kombu's list transport, by what a Streams transport would do to them
+(retire, rewrite; ``--code`` prints each), beside the size of kombu's own Redis transport it would replace.
 
     python benchmarks/streams_transport.py                       # 3 rounds of 2000 messages, ~1 minute
     python benchmarks/streams_transport.py --rounds 5 --messages 10000 --consumers 4
