@@ -28,15 +28,18 @@ Then the recovery of a dead consumer's messages over Streams, with ttsq's own ti
 three consumers each read 16 messages; one is SIGKILLed, one stays busy and renews its messages' idle time
 every beat (``XCLAIM ... JUSTID``: the heartbeat a Streams transport still needs), one stays busy without
 renewing. A claimer runs ``XAUTOCLAIM`` every look and reports when the dead one's messages came back and
-how many it took from each live one. Today's bound (holder heartbeat recovery, ``ttsq.worker.recovery``)
-is computed from the same constants.
+how many it took from each live one. Today's recovery (``ttsq.worker.recovery``) is computed from the same
+constants and measured: a process consuming through ttsq's ``GatedTransport`` (``HeldQoS`` keeps its held
+set) and beating as a holder takes 16 messages and is SIGKILLed; ttsq's own ``Recovery`` looks every
+``LOOK_INTERVAL_S`` until all 16 are back in their queue (``--no-today`` skips it: about 15 s).
 
 Last, the lines of ttsq that stand on kombu's list transport, by what a Streams transport would do to them
 (retire, rewrite; ``--code`` prints each), beside the size of kombu's own Redis transport it would replace.
 
-    python benchmarks/streams_transport.py                       # 3 rounds of 2000 messages, ~1 minute
+    python benchmarks/streams_transport.py                       # 3 rounds of 2000 messages, under a minute
     python benchmarks/streams_transport.py --rounds 5 --messages 10000 --consumers 4
-    python benchmarks/streams_transport.py --rounds 1 --messages 50 --no-recovery   # a smoke run
+    python benchmarks/streams_transport.py --rounds 1 --messages 50 --min-idle 2 --beat 0.2 --look 0.1 --no-today
+                                                                 # a smoke run (the test's)
 """
 
 from __future__ import annotations
@@ -49,12 +52,14 @@ import os
 import signal
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from multiprocessing.sharedctypes import Synchronized
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import redis
@@ -65,8 +70,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ttsq.app import make_app, queue_for
 from ttsq.config import Settings
 from ttsq.constants import HOLDER_BEAT_S, HOLDER_TTL_S, SEQ_HEADER, TASK_NAME
+from ttsq.observer import Observer
 from ttsq.ops.redis_server import RedisServer
-from ttsq.worker.recovery import CONFIRM_S, LOOK_INTERVAL_S
+from ttsq.records.holders import Holders, held_key, incarnation
+from ttsq.worker.gate import GATE_OPTION, GatedTransport
+from ttsq.worker.recovery import CONFIRM_S, LOOK_INTERVAL_S, Recovery
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -295,7 +303,7 @@ def _reader(url: str, stream: str, name: str, count: int, ready: Any) -> None:
 
 
 @dataclass
-class Recovery:
+class StreamsRecovery:
     min_idle_s: float
     beat_s: float
     look_s: float
@@ -304,9 +312,11 @@ class Recovery:
     taken_from_live_with_heartbeat: int
     taken_from_live_without_heartbeat: int
     todays_bound_s: list[float] = field(default_factory=list)
+    #: ttsq's own recovery, measured: a SIGKILL of a process holding as many, to all of them queued again.
+    today_measured_s: float | None = None
 
 
-def recovery(url: str, *, min_idle_s: float, beat_s: float, look_s: float, held: int = PREFETCH) -> Recovery:
+def recovery(url: str, *, min_idle_s: float, beat_s: float, look_s: float, held: int = PREFETCH) -> StreamsRecovery:
     client = connect(f"{url}/0", decode_responses=True)
     stream = "ttsq.recovery"
     client.delete(stream)
@@ -352,7 +362,7 @@ def recovery(url: str, *, min_idle_s: float, beat_s: float, look_s: float, held:
     # Today: a holder silent for HOLDER_TTL_S (its last beat up to HOLDER_BEAT_S before the kill), seen so in
     # two looks CONFIRM_S apart, each look up to LOOK_INTERVAL_S late.
     bound = [HOLDER_TTL_S - HOLDER_BEAT_S + CONFIRM_S, HOLDER_TTL_S + CONFIRM_S + 2 * LOOK_INTERVAL_S]
-    return Recovery(
+    return StreamsRecovery(
         min_idle_s,
         beat_s,
         look_s,
@@ -362,6 +372,69 @@ def recovery(url: str, *, min_idle_s: float, beat_s: float, look_s: float, held:
         taken["live-silent"],
         bound,
     )
+
+
+def _holding_consumer(url: str, queue: str, name: str, count: int, ready: Any) -> None:
+    """A worker process as ttsq's has it: kombu's channel with ``HeldQoS`` (its held set) and a holder
+    heartbeat; it takes ``count`` messages and holds them until it is killed."""
+    from kombu.entity import Queue
+    from kombu.messaging import Consumer
+
+    app = make_app(settings_for(url, queue), worker=True)
+    holding = SimpleNamespace(held_key=held_key(name), live_tags=set())  # what HeldQoS reads of the gate
+    app.conf.broker_transport = GatedTransport
+    app.conf.broker_transport_options = {**app.conf.broker_transport_options, GATE_OPTION: holding}
+    holders = Holders(connect(f"{url}/0", decode_responses=True))
+
+    def beat() -> None:
+        while True:
+            holders.beat(name, ttl_s=HOLDER_TTL_S, info={"node": "bench"})
+            time.sleep(HOLDER_BEAT_S)
+
+    threading.Thread(target=beat, daemon=True).start()
+    with app.connection_for_read() as connection:
+        queues = [Queue(lane) for lane in lanes(queue)]  # type: ignore[no-untyped-call]
+        hold: list[Any] = [lambda body, message: None]  # held, never acknowledged: it dies with them
+        consumer = Consumer(connection.channel(), queues, callbacks=hold, accept=["json"])  # type: ignore[no-untyped-call]
+        consumer.qos(prefetch_count=count)  # type: ignore[no-untyped-call]
+        consumer.consume()  # type: ignore[no-untyped-call]
+        while len(holding.live_tags) < count:
+            with suppress(TimeoutError):
+                connection.drain_events(timeout=0.2)
+        ready.put(len(holding.live_tags))
+        while True:
+            time.sleep(1)
+
+
+def todays_recovery(url: str, held: int = PREFETCH) -> float | None:
+    """Seconds from a SIGKILL of a process holding ``held`` messages to all of them back in their queue,
+    given back by ttsq's own ``Recovery`` looking every ``LOOK_INTERVAL_S`` (as each worker does)."""
+    queue = "bench.today"
+    kombu = KombuPath(url, queue)
+    kombu.publish(held)
+    context = multiprocessing.get_context("fork")
+    ready = context.Queue()
+    name = incarnation("bench", 1)
+    process = context.Process(target=_holding_consumer, args=(url, queue, name, held, ready), daemon=True)
+    process.start()
+    ready.get(timeout=30)
+    assert process.pid is not None
+    os.kill(process.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    process.join(5)
+    client = connect(f"{url}/0", decode_responses=True)
+    recovery = Recovery(kombu.app, Holders(client), Observer(), name=incarnation("bench", 0), node="bench")
+    back: float | None = None
+    while back is None and time.monotonic() - killed < 3 * (HOLDER_TTL_S + CONFIRM_S):
+        recovery.recover()
+        if client.llen(lanes(queue)[0]) == held:
+            back = round(time.monotonic() - killed, 2)
+        else:
+            time.sleep(LOOK_INTERVAL_S)
+    client.delete(*lanes(queue))
+    client.close()
+    kombu.close()
+    return back
 
 
 # -- code size --------------------------------------------------------------------------------------------
@@ -463,6 +536,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--beat", type=float, default=HOLDER_BEAT_S, help="the busy consumer's XCLAIM beat (s)")
     parser.add_argument("--look", type=float, default=LOOK_INTERVAL_S, help="how often the claimer looks (s)")
     parser.add_argument("--no-recovery", action="store_true", help="skip the recovery trial")
+    parser.add_argument(
+        "--no-today", action="store_true", help="skip measuring ttsq's own recovery (12-16 s: its constants are fixed)"
+    )
     parser.add_argument("--code", action="store_true", help="print the lines of code per file")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
@@ -477,9 +553,11 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             for path in (kombu, streams):
                 rounds.append(one_round(path, client, url, args.messages, args.consumers))
-        recovered = (
-            None if args.no_recovery else recovery(url, min_idle_s=args.min_idle, beat_s=args.beat, look_s=args.look)
-        )
+        recovered = None
+        if not args.no_recovery:
+            recovered = recovery(url, min_idle_s=args.min_idle, beat_s=args.beat, look_s=args.look)
+            if not args.no_today:
+                recovered.today_measured_s = todays_recovery(url, recovered.held)
         kombu.close()
         streams.close()
         client.close()
@@ -541,6 +619,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{LOOK_INTERVAL_S:g} s): {low:g} to {high:g} s after a SIGKILL; within {LOOK_INTERVAL_S:g} s once the "
             "launcher marks the process dead"
         )
+        if back.today_measured_s is not None:
+            print(
+                f"today, measured (ttsq's Recovery and HeldQoS, a SIGKILLed process holding {back.held}): all back in "
+                f"the queue after {back.today_measured_s} s"
+            )
         report["recovery"] = asdict(back)
     sizes = {kind: {where: code_lines(where) for where in places} for kind, places in KOMBU_CODE.items()}
     overrides, kombu_ones = kombu_overrides()
