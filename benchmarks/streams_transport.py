@@ -6,8 +6,11 @@ script measures both at the message level against one redis-server of its own, i
 
 - **kombu**: today's broker path. A producer app built by ``ttsq.app.make_app`` with ttsq's settings sends
   ``ttsq.synthesize`` envelopes (``send_task``: LPUSH, plus the task-sent event Celery publishes for
-  Flower); ``--consumers`` processes consume both lanes of the queue through kombu's Redis channel with the
-  worker's prefetch (``2 * max_batch`` = 16, acks late: BRPOP, the ``unacked`` hash and index, ack).
+  Flower); ``--consumers`` processes consume both lanes of the queue through the transport a ttsq worker
+  uses (``GatedTransport``: kombu's Redis channel with the envelope check, the lane cycle and ``HeldQoS``'s
+  held set) with the worker's prefetch (``2 * max_batch`` = 16, acks late: BRPOP, the ``unacked`` hash and
+  index and the held set, ack). Celery's consumer and ttsq's gate above it (the accepted-job ledger's
+  mark) are not run: they stay whatever the transport.
 - **streams**: a minimal consumer-group path with redis-py: XADD of the same envelope bytes to the
   interactive lane's stream; the same number of consumer processes, each ``XREADGROUP COUNT 16 BLOCK``
   over both lanes' streams, and per message ``XACK`` + ``XDEL`` in one round trip (a queue must delete
@@ -73,7 +76,7 @@ from ttsq.constants import HOLDER_BEAT_S, HOLDER_TTL_S, SEQ_HEADER, TASK_NAME
 from ttsq.observer import Observer
 from ttsq.ops.redis_server import RedisServer
 from ttsq.records.holders import Holders, held_key, incarnation
-from ttsq.worker.gate import GATE_OPTION, GatedTransport
+from ttsq.worker.gate import BULK_CAP_OPTION, BULK_SHARE_OPTION, GATE_OPTION, GatedTransport
 from ttsq.worker.recovery import CONFIRM_S, LOOK_INTERVAL_S, Recovery
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,6 +141,21 @@ def kwargs_for(index: int) -> dict[str, Any]:
     return {"text": f"{index}: {TEXT}", "language": "English", "speaker": "Vivian", "format": "wav", "lane": None}
 
 
+def as_ttsq_worker(app: Any, settings: Settings, name: str) -> Any:
+    """Give ``app`` the transport a ttsq worker consumes through (``ttsq.worker.tasks``): kombu's Redis
+    channel with the envelope check, the lane cycle and ``HeldQoS``, whose held set is written in the same
+    pipelines as kombu's ``unacked`` bookkeeping. Returns what ``HeldQoS`` reads of the worker's gate."""
+    holding = SimpleNamespace(held_key=held_key(name), live_tags=set())
+    app.conf.broker_transport = GatedTransport
+    app.conf.broker_transport_options = {
+        **app.conf.broker_transport_options,
+        GATE_OPTION: holding,
+        BULK_SHARE_OPTION: settings.bulk_share_percent,
+        BULK_CAP_OPTION: settings.concurrency - max(1, settings.max_batch // 2),
+    }
+    return holding
+
+
 # -- the consumers (one process each) ---------------------------------------------------------------------
 
 
@@ -146,7 +164,9 @@ def _kombu_consumer(url: str, queue: str, done: Synchronized[int], target: int, 
     from kombu.messaging import Consumer
 
     _count_round_trips()
-    app = make_app(settings_for(url, queue), worker=True)
+    settings = settings_for(url, queue)
+    app = make_app(settings, worker=True)
+    as_ttsq_worker(app, settings, incarnation("bench", os.getpid()))
     with app.connection_for_read() as connection:
         channel = connection.channel()
 
@@ -380,10 +400,9 @@ def _holding_consumer(url: str, queue: str, name: str, count: int, ready: Any) -
     from kombu.entity import Queue
     from kombu.messaging import Consumer
 
-    app = make_app(settings_for(url, queue), worker=True)
-    holding = SimpleNamespace(held_key=held_key(name), live_tags=set())  # what HeldQoS reads of the gate
-    app.conf.broker_transport = GatedTransport
-    app.conf.broker_transport_options = {**app.conf.broker_transport_options, GATE_OPTION: holding}
+    settings = settings_for(url, queue)
+    app = make_app(settings, worker=True)
+    holding = as_ttsq_worker(app, settings, name)
     holders = Holders(connect(f"{url}/0", decode_responses=True))
 
     def beat() -> None:

@@ -35,6 +35,7 @@ def test_a_smoke_run_counts_each_paths_commands_and_claims_only_from_the_dead_or
         assert path["round_trips_per_message"] > 0 and path["bytes_per_queued_message"] > 0
     # Each message once through each path's own commands, and none of the other's.
     assert kombu["commands"]["lpush"] == kombu["commands"]["hset"] == kombu["commands"]["zadd"] == 1
+    assert kombu["commands"]["sadd"] == kombu["commands"]["srem"] == 1  # ttsq's HeldQoS: the worker's transport
     assert kombu["commands"]["brpop"] >= 1
     assert streams["commands"]["xadd"] == streams["commands"]["xack"] == streams["commands"]["xdel"] == 1
     assert not {"xadd", "xreadgroup"} & set(kombu["commands"]) and not {"lpush", "brpop"} & set(streams["commands"])
