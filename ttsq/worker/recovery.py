@@ -4,10 +4,12 @@ Every worker process beats as a *holder* (``ttsq.records.holders``) and keeps th
 it holds beside kombu's ``unacked`` hash (``ttsq.worker.gate.HeldQoS``). Every second, each worker
 looks for holders that are dead: marked so by the launcher that saw the process exit, or silent (no
 heartbeat for ``HOLDER_TTL_S``) in two looks ``CONFIRM_S`` apart, so that a Redis restart, after which
-live workers beat again within ``HOLDER_BEAT_S``, never passes for a death. It gives each of their tags
-back with kombu's own ``restore_by_tag`` (one transaction: a tag that another worker gave back, or
-that was acknowledged meanwhile, is not pushed twice), marks the job ``REQUEUED`` unless it has a final
-result (``ttsq status`` says its worker died), and forgets the holder.
+live workers beat again within ``HOLDER_BEAT_S``, never passes for a death (these rules live without
+I/O in ``ttsq.delivery.holders``, driven through a simulated fleet by
+``tests/test_delivery_holders_sim.py``). It gives each of their tags back with kombu's own
+``restore_by_tag`` (one transaction: a tag that another worker gave back, or that was acknowledged
+meanwhile, is not pushed twice), marks the job ``REQUEUED`` unless it has a final result (``ttsq
+status`` says its worker died), and forgets the holder.
 
 A live process renews the delivery time of what it holds on its live broker connection with every beat
 (``Holders.keep_alive``): a long stitch or batch is never given to a second worker by kombu's visibility
@@ -27,7 +29,8 @@ from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from ttsq.constants import HOLDER_BEAT_S, HOLDER_TTL_S, REQUEUED_STATE
-from ttsq.records.holders import DEAD, Holders
+from ttsq.delivery.holders import DeadHolders
+from ttsq.records.holders import Holders
 from ttsq.records.scripts import register
 
 if TYPE_CHECKING:
@@ -68,8 +71,8 @@ class Recovery:
         self._live_tags = live_tags
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ttsq-recovery", daemon=True)
-        #: Holder -> time.monotonic() it was first seen silent.
-        self._silent_since: dict[str, float] = {}
+        #: Which other holders are dead, from look to look (time.monotonic()).
+        self.dead = DeadHolders(me=name, confirm_s=CONFIRM_S)
         self._store_unless_done: Any = None
 
     def start(self) -> None:
@@ -98,22 +101,12 @@ class Recovery:
                 return
 
     def recover(self) -> int:
-        """Give back what every dead holder held; return how many messages went back."""
-        now = time.monotonic()
-        states = self.holders.states()
-        for name in set(self._silent_since) - set(states):
-            self._silent_since.pop(name, None)
+        """Give back what every dead holder held (``ttsq.delivery.holders`` decides who is dead); return how
+        many messages went back."""
         returned = 0
-        for name, state in states.items():
-            if name == self.name:
-                continue
-            if state == "alive":
-                self._silent_since.pop(name, None)
-                continue
-            if state != DEAD and now - self._silent_since.setdefault(name, now) < CONFIRM_S:
-                continue  # silent: only a death once it stays so (a Redis restart is not one)
-            returned += self._give_back(name, why="its launcher saw it exit" if state == DEAD else "it fell silent")
-            self._silent_since.pop(name, None)
+        for name, why in self.dead.look(time.monotonic(), self.holders.states()):
+            returned += self._give_back(name, why=why)
+            self.dead.gave_back(name)
         return returned
 
     def _give_back(self, name: str, *, why: str) -> int:
