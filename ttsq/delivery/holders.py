@@ -10,6 +10,9 @@ hands them to ``look``; it gives back the messages of each holder ``look`` answe
   is given back once it stayed silent, at every look, for ``confirm_s``: a Redis restart that lost the
   heartbeats, or a jump of Redis's clock that expired them early, silences live holders too, and they
   beat again within ``HOLDER_BEAT_S``. A holder seen **alive** starts its silence over.
+- A look that finds another Redis than the look before (restarted or failed over: its run id changed)
+  starts every silence over: the restart may have lost the heartbeats, and a holder that beat just
+  before it, between two looks, would otherwise be given back at once on a silence begun earlier.
 - A holder that is no longer listed (another worker gave back what it held and forgot it) is forgotten.
 - A process never gives back its own messages, whatever its state reads.
 
@@ -42,15 +45,19 @@ class DeadHolders:
         self.me = me
         self.confirm_s = confirm_s
         self._silent_since: dict[str, float] = {}  # holder -> since
+        self._server: object = None
 
     @property
     def tracked(self) -> int:
         """Holders this view remembers as silent: bounded by the holders listed."""
         return len(self._silent_since)
 
-    def look(self, now: float, states: Mapping[str, str]) -> list[tuple[str, str]]:
-        """A look read every listed holder's state: the holders whose messages go back now, each with
-        why, in the order ``states`` lists them."""
+    def look(self, now: float, states: Mapping[str, str], *, server: object = None) -> list[tuple[str, str]]:
+        """A look read every listed holder's state (and ``server``, the Redis it read them from: its run
+        id): the holders whose messages go back now, each with why, in the order ``states`` lists them."""
+        if server != self._server:
+            self._silent_since.clear()
+            self._server = server
         for name in set(self._silent_since) - set(states):
             del self._silent_since[name]
         dead: list[tuple[str, str]] = []

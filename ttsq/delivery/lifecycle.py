@@ -191,6 +191,7 @@ TRANSITIONS: tuple[Transition, ...] = (
         S.QUEUED,
         (
             "ttsq.delivery.holders:DeadHolders.look",
+            "claim_held.lua",
             "ttsq.worker.recovery:Recovery._give_back",
             "progress_unless_done.lua",
         ),
@@ -225,6 +226,7 @@ TRANSITIONS: tuple[Transition, ...] = (
         S.QUEUED,
         (
             "ttsq.delivery.holders:DeadHolders.look",
+            "claim_held.lua",
             "ttsq.worker.recovery:Recovery._give_back",
             "progress_unless_done.lua",
         ),
