@@ -2,8 +2,9 @@
 
 Recovery (``ttsq.worker.recovery``) keeps one ``DeadHolders`` per worker process. Every look it reads
 every holder's state (``ttsq.records.holders.Holders.states``: ``alive``, ``dead`` or ``silent``) and
-hands them to ``look``; it gives back the messages of each holder ``look`` answers (kombu's
-``restore_by_tag``), forgets the holder, and says so with ``gave_back``. The rules:
+hands them to ``look``, with the Redis's run id; it gives back the messages of each holder ``look``
+answers (each tag claimed, then kombu's ``restore_by_tag``), forgets the holder once it holds nothing,
+and says so with ``gave_back``. The rules:
 
 - A holder its launcher marked **dead** (it saw the process exit) is given back at the next look.
 - A **silent** holder (its heartbeat, ``HOLDER_TTL_S`` long and renewed every ``HOLDER_BEAT_S``, is gone)
