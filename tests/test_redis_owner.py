@@ -37,6 +37,7 @@ from ttsq.ops.redis_server import RedisServer
 from ttsq.records import scripts
 from ttsq.records.accepted import Receipt
 from ttsq.records.connection import within
+from ttsq.records.holders import held_key
 from ttsq.records.owner import RedisOwner
 from ttsq.records.queues import queued_within
 
@@ -261,6 +262,21 @@ def script_runs(owner: RedisOwner, gateway: Gateway, admin: redis.Redis, results
         assert progress(keys=["celery-task-meta-doc"], args=[meta, 60], client=results_db) == 1
         assert json.loads(results_db.get("celery-task-meta-doc") or "{}")["status"] == "PROGRESS"
 
+    def claim_held() -> None:
+        dead, looker = f"dead-{time.monotonic_ns()}", f"looker-{time.monotonic_ns()}"
+        owner.broker.sadd(held_key(dead), "tag")
+        assert owner.holders.claim(dead, "tag", into=looker)
+        assert not owner.holders.claim(dead, "tag", into=looker)  # moved already: another look's
+        assert owner.holders.held(looker) == ["tag"]
+        owner.broker.delete(held_key(looker))
+
+    def retire_holder() -> None:
+        name = f"retired-{time.monotonic_ns()}"
+        owner.holders.beat(name, ttl_s=30)
+        assert not owner.holders.retire(name)  # it beats
+        owner.holders.mark_dead(name)
+        assert owner.holders.retire(name) and name not in owner.holders.states()
+
     def claim_identity() -> None:
         espeak = {"engine": "espeak", "model": "m", "revision": "1", "sample_rate": 22050, "modes": ["voice_design"]}
         assert owner.identities.claim("q", "espeak@test", espeak) is None
@@ -314,6 +330,8 @@ def script_runs(owner: RedisOwner, gateway: Gateway, admin: redis.Redis, results
         "charge": charge,
         "charge_once": charge_once,
         "progress_unless_done": progress_unless_done,
+        "claim_held": claim_held,
+        "retire_holder": retire_holder,
     }
     assert set(runs) == set(scripts.names()), "a script without a case here"
     return runs

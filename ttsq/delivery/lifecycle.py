@@ -192,7 +192,12 @@ TRANSITIONS: tuple[Transition, ...] = (
         S.HELD,
         E.HOLDER_DIED,
         S.QUEUED,
-        ("ttsq.worker.recovery:Recovery._give_back", "progress_unless_done.lua"),
+        (
+            "ttsq.delivery.holders:DeadHolders.look",
+            "claim_held.lua",
+            "ttsq.worker.recovery:Recovery._give_back",
+            "progress_unless_done.lua",
+        ),
         _KILLED,
     ),
     # kombu's last resort, whoever holds the message: for one no holder recorded (a worker of an older
@@ -224,7 +229,12 @@ TRANSITIONS: tuple[Transition, ...] = (
         S.RUNNING,
         E.HOLDER_DIED,
         S.QUEUED,
-        ("ttsq.worker.recovery:Recovery._give_back", "progress_unless_done.lua"),
+        (
+            "ttsq.delivery.holders:DeadHolders.look",
+            "claim_held.lua",
+            "ttsq.worker.recovery:Recovery._give_back",
+            "progress_unless_done.lua",
+        ),
         _KILLED,
     ),
     T(S.RUNNING, E.VISIBILITY_PASSED, S.QUEUED, ("kombu.transport.redis:QoS.restore_visible",), _KILLED),

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ttsq.constants import HELD_PREFIX, HOLDER_PREFIX, HOLDERS_KEY
 from ttsq.records.queues import UNACKED_INDEX_KEY, UNACKED_KEY
+from ttsq.records.scripts import register
 
 if TYPE_CHECKING:
     from collections.abc import Collection
@@ -47,6 +48,8 @@ class Holders:
 
     def __init__(self, client: redis.Redis) -> None:
         self._redis = client
+        self._claim = register(client, "claim_held")
+        self._retire = register(client, "retire_holder")
 
     def beat(self, name: str, *, ttl_s: float, info: dict[str, Any] | None = None) -> None:
         """Incarnation ``name`` is alive for ``ttl_s`` more seconds."""
@@ -73,6 +76,11 @@ class Holders:
             name: "silent" if value is None else DEAD if value == DEAD else "alive"
             for name, value in zip(names, values, strict=True)
         }
+
+    def server(self) -> str:
+        """The run id of the Redis these records are read from: it changes when Redis restarts or fails
+        over, which may lose the heartbeats."""
+        return str(self._redis.info("server").get("run_id", ""))
 
     def held(self, name: str) -> list[str]:
         """The delivery tags incarnation ``name`` still holds."""
@@ -105,9 +113,15 @@ class Holders:
         pipe.srem(held_key(name), *tags)
         return int(pipe.execute()[0] or 0)
 
-    def retire(self, name: str) -> None:
-        """Forget incarnation ``name``: everything it held has gone back, or it held nothing."""
-        pipe = self._redis.pipeline()
-        pipe.srem(HOLDERS_KEY, name)
-        pipe.delete(held_key(name), HOLDER_PREFIX + name)
-        pipe.execute()
+    def claim(self, name: str, tag: str, *, into: str) -> bool:
+        """Move ``tag`` from incarnation ``name``'s held set to ``into``'s (the process about to give it
+        back), unless ``name`` beats again or another process moved it first: whether ``into`` may give
+        it back."""
+        keys = [HOLDER_PREFIX + name, held_key(name), held_key(into)]
+        return bool(self._claim(keys=keys, args=[tag, DEAD]))
+
+    def retire(self, name: str) -> bool:
+        """Forget incarnation ``name``, whose messages went back, unless it beats again or still holds a
+        tag; whether it was forgotten."""
+        keys = [HOLDERS_KEY, HOLDER_PREFIX + name, held_key(name)]
+        return bool(self._retire(keys=keys, args=[name, DEAD]))

@@ -4,10 +4,15 @@ Every worker process beats as a *holder* (``ttsq.records.holders``) and keeps th
 it holds beside kombu's ``unacked`` hash (``ttsq.worker.gate.HeldQoS``). Every second, each worker
 looks for holders that are dead: marked so by the launcher that saw the process exit, or silent (no
 heartbeat for ``HOLDER_TTL_S``) in two looks ``CONFIRM_S`` apart, so that a Redis restart, after which
-live workers beat again within ``HOLDER_BEAT_S``, never passes for a death. It gives each of their tags
-back with kombu's own ``restore_by_tag`` (one transaction: a tag that another worker gave back, or
-that was acknowledged meanwhile, is not pushed twice), marks the job ``REQUEUED`` unless it has a final
-result (``ttsq status`` says its worker died), and forgets the holder.
+live workers beat again within ``HOLDER_BEAT_S``, never passes for a death (these rules live without
+I/O in ``ttsq.delivery.holders``, driven through a simulated fleet by
+``tests/test_delivery_holders_sim.py``). It gives each of their tags back with kombu's own
+``restore_by_tag`` (one transaction: a tag acknowledged meanwhile is not pushed), each claimed first
+(moved from the dead holder's held set to this process's own, refused while the holder beats: of two
+looks that give back one holder only the one that moved a tag restores it, where the other would find
+the entry of the worker that popped it again, same tag, and push it twice), marks the job ``REQUEUED``
+unless it has a final result (``ttsq status`` says its worker died), and forgets the holder once it
+holds nothing.
 
 A live process renews the delivery time of what it holds on its live broker connection with every beat
 (``Holders.keep_alive``): a long stitch or batch is never given to a second worker by kombu's visibility
@@ -29,7 +34,8 @@ from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from ttsq.constants import HOLDER_BEAT_S, HOLDER_TTL_S, REQUEUED_STATE
-from ttsq.records.holders import DEAD, Holders
+from ttsq.delivery.holders import DeadHolders
+from ttsq.records.holders import Holders
 from ttsq.records.scripts import register
 
 if TYPE_CHECKING:
@@ -76,8 +82,8 @@ class Recovery:
         self._acked_late = acked_late
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ttsq-recovery", daemon=True)
-        #: Holder -> time.monotonic() it was first seen silent.
-        self._silent_since: dict[str, float] = {}
+        #: Which other holders are dead, from look to look (time.monotonic()).
+        self.dead = DeadHolders(me=name, confirm_s=CONFIRM_S)
         self._store_unless_done: Any = None
 
     def start(self) -> None:
@@ -122,39 +128,38 @@ class Recovery:
         return removed
 
     def recover(self) -> int:
-        """Give back what every dead holder held; return how many messages went back."""
-        now = time.monotonic()
-        states = self.holders.states()
-        for name in set(self._silent_since) - set(states):
-            self._silent_since.pop(name, None)
+        """Give back what every dead holder held (``ttsq.delivery.holders`` decides who is dead); return how
+        many messages went back."""
         returned = 0
-        for name, state in states.items():
-            if name == self.name:
-                continue
-            if state == "alive":
-                self._silent_since.pop(name, None)
-                continue
-            if state != DEAD and now - self._silent_since.setdefault(name, now) < CONFIRM_S:
-                continue  # silent: only a death once it stays so (a Redis restart is not one)
-            returned += self._give_back(name, why="its launcher saw it exit" if state == DEAD else "it fell silent")
-            self._silent_since.pop(name, None)
+        now, server = time.monotonic(), self.holders.server()
+        for name, why in self.dead.look(now, self.holders.states(), server=server):
+            returned += self._give_back(name, why=why)
+            self.dead.gave_back(name)
         return returned
 
     def _give_back(self, name: str, *, why: str) -> int:
         tags = self.holders.held(name)
+        returned = 0
         if tags:
             with self._app.connection_for_write() as connection:
                 qos = connection.default_channel.qos
                 client = connection.default_channel.client
                 for tag in tags:
+                    # Claimed first (moved to this process's own held set, which the restore empties in
+                    # its transaction): another look giving back the same holder, or one that sees it
+                    # beat again, leaves the tag alone.
+                    if not self.holders.claim(name, tag, into=self.name):
+                        continue
                     self._mark_requeued(client.hget(qos.unacked_key, tag), name)
                     qos.restore_by_tag(tag, leftmost=False)  # to the head of its queue: next to run
-            self.observer.jobs_requeued(len(tags))
-            logger.warning(
-                "worker process %s died (%s): %d message(s) it held went back to the queue", name, why, len(tags)
-            )
+                    returned += 1
+            if returned:
+                self.observer.jobs_requeued(returned)
+                logger.warning(
+                    "worker process %s died (%s): %d message(s) it held went back to the queue", name, why, returned
+                )
         self.holders.retire(name)
-        return len(tags)
+        return returned
 
     def _mark_requeued(self, raw: Any, holder: str) -> None:
         """``ttsq status`` of a job given back says its worker died, unless the job has a final result."""
