@@ -206,6 +206,19 @@ class HeldQoS(kombu_redis.QoS):
         virtual.QoS.append(self, message, delivery_tag)  # type: ignore[no-untyped-call]
         self._gate().live_tags.add(str(delivery_tag))
 
+    def ack(self, delivery_tag: Any) -> None:
+        """kombu's ack; one that cannot reach Redis (the connection dropped as the job finished, before the
+        consumer noticed) is made later on a new connection (``Gate.ack_later``), where kombu would log
+        "Couldn't ack" and leave the entry to the visibility timeout."""
+        try:
+            super().ack(delivery_tag)  # type: ignore[no-untyped-call]
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            gate = self._gate()
+            if gate is None or self.held_key is None:
+                raise
+            gate.ack_later(delivery_tag)
+            virtual.QoS.ack(self, delivery_tag)  # type: ignore[no-untyped-call]  # settled here, as kombu's would be
+
     def _remove_from_indices(self, delivery_tag: Any, pipe: Any = None) -> Any:
         pipe = super()._remove_from_indices(delivery_tag, pipe)  # type: ignore[no-untyped-call]
         held = self.held_key
