@@ -30,7 +30,7 @@ from support import GatewayProcess, WorkerProcess, api_key
 
 from ttsq.client import Client
 from ttsq.config import Settings
-from ttsq.constants import ACCEPTED_PREFIX, CANCELLED_PREFIX, TENANT_IN_FLIGHT_PREFIX, TENANTS_IN_FLIGHT_PREFIX
+from ttsq.constants import ACCEPTED_PREFIX, TENANT_IN_FLIGHT_PREFIX, TENANTS_IN_FLIGHT_PREFIX
 from ttsq.gateway.apikeys import ApiKeys
 from ttsq.gateway.state import Gateway
 from ttsq.ops.redis_server import RedisServer
@@ -378,12 +378,12 @@ def test_a_read_with_a_deadline_gives_up_on_a_redis_that_stopped_answering(
     owner.close()
 
 
-def test_cancel_marks_are_read_by_the_receipt(settings: Settings) -> None:
-    """The cancel mark lives with the accepted jobs: the worker's receipt reads it."""
+def test_a_cancel_is_the_state_of_the_record_the_receipt_reads(settings: Settings) -> None:
+    """The cancel lives in the job's one record: the worker's receipt reads it there."""
     owner = RedisOwner(settings, role="test")
     owner.accepted.accept("gone", task="ttsq.synthesize", queue="q", kwargs={}, headers={})
     owner.accepted.cancel("gone", ttl_s=60)
-    assert owner.cache.exists(CANCELLED_PREFIX + "gone")
+    assert owner.cache.hget(ACCEPTED_PREFIX + "gone", "state") == "cancelled"
     assert owner.accepted.received("gone", task="ttsq.synthesize", queue="q", seq=1, plain=True) == Receipt.CANCELLED
     owner.close()
 

@@ -102,8 +102,10 @@ REDIS_MAX_CONNECTIONS = 1024
 
 # The accepted-job ledger (the cache database): every job a producer accepted, until it finishes, so a
 # message lost between the broker and a worker is sent again (``ttsq.records.accepted``).
-# + task id -> hash: task, queue, kwargs, headers, seq, accepted_at, seen_at, owner (the tenant), follows (the
-# job a follower's audio comes from); once the job finishes only owner and follows stay, for the results' TTL.
+# + task id -> hash: task, queue, kwargs, headers, seq, accepted_at, seen_at, state (accepted, deferred, running,
+# done, failed, cancelled: the job's state as the ledger's scripts move it, its cancel and its settled outcome
+# included), owner (the tenant), follows (the job a follower's audio comes from); once the job finishes only owner,
+# follows and an outcome stay: for the results' TTL (a settled outcome alone: for the in-flight TTL).
 ACCEPTED_PREFIX = "ttsq:accepted:"
 UNSEEN_PREFIX = "ttsq:unseen:"  # + queue -> zset: task id by seq, accepted and not yet received by a worker
 RECEIVED_KEY = "ttsq:received"  # zset: task id by the time a worker received it, until it finishes
@@ -159,8 +161,6 @@ APIKEY_PREFIX = "ttsq:apikey:"  # + SHA-256 of the token -> hash: id, name, crea
 APIKEY_IDS_KEY = "ttsq:apikeys"  # hash: key id -> SHA-256 of its token
 RATE_PREFIX = "ttsq:rate:"  # + key id + ":" + Unix minute -> requests in that minute; TTL 120 s
 QUOTA_PREFIX = "ttsq:quota:"  # + key id + ":" + Unix day -> audio milliseconds served that day; TTL 2 days
-CANCELLED_PREFIX = "ttsq:cancelled:"  # + task id -> 1: cancelled before its worker settled it; TTL = result TTL
-SETTLED_PREFIX = "ttsq:settled:"  # + task id -> the state its worker settled (SUCCESS, FAILURE); TTL = in-flight TTL
 
 # Named voices (the cache database; ``ttsq.records.named_voices``): a voice kept under a name.
 NAMED_VOICES_KEY = "ttsq:named-voices"  # hash: voice name -> JSON record (mode, instruct, language, seed, ...)

@@ -1,10 +1,12 @@
 """A job's delivery lifecycle as data, without I/O: its states, the events that move it, and for each move
 the code that makes it and the guarantee it serves (docs/guarantees.md, "A job's lifecycle").
 
-This module describes the lifecycle; it does not own it. A job's state still lives in several records
-(kombu's ``unacked`` hash and index, the accepted-job record with its unseen and received sets, the
-holder sets and heartbeats, the tenants' deferred lists, the dead letters, the attempts and parked
-jobs, and Celery's result states), each written by the script or function a transition below names.
+This module describes the lifecycle; it does not own it. A job has one record in the accepted-job ledger,
+whose ``state`` field each of the ledger's scripts writes as it moves the job (``RECORDED`` says what it
+reads in each state), and where cancel and settle decide the job's outcome. Where its message is lives
+in kombu's lists and ``unacked`` hash and the holders' sets; the ledger's unseen and received sets and
+the tenants' deferred lists index the records; the attempts, the parked jobs, the dead letters and
+Celery's result states are kept apart. Each is written by the script or function a transition names.
 ``tests/test_lifecycle.py`` ties the description to the code: every Lua script and ``module:qualname``
 named here exists, every script of the accepted-job ledger is a transition here or says why it is none,
 every state is reachable and can end, and the diagram in docs/guarantees.md is the one ``mermaid``
@@ -79,6 +81,25 @@ SHOWN: Mapping[State, Shown] = {
     State.WITHDRAWN: Shown(
         "unknown job", "the submit raised `BrokerError`, or answered from the cache or a job it joined"
     ),
+}
+
+#: What the job's one record in the ledger says while the job is in each state (its ``state`` field,
+#: written by the ledger's scripts as they move it: ``ttsq.records.accepted``); empty where it keeps no
+#: record. The record cannot tell a message queued, lost or held apart (kombu's lists and the holders'
+#: sets can), and a job given back after its worker died says ``running`` until a worker receives it again.
+RECORDED: Mapping[State, frozenset[str]] = {
+    State.ACCEPTED: frozenset({"accepted"}),
+    State.DEFERRED: frozenset({"deferred"}),
+    State.QUEUED: frozenset({"accepted", "running"}),
+    State.LOST: frozenset({"accepted", "running"}),
+    State.HELD: frozenset({"accepted", "running"}),
+    State.RUNNING: frozenset({"running"}),
+    State.DONE: frozenset({"done"}),
+    State.FAILED: frozenset({"failed"}),
+    State.PARKED: frozenset({"failed"}),
+    State.DEAD_LETTERED: frozenset(),
+    State.CANCELLED: frozenset({"cancelled"}),
+    State.WITHDRAWN: frozenset(),
 }
 
 #: Where every job starts: a ttsq producer records it before anything else (a raw ``send_task`` from a web

@@ -22,14 +22,12 @@ from typing import TYPE_CHECKING, Any, cast
 from ttsq.constants import (
     ACCEPTED_PREFIX,
     ACCEPTED_TTL_S,
-    CANCELLED_PREFIX,
     CHORD_HEADER,
     CHUNKS_SUFFIX,
     DEFERRED_PREFIX,
     IN_FLIGHT_AGED_PREFIX,
     RECEIVED_KEY,
     SEQ_PREFIX,
-    SETTLED_PREFIX,
     STITCH_TASK_NAME,
     TENANT_IN_FLIGHT_PREFIX,
     TENANT_PATTERN,
@@ -72,21 +70,38 @@ class AcceptedJob:
     seen_at: float | None
 
 
+#: The states a worker settles, as the record writes them (docs/guarantees.md, "A job's lifecycle"),
+#: and back.
+_OUTCOMES: Mapping[str, str] = {"SUCCESS": "done", "FAILURE": "failed"}
+_CELERY_STATES: Mapping[str, str] = {written: state for state, written in _OUTCOMES.items()}
+
+
 class AcceptedJobs:
     """The ledger in the cache database. Producers accept and forget, workers mark, the sweeper reads.
 
+    A record is the job's one record in the ledger. Its ``state`` is what each script of the ledger
+    writes as it moves the job (``accepted``, ``deferred``, ``running``, and the outcomes ``done``,
+    ``failed`` and ``cancelled``: cancel and settle decide between the last three on this one field).
     A record also says whose job it is (``owner``: the tenant that submitted it) and, for a job that
-    follows another tenant's identical synthesis, which job that is (``follows``). Those two fields
-    outlive the job's other fields by ``keep_s`` (the results' lifetime): the jobs API answers an id
-    only to its owner (docs/security.md, "Tenants")."""
+    follows another tenant's identical synthesis, which job that is (``follows``). Those two fields and
+    a cancel outlive the job's other fields by ``keep_s`` (the results' lifetime): the jobs API answers
+    an id only to its owner (docs/security.md, "Tenants"); a settled outcome outlives them by
+    ``outcome_s`` (as long as the job can be in flight: after that its stored result answers)."""
 
     def __init__(
-        self, client: redis.Redis, *, patience_s: float = 0.0, ttl_s: int = ACCEPTED_TTL_S, keep_s: int = 0
+        self,
+        client: redis.Redis,
+        *,
+        patience_s: float = 0.0,
+        ttl_s: int = ACCEPTED_TTL_S,
+        keep_s: int = 0,
+        outcome_s: int = 0,
     ) -> None:
         self.url = address(client)
         self.patience_s = patience_s
         self.ttl_s = ttl_s
         self.keep_s = keep_s
+        self.outcome_s = outcome_s
         self._redis = client
         self._accept = register(client, "accept")
         self._received = register(client, "received")
@@ -236,8 +251,7 @@ class AcceptedJobs:
             UNSEEN_PREFIX + queue,
             WATERMARK_PREFIX + queue,
             RECEIVED_KEY,
-            CANCELLED_PREFIX + task_id,
-            CANCELLED_PREFIX + (document or task_id),
+            ACCEPTED_PREFIX + (document or task_id),
         ]
         args: list[str | int] = [task_id, task, "" if seq is None else seq, "1" if plain else "0"]
         return Receipt(int(self._received(keys=keys, args=args)))
@@ -257,7 +271,7 @@ class AcceptedJobs:
 
     def _close(self, task_id: str, keep_s: int) -> None:
         keys = [ACCEPTED_PREFIX + task_id, RECEIVED_KEY]
-        args: list[str | int] = [task_id, UNSEEN_PREFIX, keep_s]
+        args: list[str | int] = [task_id, UNSEEN_PREFIX, keep_s, self.outcome_s or keep_s]
         patiently(lambda: self._finish(keys=keys, args=args), self.url, self.patience_s)
 
     def follow(self, task_id: str, *, owner: str, source: str, ttl_s: int) -> None:
@@ -285,26 +299,37 @@ class AcceptedJobs:
         return owner or "", follows or ""
 
     def cancel(self, task_id: str, *, ttl_s: int) -> str | None:
-        """Cancel a job unless its worker has settled it (``settle``), in one transition: None when the
-        cancel won (the mark is set for ``ttl_s``: a worker that receives its message, or one of its
-        chunks', drops it, and one that runs it ends it REVOKED), else the state the worker settled."""
-        keys = [CANCELLED_PREFIX + task_id, SETTLED_PREFIX + task_id]
+        """Cancel a job unless its worker has settled it (``settle``), in one transition on its record:
+        None when the cancel won (its state is ``cancelled``, kept at least ``ttl_s``: a worker that
+        receives its message, or one of its chunks', drops it, and one that runs it ends it REVOKED), else
+        the state the worker settled (SUCCESS or FAILURE)."""
+        keys = [ACCEPTED_PREFIX + task_id]
         settled = patiently(lambda: self._cancel(keys=keys, args=[ttl_s]), self.url, self.patience_s)
-        return str(settled) or None
+        return _CELERY_STATES.get(str(settled))
 
     def settle(self, task_id: str, state: str, *, ttl_s: int) -> bool:
-        """A worker has the job's outcome (``state``: SUCCESS or FAILURE): True if it stands (kept
+        """A worker has the job's outcome (``state``: SUCCESS or FAILURE): True if it stands (kept at least
         ``ttl_s``, so a later cancel answers it), False if the job was cancelled first and ends REVOKED."""
-        keys = [CANCELLED_PREFIX + task_id, SETTLED_PREFIX + task_id]
-        return bool(patiently(lambda: self._settle(keys=keys, args=[state, ttl_s]), self.url, self.patience_s))
+        keys = [ACCEPTED_PREFIX + task_id]
+        args: list[str | int] = [_OUTCOMES[state], ttl_s]
+        return bool(patiently(lambda: self._settle(keys=keys, args=args), self.url, self.patience_s))
 
     def cancelled(self, task_id: str) -> bool:
         """Whether the job was cancelled (a worker about to synthesize it need not: it ends REVOKED)."""
-        return bool(patiently(lambda: self._redis.exists(CANCELLED_PREFIX + task_id), self.url, self.patience_s))
+        key = ACCEPTED_PREFIX + task_id
+        return patiently(lambda: self._redis.hget(key, "state"), self.url, self.patience_s) == "cancelled"
+
+    def state(self, task_id: str) -> str | None:
+        """What the job's record says of it (``accepted``, ``deferred``, ``running``, ``done``, ``failed``
+        or ``cancelled``: docs/guarantees.md, "A job's lifecycle"), None for no record."""
+        key = ACCEPTED_PREFIX + task_id
+        found = patiently(lambda: self._redis.hget(key, "state"), self.url, self.patience_s)
+        return None if found is None else str(found)
 
     def unsettle(self, task_id: str) -> None:
         """Forget a settled outcome: the job is sent again (``ttsq retry``) and may be cancelled anew."""
-        patiently(lambda: self._redis.delete(SETTLED_PREFIX + task_id), self.url, self.patience_s)
+        key = ACCEPTED_PREFIX + task_id
+        patiently(lambda: self._redis.hdel(key, "state"), self.url, self.patience_s)
 
     def get(self, task_id: str) -> AcceptedJob | None:
         """The record of an accepted, unfinished job."""

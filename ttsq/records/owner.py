@@ -221,8 +221,13 @@ class RedisOwner:
 
     @functools.cached_property
     def accepted(self) -> AcceptedJobs:
-        """Every job a producer accepted, until it has a final result; cancel marks."""
-        return AcceptedJobs(self.cache, patience_s=self.patience_s, keep_s=self.settings.result_ttl_s)
+        """Every job a producer accepted, until it has a final result: its one record, its cancel included."""
+        return AcceptedJobs(
+            self.cache,
+            patience_s=self.patience_s,
+            keep_s=self.settings.result_ttl_s,
+            outcome_s=self.settings.inflight_ttl_s,
+        )
 
     @functools.cached_property
     def streams(self) -> AudioStreams:

@@ -304,8 +304,8 @@ class Pipeline:
                 )
                 outcome = "synthesized"
             # The audio is stored and indexed either way (it was paid for); a cancel that came first wins.
-            # The mark answers a cancel only until the result is stored (a cancel reads that first), or
-            # for a rerun of the job: so it lives as long as the job can be in flight, not the result's day.
+            # The settled outcome answers a cancel only until the result is stored (a cancel reads that
+            # first), or for a rerun of the job: so it lives as long as the job can be in flight.
             if self.accepted is not None and not self.accepted.settle(
                 task_id, SUCCESS, ttl_s=self.settings.inflight_ttl_s
             ):

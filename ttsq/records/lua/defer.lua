@@ -28,7 +28,7 @@ if not waits then
   return 0
 end
 redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('HSET', KEYS[1], 'deferred', ARGV[2])
+redis.call('HSET', KEYS[1], 'deferred', ARGV[2], 'state', 'deferred')
 if ARGV[5] and ARGV[5] ~= '' then
   redis.call('HSET', KEYS[1], 'headers', ARGV[5])
 end

@@ -1,5 +1,6 @@
 -- A worker took a message in: mark its job seen and move its queue's watermark up.
--- KEYS: record, unseen zset, watermark hash, received zset, the job's cancel mark, its document's cancel mark.
+-- KEYS: record, unseen zset, watermark hash, received zset, its document's record (a chunk's; else the
+-- job's own record again).
 -- ARGV: task id, task, seq (or ''), plain ('1': not a redelivery and not a retry).
 -- Returns 1 to run the message, 0 for a second copy of a job already received, 2 for a job (or a
 -- document's chunk) cancelled.
@@ -8,8 +9,9 @@
 local t = redis.call('TIME')
 local now_s = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
 
-if redis.call('EXISTS', KEYS[5]) == 1 or redis.call('EXISTS', KEYS[6]) == 1 then
-  -- The job's fields go; its owner stays (finish.lua), so its cancelled state is still its owner's to read.
+if redis.call('HGET', KEYS[1], 'state') == 'cancelled' or redis.call('HGET', KEYS[5], 'state') == 'cancelled' then
+  -- The job's fields go; its owner and its state stay (finish.lua), so its cancel is still its owner's
+  -- to read (a chunk of a cancelled document has no state of its own: its record goes with its fields).
   local counted = redis.call('HGET', KEYS[1], 'in_flight')  -- a tenant's cap (defer.lua): its place is free
   if counted then
     redis.call('ZREM', counted, ARGV[1])
@@ -33,5 +35,10 @@ if ARGV[4] == '1' and redis.call('HEXISTS', KEYS[1], 'seen_at') == 1 then
 end
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[1], 'seen_at', now_s)
+-- Unless a worker of an earlier delivery settled it (it died before its result was stored): that stands.
+local state = redis.call('HGET', KEYS[1], 'state')
+if state ~= 'done' and state ~= 'failed' then
+  redis.call('HSET', KEYS[1], 'state', 'running')
+end
 redis.call('ZADD', KEYS[4], now_s, ARGV[1])
 return 1

@@ -69,12 +69,14 @@ for q = 15, #ARGV do
         redis.call('RPUSH', ring, redis.call('LPOP', ring))
       end
       local record = id and (records .. id)
-      -- Released only if still deferred: a job cancelled (or finished) meanwhile has no record.
-      if record and redis.call('HEXISTS', record, 'deferred') == 1 then
+      -- Released only if still deferred: a job cancelled (or finished) meanwhile is not.
+      if record and redis.call('HEXISTS', record, 'deferred') == 1
+          and redis.call('HGET', record, 'state') ~= 'cancelled' then
         local seq = redis.call('INCR', seqs .. queue)
         -- Its time in the queue starts now: the sweeper's grace counts from here, not from the accept.
         redis.call('HSET', record, 'seq', seq, 'accepted_at', now_s)
         redis.call('HDEL', record, 'deferred')
+        redis.call('HSET', record, 'state', 'accepted')
         redis.call('ZADD', unseen .. queue, seq, id)
         if counted then
           redis.call('ZADD', counted, now_s, id)
