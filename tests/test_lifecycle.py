@@ -132,9 +132,11 @@ def test_every_function_named_resolves_without_torch() -> None:
 
 
 def test_the_ledger_scripts_are_moves_or_say_why_not() -> None:
-    """Every script the accepted-job ledger registers changes a job's state (a move names it) or is listed
-    with the reason it does not: a new script there must find its place in the table."""
-    source = (ROOT / "ttsq" / "records" / "accepted.py").read_text(encoding="utf-8")
+    """Every script that writes a job's one record (the accepted-job ledger's, and the attempts charged in
+    it) changes a job's state (a move names it) or is listed with the reason it does not: a new script
+    there must find its place in the table."""
+    records = ROOT / "ttsq" / "records"
+    source = "".join((records / name).read_text(encoding="utf-8") for name in ("accepted.py", "attempts.py"))
     scripts = {f"{name}.lua" for name in re.findall(r"register\(client, \"(\w+)\"\)", source)}
     assert len(scripts) >= 9, scripts  # the pattern still finds them
     named = {ref for ref in _refs() if ref.endswith(".lua")}

@@ -32,7 +32,6 @@ from support import SECRET, GatewayProcess, WorkerProcess, api_key, missing_tool
 from ttsq.app import make_app
 from ttsq.client import Client
 from ttsq.config import Settings
-from ttsq.constants import ATTEMPTS_PREFIX
 from ttsq.ops.redis_server import free_port
 from ttsq.records.connection import connect
 from ttsq.worker.metrics import Metrics
@@ -436,7 +435,8 @@ def serve_traffic(settings: Settings, gateway: GatewayProcess) -> None:
         app.send_task("ttsq.no_such_task", kwargs={}, queue=settings.queue)  # the envelope gate refuses it
         # A job that crashed or hung its workers TTSQ_MAX_ATTEMPTS times, as its record in Redis says.
         parked_id = str(uuid.uuid4())
-        client.redis.cache.set(ATTEMPTS_PREFIX + parked_id, settings.max_attempts, ex=600)
+        for _ in range(settings.max_attempts):
+            client.redis.attempts.charge(parked_id)
         parked = app.send_task(
             "ttsq.synthesize", kwargs={"text": f"{SECRET}, parked."}, task_id=parked_id, queue=settings.queue
         )

@@ -313,8 +313,16 @@ def script_runs(owner: RedisOwner, gateway: Gateway, admin: redis.Redis, results
         assert accepted.settle(done, "SUCCESS", ttl_s=60)
         assert accepted.cancel(done, ttl_s=60) == "SUCCESS"
 
+    def attempt() -> None:
+        charged = f"charged-{time.monotonic_ns()}"
+        attempts = owner.attempts
+        assert attempts.charge(charged) == 1
+        attempts.refund(charged)
+        assert attempts.attempts(charged) == 0
+
     runs: dict[str, Run] = {
         "age_in_flight": age_in_flight,
+        "attempt": attempt,
         "cancel": cancel,
         "settle": settle,
         "claim_identity": claim_identity,

@@ -26,7 +26,7 @@ from support import GatewayProcess, api_key, queue_length, run_cli, wait_until
 from ttsq.app import make_app, queue_for, stored_result
 from ttsq.client import Client
 from ttsq.config import Settings
-from ttsq.constants import ACCEPTED_PREFIX, ATTEMPTS_PREFIX, CHORD_HEADER, TASK_NAME
+from ttsq.constants import ACCEPTED_PREFIX, CHORD_HEADER, TASK_NAME
 from ttsq.errors import BrokerError, CorruptRecord, InvalidRequest, JobFailed, JobParked
 from ttsq.job import SynthesisRequest
 from ttsq.observer import Observer
@@ -59,7 +59,8 @@ def park(settings: Settings, owner: RedisOwner, app: Any) -> str:
     """Park a job the way a worker does once its attempts ran out: its attempts, its parked entry, and
     its ``JobParked`` failure stored as its result."""
     task_id = str(uuid.uuid4())
-    owner.cache.set(ATTEMPTS_PREFIX + task_id, 2)
+    for _ in range(2):  # two engine calls that never returned
+        owner.attempts.charge(task_id)
     kwargs = SynthesisRequest.from_dict({"text": "A job that crashed its workers."}).to_dict()
     owner.attempts.park(
         ParkedJob(id=task_id, queue=settings.queue, kwargs=kwargs, attempts=2, error=PARKED, parked_at=time.time())
@@ -126,7 +127,7 @@ def test_a_retry_sends_the_parked_job_with_its_record(settings: Settings, owner:
         assert client.status(task_id)["state"] == "PENDING"  # the old failure no longer answers a waiter
     record = owner.accepted.get(task_id)
     assert record is not None and (record.task, record.queue) == (TASK_NAME, settings.queue)
-    assert owner.cache.get(ATTEMPTS_PREFIX + task_id) is None
+    assert owner.attempts.attempts(task_id) == 0
     (message,) = redis.Redis.from_url(settings.broker_url).lrange(settings.queue, 0, -1)
     headers = json.loads(message)["headers"]
     assert (headers["id"], headers["ttsq_seq"]) == (task_id, record.seq)

@@ -57,7 +57,6 @@ MINUTE_STATS_TTL_S = 2 * 3600
 #: A worker rewrites its heartbeat this often (seconds); it expires after the TTL if the worker dies.
 HEARTBEAT_INTERVAL_S = 5.0
 HEARTBEAT_TTL_S = 20
-ATTEMPTS_PREFIX = "ttsq:attempts:"  # + task id -> times the job entered an engine; TTL = inflight TTL
 PARKED_KEY = "ttsq:parked"  # hash: task id -> JSON of a job failed after too many attempts
 
 #: Exit status of a worker whose engine ran past the per-batch limit (EX_SOFTWARE): any supervisor
@@ -102,7 +101,8 @@ REDIS_MAX_CONNECTIONS = 1024
 
 # The accepted-job ledger (the cache database): every job a producer accepted, until it finishes, so a
 # message lost between the broker and a worker is sent again (``ttsq.records.accepted``).
-# + task id -> hash: task, queue, kwargs, headers, seq, accepted_at, seen_at, state (accepted, deferred, running,
+# + task id -> hash: task, queue, kwargs, headers, seq, accepted_at, seen_at, attempts (engine calls with the job in
+# them that never returned: ``ttsq.records.attempts``), state (accepted, deferred, running,
 # done, failed, cancelled: the job's state as the ledger's scripts move it, its cancel and its settled outcome
 # included), owner (the tenant), follows (the job a follower's audio comes from); once the job finishes only owner,
 # follows and an outcome stay: for the results' TTL (a settled outcome alone: for the in-flight TTL).

@@ -288,6 +288,7 @@ FINAL_EXITS: frozenset[tuple[State, Event]] = frozenset({(State.PARKED, Event.RE
 NOT_TRANSITIONS: Mapping[str, str] = {
     "touch.lua": "a running document made progress: its staleness starts over, its state does not change",
     "age_in_flight.lua": "a backstop on tenants' in-flight counts: drops what finished by another path",
+    "attempt.lua": "an engine call charged to a job or refunded: it counts toward parking, moves nothing",
 }
 
 

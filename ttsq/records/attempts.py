@@ -9,7 +9,9 @@ lists it and ``ttsq retry ID`` sends it again.
 
 So deliveries are counted only where they can point at the culprit: a job that merely waited in
 the queue of a worker that died, or that finished its synthesis before the crash, is not a
-suspect. Attempts live in the cache Redis beside the index.
+suspect. Attempts live in the job's one record in the cache Redis (``ttsq.records.accepted``, the field
+``attempts``, written by ``lua/attempt.lua``): they go when the job finishes. Parked jobs are kept apart,
+for as long as an operator has not sent them again.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ttsq.constants import ATTEMPTS_PREFIX, PARKED_KEY, STITCH_TASK_NAME, TASK_NAME
+from ttsq.constants import ACCEPTED_PREFIX, PARKED_KEY, STITCH_TASK_NAME, TASK_NAME
 from ttsq.errors import CorruptRecord
 from ttsq.records.connection import address, patiently
+from ttsq.records.scripts import register
 
 if TYPE_CHECKING:
     import redis
@@ -66,6 +69,7 @@ class Ledger:
         self.ttl_s = ttl_s
         self.patience_s = patience_s
         self._redis = client
+        self._attempt = register(client, "attempt")
         self._lock = threading.Lock()
         #: Refunds the batcher handed over (``refund_soon``), written by ``_refunder`` or by the next charge.
         self._refunds: list[str] = []
@@ -76,7 +80,8 @@ class Ledger:
 
     def attempts(self, task_id: str) -> int:
         """Engine calls with this job in them that never returned."""
-        return int(patiently(lambda: self._redis.get(ATTEMPTS_PREFIX + task_id), self.url, self.patience_s) or 0)
+        key = ACCEPTED_PREFIX + task_id
+        return int(patiently(lambda: self._redis.hget(key, "attempts"), self.url, self.patience_s) or 0)
 
     def charge(self, task_id: str) -> int:
         """Count one more attempt (called just before the engine runs the job); return the total.
@@ -91,10 +96,9 @@ class Ledger:
 
             def incr() -> int:
                 pipe = self._redis.pipeline()
-                _decrements(pipe, refunds, self.ttl_s)
-                pipe.incr(ATTEMPTS_PREFIX + task_id)
-                pipe.expire(ATTEMPTS_PREFIX + task_id, self.ttl_s)
-                return int(pipe.execute()[2 * len(refunds)])
+                self._queue(pipe, refunds, -1)
+                self._queue(pipe, [task_id], +1)
+                return int(pipe.execute()[-1])
 
             try:
                 return patiently(incr, self.url, self.patience_s)
@@ -105,14 +109,8 @@ class Ledger:
 
     def refund(self, task_id: str) -> None:
         """The engine call returned: this attempt does not count against the job."""
-
-        def decr() -> None:
-            pipe = self._redis.pipeline()
-            pipe.decr(ATTEMPTS_PREFIX + task_id)
-            pipe.expire(ATTEMPTS_PREFIX + task_id, self.ttl_s)
-            pipe.execute()
-
-        patiently(decr, self.url, self.patience_s)
+        key = ACCEPTED_PREFIX + task_id
+        patiently(lambda: self._attempt(keys=[key], args=[-1, self.ttl_s]), self.url, self.patience_s)
 
     def refund_soon(self, task_id: str) -> None:
         """``refund``, written by a thread of the ledger's own within milliseconds, several in one round
@@ -138,13 +136,18 @@ class Ledger:
 
             def decr() -> None:
                 pipe = self._redis.pipeline(transaction=False)
-                _decrements(pipe, task_ids, self.ttl_s)
+                self._queue(pipe, task_ids, -1)
                 pipe.execute()
 
             try:
                 patiently(decr, self.url, self.patience_s)
             except Exception as exc:  # bookkeeping: the jobs ran; an attempt left charged only isolates a rerun
                 logger.warning("could not refund %d attempt(s): %s", len(task_ids), type(exc).__name__)
+
+    def _queue(self, pipe: Any, task_ids: list[str], delta: int) -> None:
+        """Queue on ``pipe`` one charge (``delta`` +1) or refund (-1) per task id."""
+        for task_id in task_ids:
+            self._attempt(keys=[ACCEPTED_PREFIX + task_id], args=[delta, self.ttl_s], client=pipe)
 
     def _refund_pending(self) -> None:
         while True:
@@ -179,19 +182,12 @@ class Ledger:
             pipe = self._redis.pipeline()
             pipe.hget(PARKED_KEY, task_id)
             pipe.hdel(PARKED_KEY, task_id)
-            pipe.delete(ATTEMPTS_PREFIX + task_id)
+            pipe.hdel(ACCEPTED_PREFIX + task_id, "attempts")
             record: str | None = pipe.execute()[0]
             return record
 
         record = patiently(take, self.url, self.patience_s)
         return None if record is None else _parked(task_id, record)
-
-
-def _decrements(pipe: Any, task_ids: list[str], ttl_s: int) -> None:
-    """Queue one refund per task id on ``pipe``."""
-    for task_id in task_ids:
-        pipe.decr(ATTEMPTS_PREFIX + task_id)
-        pipe.expire(ATTEMPTS_PREFIX + task_id, ttl_s)
 
 
 def _parked(task_id: str, record: str) -> ParkedJob:
