@@ -27,10 +27,17 @@ is the answer), else ``finish`` and store REVOKED (the answer). After every step
 - and at the end, with faults, sends and new cancels stopped and everything driven to completion, every
   job has one final state and no record, and no deferred job or in-flight count is left.
 
-What the ledger cannot know is counted, not failed: a plain copy that arrives after its job finished
-(the record that answers DUPLICATE is gone) runs again (``late_runs``); its outcome is the job's own, so
-its store changes nothing. A worker's outcome is the job's own too (``Job.outcome``): a rerun settles
-what the first run settled, as a cache hit does.
+What the ledger cannot know is counted, not failed: a plain copy that arrives after its job finished runs
+again (``late runs``), since ``finish`` drops the record that answers DUPLICATE (docs/guarantees.md leaves
+such a copy to the cache); two such copies can even run at once. Its outcome is the job's own here, so its
+store changes nothing. A run's outcome is always the job's own (``Job.outcome``: a rerun settles what the
+first run settled, as a cache hit does). Where a rerun can end otherwise (a transient failure), the
+simulation fails within a few thousand steps: ``settle`` sets its state over one settled before, so with
+two runs in flight (a redelivery beside a live run, or a death between the settle and the store) a cancel
+answers the first run's outcome and the job ends with the second's. Cancellers do not die here: one that
+dies after its cancel won and before it stores REVOKED leaves a queued job with no final state (the gate
+drops the CANCELLED copy and stores nothing). Not modelled: documents and their chunks, ``touch``,
+retries (``unsettle``), marks that expire, Redis restarts.
 
 Mutation tests at the end: each breaks one rule of one script (in ``MUTATIONS``, the one place that
 knows the scripts' text) and the simulation must fail.
@@ -289,7 +296,7 @@ class World:
                 f"{job.task_id}: a plain second copy answered RUN while its record lives: {job.history}"
             )
         if late:
-            # Its record is gone: nothing tells this copy from a first one (see test_a_late_copy_runs_again).
+            # Its record is gone: nothing tells this copy from a first one (the module's docstring).
             self.stats["late runs"] += 1
         elif message.plain:
             for other in self.workers:
