@@ -70,6 +70,24 @@ def test_a_job_cancelled_in_its_engine_call_ends_revoked_and_its_audio_is_cached
     assert client.cancel(job.id) == "REVOKED"
 
 
+def test_a_job_whose_canceller_died_after_its_cancel_won_still_ends_revoked(
+    settings: Settings, start_worker: StartWorker
+) -> None:
+    """``Client.cancel`` wins in the job's record, then finishes it and stores REVOKED; a canceller that
+    dies between the two (here: the record's cancel alone, as ``Client.cancel`` makes it) left a queued
+    job PENDING forever, its copy dropped by the worker with nothing stored. The worker stores it now."""
+    client = Client(settings)
+    job = client.submit("Cancelled by a client that did not live to say so.")
+    assert client.accepted.cancel(job.id, ttl_s=settings.result_ttl_s) is None  # and then the client died
+    worker = start_worker(settings)
+    dropped = f"job {job.id}: cancelled before it ran; dropped"
+    wait_until(lambda: dropped in worker.log(), 60, "the worker to drop the job's copy")
+    # Before: nothing stored, and the record's fields gone with the copy: "unknown job", for ever.
+    wait_until(lambda: client.async_result(job.id).state == "REVOKED", 10, "the job to end REVOKED")
+    assert client.status(job.id)["state"] == "REVOKED"
+    assert ": synthesized " not in worker.log()
+
+
 def test_the_answer_to_a_cancel_is_the_state_the_job_ends_in(settings: Settings, start_worker: StartWorker) -> None:
     """Cancels land in every phase (queued, in the engine call, storing, done): each answer is the end."""
     worker = start_worker(slow(settings).replace(max_batch=1, standin_a_us=300_000))

@@ -47,9 +47,12 @@ def test_a_job_that_runs_and_succeeds(ledger: AcceptedJobs) -> None:
     assert ledger.settle(task_id, "SUCCESS", ttl_s=60)
     says(ledger, task_id, State.DONE)
     ledger.finish(task_id)
-    # The outcome outlives the record's other fields: a cancel that read the job unfinished still answers it.
+    # The outcome outlives the record's other fields: a cancel that read the job unfinished still answers it,
+    # and a plain copy that comes now (the sweeper's, beside the first) is a second copy; a redelivery runs.
     says(ledger, task_id, State.DONE)
     assert not ledger.exists(task_id)
+    assert ledger.received(task_id, task=TASK, queue=queue, seq=None, plain=True) is Receipt.DUPLICATE
+    assert ledger.received(task_id, task=TASK, queue=queue, seq=None, plain=False) is Receipt.RUN
     assert ledger.cancel(task_id, ttl_s=60) == "SUCCESS"
     assert 0 < ledger._redis.ttl(ACCEPTED_PREFIX + task_id) <= ledger.outcome_s
 
@@ -77,17 +80,26 @@ def test_a_job_deferred_released_and_cancelled_while_it_runs(ledger: AcceptedJob
     assert ledger._redis.ttl(ACCEPTED_PREFIX + task_id) > ledger.outcome_s
 
 
-def test_a_job_cancelled_while_deferred_is_never_released(ledger: AcceptedJobs) -> None:
+def test_a_job_cancelled_while_deferred_is_released_only_to_be_dropped(ledger: AcceptedJobs) -> None:
     queue = f"q-{uuid.uuid4().hex}"
     first, _ = accept(ledger, queue)
     assert not ledger.defer(first, queue=queue, tenant="t", window=1)
     task_id, _ = accept(ledger, queue)
     assert ledger.defer(task_id, queue=queue, tenant="t", window=1)
-    # The canceller dies before it finishes the record: the record alone says the job is cancelled.
+    # The canceller dies before it finishes the record: the record alone says the job is cancelled, and
+    # its release sends it to a worker that drops it (and stores REVOKED: tests/test_cancel.py).
     assert ledger.cancel(task_id, ttl_s=60) is None
     ledger.finish(first)
-    assert ledger.release([queue], window=1, most=10) == []
+    (released,) = ledger.release([queue], window=1, most=10)
     says(ledger, task_id, State.CANCELLED)
+    assert ledger.received(task_id, task=TASK, queue=queue, seq=released.seq, plain=True) is Receipt.CANCELLED
+    # Finished by its canceller instead: nothing is released.
+    accept(ledger, queue)  # ahead of it, not yet received: the window is full
+    other, _ = accept(ledger, queue)
+    assert ledger.defer(other, queue=queue, tenant="t", window=1)
+    assert ledger.cancel(other, ttl_s=60) is None
+    ledger.finish(other)
+    assert ledger.release([queue], window=10, most=10) == []
 
 
 def test_a_failed_job_and_its_retry(ledger: AcceptedJobs) -> None:

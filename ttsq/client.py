@@ -847,8 +847,11 @@ class Client:
         settled = self.accepted.cancel(task_id, ttl_s=self.settings.result_ttl_s)
         if settled is not None:
             return settled  # its worker was first: the result it settled is being (or was) stored
-        self.accepted.finish(task_id)  # nothing to send again
+        # REVOKED before the record is finished: a canceller that dies in between leaves a record that
+        # is sent again (or released) and dropped by the worker that receives it, which stores REVOKED
+        # too; finished first, a waiting job had no copy left to end it.
         self._revoke(task_id, broadcast=True)
+        self.accepted.finish(task_id)  # nothing to send again
         return str(states.REVOKED)
 
     def _revoke(self, task_id: str, *, broadcast: bool = False) -> None:

@@ -13,7 +13,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from queue import Empty
 from typing import TYPE_CHECKING, Any
 
@@ -55,9 +55,12 @@ class Gate:
         accepted: AcceptedJobs,
         dead_letters: DeadLetters,
         held_key: str | None = None,
+        revoke: Callable[[str], object] | None = None,
     ) -> None:
         """``held_key``: this process's set of held delivery tags (``ttsq.records.holders``), kept by
-        ``HeldQoS``; None keeps kombu's bookkeeping alone."""
+        ``HeldQoS``; None keeps kombu's bookkeeping alone. ``revoke``: stores REVOKED as a job's result
+        (the app's result backend), for a cancelled job whose message the gate drops."""
+        self.revoke = revoke
         self.held_key = held_key
         #: The delivery tags this process holds on its live broker connection, for the heartbeat to keep
         #: alive (``ttsq.worker.recovery``). Emptied when the connection is lost: those messages' acks
@@ -134,6 +137,15 @@ class Gate:
             self.observer.duplicate_dropped()
         elif receipt is Receipt.CANCELLED:
             logger.info("job %s: cancelled before it ran; dropped", checked.task_id)
+            if document_id is None and self.revoke is not None:
+                # Its canceller stores REVOKED once its cancel won; one that died before it did left
+                # the job with no final state, and this copy is the last the job will see.
+                try:
+                    self.revoke(checked.task_id)
+                except Exception as exc:  # back to its queue: the worker that takes it next stores it
+                    logger.warning("job %s: could not store REVOKED: %s", checked.task_id, type(exc).__name__)
+                    message.reject(requeue=True)
+                    return False
         else:
             return True
         message.ack()

@@ -63,6 +63,7 @@ def worker_app(settings: Settings, runtime: WorkerRuntime) -> Celery:
         accepted=runtime.accepted,
         dead_letters=runtime.redis.dead_letters,
         held_key=held_key(name),
+        revoke=lambda task_id: app.backend.mark_as_revoked(task_id, "cancelled"),
     )
     # The transport checks each popped list item, the consumer (``ttsq.worker.gate``) each message.
     app.conf.broker_transport = gated_transport(settings.broker_url)

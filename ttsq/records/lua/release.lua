@@ -69,14 +69,17 @@ for q = 15, #ARGV do
         redis.call('RPUSH', ring, redis.call('LPOP', ring))
       end
       local record = id and (records .. id)
-      -- Released only if still deferred: a job cancelled (or finished) meanwhile is not.
-      if record and redis.call('HEXISTS', record, 'deferred') == 1
-          and redis.call('HGET', record, 'state') ~= 'cancelled' then
+      -- Released only if still deferred: a job finished meanwhile (its canceller finished it) is not. One
+      -- whose canceller died before it finished the record is sent, and stays cancelled: the worker that
+      -- receives it drops it and stores REVOKED, which its canceller did not live to.
+      if record and redis.call('HEXISTS', record, 'deferred') == 1 then
         local seq = redis.call('INCR', seqs .. queue)
         -- Its time in the queue starts now: the sweeper's grace counts from here, not from the accept.
         redis.call('HSET', record, 'seq', seq, 'accepted_at', now_s)
         redis.call('HDEL', record, 'deferred')
-        redis.call('HSET', record, 'state', 'accepted')
+        if redis.call('HGET', record, 'state') ~= 'cancelled' then
+          redis.call('HSET', record, 'state', 'accepted')
+        end
         redis.call('ZADD', unseen .. queue, seq, id)
         if counted then
           redis.call('ZADD', counted, now_s, id)
