@@ -73,10 +73,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ttsq.app import make_app, queue_for
 from ttsq.config import Settings
 from ttsq.constants import HOLDER_BEAT_S, HOLDER_TTL_S, SEQ_HEADER, TASK_NAME
+from ttsq.delivery.transport import BULK_CAP_OPTION, BULK_SHARE_OPTION, GATE_OPTION, GatedTransport
 from ttsq.observer import Observer
 from ttsq.ops.redis_server import RedisServer
 from ttsq.records.holders import Holders, held_key, incarnation
-from ttsq.worker.gate import BULK_CAP_OPTION, BULK_SHARE_OPTION, GATE_OPTION, GatedTransport
 from ttsq.worker.recovery import CONFIRM_S, LOOK_INTERVAL_S, Recovery
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -466,21 +466,21 @@ def todays_recovery(url: str, held: int = PREFETCH) -> float | None:
 #: Sentinel) is not listed; docs/guarantees.md, "Why not Redis Streams", says why.
 KOMBU_CODE: dict[str, list[str]] = {
     "retired": [
-        "ttsq/worker/gate.py:HeldQoS",
-        "ttsq/worker/gate.py:GatedChannel._brpop_read",
-        "ttsq/worker/gate.py:GatedChannel._brpop_start",
-        "ttsq/worker/gate.py:GatedChannel._bulk_held",
+        "ttsq/delivery/transport.py:HeldQoS",
+        "ttsq/delivery/transport.py:GatedChannel._brpop_read",
+        "ttsq/delivery/transport.py:GatedChannel._brpop_start",
+        "ttsq/delivery/transport.py:GatedChannel._bulk_held",
         "ttsq/records/holders.py:held_key",
         "ttsq/records/holders.py:Holders.held",
         "ttsq/records/holders.py:Holders.keep_alive",
     ],
     "rewritten": [
-        "ttsq/records/queues.py",
-        "ttsq/worker/gate.py:GatedChannel.__init__",
-        "ttsq/worker/gate.py:GatedChannel._create_client",
-        "ttsq/worker/gate.py:GatedTransport",
-        "ttsq/worker/gate.py:GatedSentinelChannel",
-        "ttsq/worker/gate.py:GatedSentinelTransport",
+        "ttsq/delivery/broker.py",
+        "ttsq/delivery/transport.py:GatedChannel.__init__",
+        "ttsq/delivery/transport.py:GatedChannel._create_client",
+        "ttsq/delivery/transport.py:GatedTransport",
+        "ttsq/delivery/transport.py:GatedSentinelChannel",
+        "ttsq/delivery/transport.py:GatedSentinelTransport",
         "ttsq/worker/recovery.py:Recovery._give_back",
     ],
 }

@@ -27,12 +27,12 @@ from ttsq.app import celery_config, make_app, stored_result
 from ttsq.client import Client, Job
 from ttsq.config import Settings
 from ttsq.constants import ACCEPTED_PREFIX
+from ttsq.delivery.transport import gated_transport
 from ttsq.errors import BrokerError, ConfigError, JobError, UnknownJob
 from ttsq.gateway.state import Gateway
 from ttsq.ops.sentinel import MASTER_NAME, SentinelTopology
 from ttsq.records.connection import connect
 from ttsq.records.owner import RedisOwner
-from ttsq.worker.gate import gated_transport
 
 StartWorker = Callable[..., WorkerProcess]
 StartGateway = Callable[..., GatewayProcess]

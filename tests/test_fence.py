@@ -2,7 +2,7 @@
 
 ttsq subclasses kombu's Redis transport (the envelope gate, ``HeldQoS``), Celery's consumer and backends,
 and redis-py's Sentinel connections, overriding some of their methods, a few of them private and copied from
-the library; ``ttsq.records.queues`` writes down kombu's key layout. A version range in ``pyproject.toml``
+the library; ``ttsq.delivery.broker`` writes down kombu's key layout. A version range in ``pyproject.toml``
 lets pip install a release whose methods differ, and nothing else would notice: an override copied from
 the old code then quietly undoes the new.
 
@@ -25,9 +25,15 @@ from typing import Any
 
 RECORD = Path(__file__).parent / "data" / "overrides.json"
 #: The modules whose classes stand on the libraries' (the qwen engines subclass torch's, which is not fenced).
-MODULES = ("ttsq.app", "ttsq.worker.gate", "ttsq.records.connection", "ttsq.records.owner")
+MODULES = (
+    "ttsq.app",
+    "ttsq.delivery.connection",
+    "ttsq.delivery.transport",
+    "ttsq.records.connection",
+    "ttsq.records.owner",
+)
 LIBRARIES = ("celery", "kombu", "redis")
-#: Methods ttsq sets on a live kombu channel instead of overriding them (``ttsq.worker.gate``).
+#: Methods ttsq sets on a live kombu channel instead of overriding them (``ttsq.delivery.transport``).
 PATCHED = ("kombu.transport.virtual.base.Channel.basic_ack", "kombu.transport.virtual.base.Channel.basic_reject")
 
 
@@ -87,10 +93,10 @@ def test_every_library_method_ttsq_overrides_is_the_code_it_was_reviewed_against
 
 
 def test_the_key_layout_ttsq_reads_is_kombus() -> None:
-    """``ttsq.records.queues`` reads kombu's lists, priority lists and unacked hashes by name."""
+    """``ttsq.delivery.broker`` reads kombu's lists, priority lists and unacked hashes by name."""
     from kombu.transport import redis as kombu_redis
 
-    from ttsq.records import queues
+    from ttsq.delivery import broker as queues
 
     channel = kombu_redis.Channel
     assert channel.unacked_key == queues.UNACKED_KEY

@@ -28,10 +28,11 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # What starts processes and composes both stacks: free to import anything below it.
     "entrypoint": ("ttsq.cli", "ttsq.workers", "ttsq.ops", "ttsq.testing"),
     "producer": ("ttsq.client", "ttsq.gateway"),
-    "worker": ("ttsq.worker",),
+    # kombu's transport as the worker consumes through it: the delivery room's one module of the worker's.
+    "worker": ("ttsq.worker", "ttsq.delivery.transport"),
     "batching": ("ttsq.batching",),
     "engines": ("ttsq.engines",),
-    "app": ("ttsq.app", "ttsq.sending"),
+    "app": ("ttsq.app", "ttsq.sending", "ttsq.delivery.connection"),
     # The core: flat nouns, what Redis keeps, and the engine protocol every layer above speaks.
     "core": ("ttsq", "ttsq.records", "ttsq.engines.base"),
 }

@@ -21,6 +21,7 @@ is the answer), else ``finish`` and store REVOKED (the answer). After every step
 - a plain copy of a job that ran never runs (DUPLICATE, before and after the job finished), no two live
   workers run a job at once unless one of the copies is a redelivery, and DUPLICATE and CANCELLED answer
   only a job that was received, or whose cancel won;
+- a released job is sent with the headers it was deferred with (its sender's trace), not the recorded ones;
 - the jobs of a tenant that no worker has received yet (each counted once, however many copies) never
   exceed the window on their queue; every ``UNSEEN_CHECK_EVERY`` steps the ledger's unseen set is exactly
   the jobs the world has sent and no worker has received;
@@ -66,6 +67,7 @@ if TYPE_CHECKING:
 SUCCESS, FAILURE, REVOKED = "SUCCESS", "FAILURE", "REVOKED"
 FINAL = frozenset({SUCCESS, FAILURE, REVOKED})
 TASK = "ttsq.synthesize"
+TRACE = "traceparent"  # a header a release must send the job with: its sender's trace
 TENANTS = (None, "t0", "t1", "t2")  # None: a job without a tenant is sent at once, outside the window
 WINDOW = 3
 CAP = 2
@@ -233,8 +235,15 @@ class World:
         self.jobs[task_id] = job
         self.order.append(task_id)
         seq = self.ledger.accept(task_id, task=TASK, queue=queue, kwargs={}, headers={}, owner=tenant or "")
+        # ``ttsq.sending`` records the job, then defers it with the headers of its send: its trace.
         if tenant is not None and self.ledger.defer(
-            task_id, queue=queue, tenant=tenant, window=WINDOW, cap=deployment.cap, scope=deployment.scope
+            task_id,
+            queue=queue,
+            tenant=tenant,
+            window=WINDOW,
+            cap=deployment.cap,
+            scope=deployment.scope,
+            headers={TRACE: task_id},
         ):
             job.deferred = True
             self.note(job, "accepted, deferred")
@@ -253,6 +262,10 @@ class World:
         for record in released:
             job = self.jobs[record.task_id]
             assert job.deferred, f"{job.task_id}: released, and it was not waiting: {job.history}"
+            assert record.headers == {TRACE: job.task_id}, (
+                f"{job.task_id}: released with {record.headers}, not the headers it was deferred with (its "
+                f"sender's trace): {job.history}"
+            )
             job.deferred = False
             self.note(job, "released")
             self.push(record.queue, Message(record.task_id, record.seq, plain=True))
@@ -549,6 +562,8 @@ MUTATIONS = {
     "cancel": "if state == 'done' or state == 'failed' then\n  return state\nend\n",
     # (c) a receipt that runs a plain second copy of a job a worker already received
     "received": "if ARGV[4] == '1' and redis.call('HEXISTS', KEYS[1], 'seen_at') == 1 then\n  return 0\nend\n",
+    # (e) a defer that keeps the recorded headers: a released job loses its sender's trace
+    "defer": "if ARGV[5] and ARGV[5] ~= '' then\n  redis.call('HSET', KEYS[1], 'headers', ARGV[5])\nend\n",
     # (d) a receipt that runs a plain second copy of a job already finished (its outcome kept)
     "received-finished": "  if ARGV[4] == '1' and (state == 'done' or state == 'failed') then\n    return 0\n  end\n",
 }
@@ -558,6 +573,7 @@ FAILS_WITH = {
     "cancel": "its cancel won, yet it was stored|then replaced by|a cancel answered",
     "received": "a plain second copy answered RUN while its record lives",
     "received-finished": "a plain second copy answered RUN after its job finished",
+    "defer": "not the headers it was deferred with",
 }
 MUTATION_STEPS = 30_000
 

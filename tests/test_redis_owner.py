@@ -31,6 +31,7 @@ from support import GatewayProcess, WorkerProcess, api_key
 from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.constants import ACCEPTED_PREFIX, TENANT_IN_FLIGHT_PREFIX, TENANTS_IN_FLIGHT_PREFIX
+from ttsq.delivery.broker import queued_within
 from ttsq.gateway.apikeys import ApiKeys
 from ttsq.gateway.state import Gateway
 from ttsq.ops.redis_server import RedisServer
@@ -39,7 +40,6 @@ from ttsq.records.accepted import Receipt
 from ttsq.records.connection import within
 from ttsq.records.holders import held_key
 from ttsq.records.owner import RedisOwner
-from ttsq.records.queues import queued_within
 
 StartWorker = Callable[..., WorkerProcess]
 StartGateway = Callable[..., GatewayProcess]

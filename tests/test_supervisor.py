@@ -20,10 +20,10 @@ from ttsq.app import queues_for
 from ttsq.client import Client, Job
 from ttsq.config import Settings
 from ttsq.constants import ACCEPTED_PREFIX, RECEIVED_KEY, RESTARTS_KEY, UNSEEN_PREFIX
+from ttsq.delivery.broker import held
 from ttsq.errors import JobError
 from ttsq.ops.redis_server import free_port
 from ttsq.records.owner import RedisOwner
-from ttsq.records.queues import held
 
 #: Whole-file: real engines or processes, minutes on two cores; `pytest -m "not slow"` skips it.
 pytestmark = pytest.mark.slow

@@ -20,17 +20,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 import redis
 from celery import Celery
-from celery.app.amqp import AMQP as CeleryAMQP
 from celery.backends.redis import RedisBackend, SentinelBackend
-from kombu.connection import Connection as KombuConnection
-from kombu.transport import redis as kombu_redis
-from kombu.utils.url import parse_url
 
 from ttsq.config import is_sentinel_url, parse_sentinel_url
 from ttsq.constants import (
     DOCUMENT_TASK_NAME,
     TASK_NAME,
 )
+from ttsq.delivery.connection import AMQP
 from ttsq.errors import BrokerError, CorruptRecord
 from ttsq.job import LANES, MODES, Lane
 from ttsq.records.connection import SentinelConnection, sentinel_kwargs, socket_limits, unreachable
@@ -106,7 +103,7 @@ def celery_config(settings: Settings, *, worker: bool) -> dict[str, Any]:
     )
     backend = "SentinelResultBackend" if results_sentinel else "ResultBackend"
     limits = socket_limits(settings)
-    transport = {"broker_transport": f"{__name__}:SentinelTransport"} if broker_sentinel else {}
+    transport = {"broker_transport": "ttsq.delivery.connection:SentinelTransport"} if broker_sentinel else {}
     return {
         "broker_url": _for_celery(settings.broker_url),
         **transport,
@@ -238,46 +235,6 @@ class SentinelResultBackend(ResultBackend, SentinelBackend):  # type: ignore[mis
         # Just after a failover the new primary may refuse writes until its replicas are back
         # (NOREPLICAS, with min-replicas-to-write): a worker storing a result waits, as for a lost connection.
         return bool(super().exception_safe_to_retry(exc)) or unreachable(exc)
-
-
-class Connection(KombuConnection):
-    """kombu's connection, keeping the transport it was built with when it fails over to another URL.
-
-    A Sentinel broker URL lists every Sentinel (``sentinel://a;sentinel://b;...``), and kombu moves to
-    the next one after a connection error with ``switch``, which takes the transport from the URL's
-    scheme: ttsq's (the worker's gated one, a producer's Sentinel-following one) became kombu's stock
-    Sentinel transport after the first failover. The worker then read ``NOREPLICAS`` from a primary
-    just promoted as an unrecoverable error and ended, and consumed past its envelope gate.
-    """
-
-    def switch(self, conn_str: str) -> None:
-        super().switch(conn_str)  # type: ignore[no-untyped-call]
-        given = self._initial_params.get("transport")  # what the app named, never a URL's scheme
-        if given is not None and "://" in conn_str:
-            params = {**self._initial_params, **parse_url(conn_str)}
-            params["transport"] = given
-            self._init_params(**params)  # type: ignore[no-untyped-call]
-
-
-class AMQP(CeleryAMQP):  # type: ignore[misc]
-    """Celery's messaging on ttsq's ``Connection``: every connection an app opens (a worker's consumer,
-    every producer) keeps ttsq's transport across a failover."""
-
-    Connection = Connection
-    BrokerConnection = Connection
-
-
-class SentinelChannel(kombu_redis.SentinelChannel):
-    """kombu's Sentinel channel on ttsq's ``SentinelConnection``: a message published on a dropped
-    connection goes to the primary the Sentinels name now, not to the old one's address."""
-
-    connection_class = SentinelConnection
-
-
-class SentinelTransport(kombu_redis.SentinelTransport):
-    """kombu's Sentinel transport with ``SentinelChannel``: what producers send through behind Sentinel."""
-
-    Channel = SentinelChannel
 
 
 def stored_result(app: Celery, task_id: str) -> StoredResult:

@@ -33,6 +33,7 @@ from ttsq.constants import (
     TASK_NAME,
     WORKER_REDIS_PATIENCE_S,
 )
+from ttsq.delivery.broker import message_held
 from ttsq.document import Document, DocumentJoin, Options
 from ttsq.engines.base import EngineIdentity
 from ttsq.errors import (
@@ -65,7 +66,6 @@ from ttsq.records.playback import (
     Words,
     result_words,
 )
-from ttsq.records.queues import message_held
 from ttsq.results import Results
 from ttsq.sending import WITHDRAW_PATIENCE_S, Outgoing, send_job, sending
 from ttsq.storage import Storage, open_storage

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 from celery.exceptions import SecurityWarning
 
 import ttsq.tracing as tracing
+from ttsq.delivery.transport import GatedConsumer
 from ttsq.engines.base import has_cpu_tensors
 from ttsq.errors import ConfigError
-from ttsq.worker.gate import GatedConsumer
 from ttsq.worker.runtime import WorkerRuntime
 from ttsq.worker.tasks import worker_app
 

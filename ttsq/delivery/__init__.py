@@ -1,13 +1,24 @@
-"""Delivery: the rules that decide what happens to a job's message between the producer and a worker,
-without I/O (the loops in ``ttsq.worker`` read Redis, feed these rules what they saw, and do what they
-answer), so that a seeded simulation can drive the same rules through many thousands of interleavings
-(``tests/test_delivery_simulation.py``).
+"""Delivery: how a job's message travels between the producer and a worker, and the one room of the
+house that touches kombu's transport or its key layout.
 
-``ttsq.delivery.lost``: when an accepted job that no worker received counts as lost and is sent again.
+The rules decide what happens to a message, without I/O (the loops in ``ttsq.worker`` read Redis, feed
+these rules what they saw, and do what they answer), so that seeded simulations drive the same rules
+through many thousands of interleavings:
+
+``ttsq.delivery.lost``: when an accepted job that no worker received counts as lost and is sent again
+(``tests/test_delivery_simulation.py``).
 ``ttsq.delivery.fanout``: which chunks a document's fan-out sends, resumed after its worker died
 (``tests/test_fanout_simulation.py``).
 ``ttsq.delivery.holders``: when a worker process holding messages counts as dead and recovery gives them
 back (``tests/test_delivery_holders_sim.py``).
 ``ttsq.delivery.lifecycle``: a job's delivery lifecycle as a table of moves, each naming the code that
-makes it (a description tied to the code by tests; the records are still kept where they were).
+makes it, and what the job's one record in the ledger says in each state (the record's scripts run under
+``tests/test_ledger_simulation.py``).
+
+kombu's side, each fenced against the version it was written for (``tests/test_fence.py``):
+``ttsq.delivery.broker``: kombu's key layout (its lists, priority lists and ``unacked`` hash), read
+straight from Redis.
+``ttsq.delivery.connection``: the connection and Sentinel transport every app opens (the app's layer).
+``ttsq.delivery.transport``: the channel, the bookkeeping of held messages and the consumer a worker
+consumes through (the worker's layer).
 """

@@ -183,7 +183,7 @@ TRANSITIONS: tuple[Transition, ...] = (
         S.QUEUED,
         E.POPPED,
         S.HELD,
-        ("ttsq.worker.gate:GatedChannel._brpop_read", "ttsq.worker.gate:HeldQoS.append"),
+        ("ttsq.delivery.transport:GatedChannel._brpop_read", "ttsq.delivery.transport:HeldQoS.append"),
         _KILLED,
     ),
     # A Redis restart or failover that lost the message, kombu's fetch window (popped, not yet recorded as

@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException
 from ttsq.app import make_app
 from ttsq.client import Client
 from ttsq.constants import APIKEY_PREFIX
+from ttsq.delivery.broker import queue_depth
 from ttsq.errors import BrokerError, CorruptRecord, InvalidRequest, JobTimeout, StorageError, UnknownJob
 from ttsq.gateway.apikeys import (
     QUOTA_TTL_S,
@@ -44,7 +45,6 @@ from ttsq.gateway.streams import StreamReader
 from ttsq.gateway.waiter import ResultWaiter
 from ttsq.job import LANES
 from ttsq.records.owner import RedisOwner
-from ttsq.records.queues import queue_depth
 from ttsq.records.scripts import register_async
 from ttsq.voices import MAX_REFERENCE_BYTES
 

@@ -59,7 +59,7 @@ class InProcessWorker:
             # this the tasks run but their results are never stored.
             self.app.set_default()
             try:
-                from ttsq.worker.gate import GatedConsumer
+                from ttsq.delivery.transport import GatedConsumer
 
                 self._worker = self.app.WorkController(
                     pool_cls="threads",

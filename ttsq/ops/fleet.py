@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from ttsq.app import make_app, queue_for
+from ttsq.delivery.broker import queue_depth, unacked, unacked_by_queue
 from ttsq.errors import BrokerError
 from ttsq.job import LANES, MODES
 from ttsq.records.owner import RedisOwner
-from ttsq.records.queues import queue_depth, unacked, unacked_by_queue
 from ttsq.records.stats import tenant_waits
 
 if TYPE_CHECKING:

@@ -10,6 +10,9 @@ While a queue's list is full, an accepted job may wait in its tenant's place ins
 Under a per-tenant cap (``TTSQ_TENANT_MAX_IN_FLIGHT``), a job also waits while its tenant has that many
 jobs in flight; a job sent counts in its tenant's zset of task ids until ``finish``, and ``age_in_flight``
 drops members whose job ended some other way.
+
+Why one file over 400 lines: it is the job's one record, every script that writes it and every reader of
+it; split, the fields one script writes and another reads would live in two places.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ gives it back to its queue only when it is older than the visibility timeout (an
 it cannot tell a message held by a dead process from one a live worker is still running. Each worker
 process (an *incarnation*: its node name and pid) therefore keeps, in the broker's database beside
 kombu's hash, the set of delivery tags it holds (``ttsq:held:<incarnation>``, written in the same
-pipelines as kombu's own bookkeeping, ``ttsq.worker.gate``) and a heartbeat (``ttsq:holder:<incarnation>``,
+pipelines as kombu's own bookkeeping, ``ttsq.delivery.transport``) and a heartbeat (``ttsq:holder:<incarnation>``,
 a short TTL, renewed every few seconds). When the heartbeat is gone, or the launcher that saw the
 process die marks it dead, ``ttsq.worker.recovery`` gives exactly those tags back: never a message a
 live process holds. Why this is safe and what stays for the visibility timeout: docs/guarantees.md,
@@ -19,7 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ttsq.constants import HELD_PREFIX, HOLDER_PREFIX, HOLDERS_KEY
-from ttsq.records.queues import UNACKED_INDEX_KEY, UNACKED_KEY
+from ttsq.delivery.broker import UNACKED_INDEX_KEY, UNACKED_KEY
 from ttsq.records.scripts import register
 
 if TYPE_CHECKING:

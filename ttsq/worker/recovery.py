@@ -1,7 +1,7 @@
 """Recovery in seconds: what a dead worker process held goes back to its queue at once.
 
 Every worker process beats as a *holder* (``ttsq.records.holders``) and keeps the set of delivery tags
-it holds beside kombu's ``unacked`` hash (``ttsq.worker.gate.HeldQoS``). Every second, each worker
+it holds beside kombu's ``unacked`` hash (``ttsq.delivery.transport.HeldQoS``). Every second, each worker
 looks for holders that are dead: marked so by the launcher that saw the process exit, or silent (no
 heartbeat for ``HOLDER_TTL_S``) in two looks ``CONFIRM_S`` apart, so that a Redis restart, after which
 live workers beat again within ``HOLDER_BEAT_S``, never passes for a death (these rules live without

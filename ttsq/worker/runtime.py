@@ -24,6 +24,7 @@ import ttsq.tracing as tracing
 from ttsq.app import queue_for, queues_for
 from ttsq.batching.batcher import Batcher
 from ttsq.constants import HEARTBEAT_INTERVAL_S, STORAGE_CHECK_INTERVAL_S, WORKER_REDIS_PATIENCE_S
+from ttsq.delivery.broker import queued_within
 from ttsq.engines import create_engine
 from ttsq.engines.base import worst_batch_s
 from ttsq.errors import ConfigError, FleetConflict, StorageError
@@ -31,7 +32,6 @@ from ttsq.job import Limits
 from ttsq.observer import Observers
 from ttsq.records.connection import within
 from ttsq.records.owner import RedisOwner
-from ttsq.records.queues import queued_within
 from ttsq.records.stats import FleetObserver, worker_info
 from ttsq.redaction import redact_task_logs
 from ttsq.results import Results

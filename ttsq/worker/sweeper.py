@@ -24,10 +24,10 @@ from celery import states
 
 from ttsq.app import queues_for, stored_result
 from ttsq.constants import DOCUMENT_TASK_NAME, PROGRESS_PREFIX, REQUEUED_STATE, SWEEPER_LOCK_PREFIX
+from ttsq.delivery.broker import held, queue_depth
 from ttsq.delivery.lost import Unseen, UnseenJobs
 from ttsq.errors import CorruptRecord
 from ttsq.records.plans import SENDING, SENT, chunk_task_ids
-from ttsq.records.queues import held, queue_depth
 from ttsq.sending import Outgoing, send_job
 
 if TYPE_CHECKING:

@@ -21,11 +21,12 @@ from celery.signals import task_postrun, task_success
 import ttsq.tracing as tracing
 from ttsq.app import lane_of, make_app
 from ttsq.constants import CLAIM_HEADER, DOCUMENT_TASK_NAME, SENT_AT_HEADER, STITCH_TASK_NAME, TASK_NAME
+from ttsq.delivery.transport import BULK_CAP_OPTION, BULK_SHARE_OPTION, GATE_OPTION, GatedConsumer, gated_transport
 from ttsq.errors import InvalidRequest, JobCancelled
 from ttsq.records.holders import held_key, incarnation
 from ttsq.results import FAILURE, SUCCESS
 from ttsq.worker.documents import Documents
-from ttsq.worker.gate import BULK_CAP_OPTION, BULK_SHARE_OPTION, GATE_OPTION, Gate, GatedConsumer, gated_transport
+from ttsq.worker.gate import Gate
 from ttsq.worker.recovery import Recovery
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ def worker_app(settings: Settings, runtime: WorkerRuntime) -> Celery:
         held_key=held_key(name),
         revoke=lambda task_id: app.backend.mark_as_revoked(task_id, "cancelled"),
     )
-    # The transport checks each popped list item, the consumer (``ttsq.worker.gate``) each message.
+    # The transport checks each popped list item, the consumer (``ttsq.delivery.transport``) each message.
     app.conf.broker_transport = gated_transport(settings.broker_url)
     app.conf.broker_transport_options = {
         **app.conf.broker_transport_options,
