@@ -234,6 +234,35 @@ def test_torch_transformers_and_qwen_tts_stay_inside_the_qwen_engines() -> None:
     assert not wrong, f"heavy imports outside the qwen engines: {wrong}"
 
 
+#: kombu's transport and connection (not its public utilities, such as its JSON codec): only the delivery
+#: room touches them (docs/development.md, "Layers"), so one fence covers every override.
+KOMBU_INTERNALS = ("kombu.transport", "kombu.connection")
+
+
+def kombu_internals(path: Path) -> set[str]:
+    """The kombu transport and connection modules a file imports."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        found |= {name for name in names if any(_under(name, prefix) for prefix in KOMBU_INTERNALS)}
+    return found
+
+
+def test_only_the_delivery_room_touches_kombus_transport(tmp_path: Path) -> None:
+    wrong = {
+        module: sorted(found)
+        for module, path in modules().items()
+        if not _under(module, "ttsq.delivery") and (found := kombu_internals(path))
+    }
+    assert not wrong, f"kombu's transport outside ttsq/delivery/: {wrong}"
+    # The checker sees one, written either way.
+    probe = tmp_path / "probe.py"
+    probe.write_text("from kombu.transport import redis\nimport kombu.connection\nfrom kombu.utils import json\n")
+    assert kombu_internals(probe) == {"kombu.transport", "kombu.transport.redis", "kombu.connection"}
+
+
 @pytest.mark.parametrize(
     ("source", "target"),
     [
