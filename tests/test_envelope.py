@@ -27,9 +27,9 @@ from ttsq.app import make_app
 from ttsq.client import Client
 from ttsq.config import Settings
 from ttsq.constants import RESTARTS_KEY
+from ttsq.delivery.envelope import MAX_MESSAGE_BYTES, Refused, check_raw, check_task
 from ttsq.records.deadletters import DeadLetters
 from ttsq.records.owner import RedisOwner
-from ttsq.worker.envelope import MAX_MESSAGE_BYTES, Refused, check_raw, check_task
 
 StartWorker = Callable[..., WorkerProcess]
 TASKS = ("ttsq.synthesize", "ttsq.document", "ttsq.stitch")

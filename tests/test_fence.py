@@ -93,16 +93,18 @@ def test_every_library_method_ttsq_overrides_is_the_code_it_was_reviewed_against
 
 
 def test_the_key_layout_ttsq_reads_is_kombus() -> None:
-    """``ttsq.delivery.broker`` reads kombu's lists, priority lists and unacked hashes by name."""
+    """``ttsq.delivery.broker`` reads kombu's lists, priority lists and unacked hashes by name (the hashes'
+    names are in ``ttsq.constants``: ``ttsq.records.holders`` writes them too)."""
     from kombu.transport import redis as kombu_redis
 
-    from ttsq.delivery import broker as queues
+    from ttsq import constants
+    from ttsq.delivery import broker
 
     channel = kombu_redis.Channel
-    assert channel.unacked_key == queues.UNACKED_KEY
-    assert channel.unacked_index_key == queues.UNACKED_INDEX_KEY
-    assert channel.sep == queues._PRIORITY_SEP
-    assert tuple(step for step in kombu_redis.PRIORITY_STEPS if step) == queues._PRIORITY_STEPS
+    assert channel.unacked_key == constants.UNACKED_KEY
+    assert channel.unacked_index_key == constants.UNACKED_INDEX_KEY
+    assert channel.sep == broker._PRIORITY_SEP
+    assert tuple(step for step in kombu_redis.PRIORITY_STEPS if step) == broker._PRIORITY_STEPS
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--update"]:

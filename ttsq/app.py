@@ -29,16 +29,12 @@ from ttsq.constants import (
 )
 from ttsq.delivery.connection import AMQP
 from ttsq.errors import BrokerError, CorruptRecord
-from ttsq.job import LANES, MODES, Lane
+from ttsq.job import BULK_SUFFIX, LANES, MODES, Lane
 from ttsq.records.connection import SentinelConnection, sentinel_kwargs, socket_limits, unreachable
 from ttsq.results import StoredResult, read_result
 
 if TYPE_CHECKING:
     from ttsq.config import Settings
-
-
-#: The suffix of a bulk lane's queue.
-BULK_SUFFIX = ".bulk"
 
 
 def queue_for(base: str, mode: str, lane: str = "interactive") -> str:
@@ -53,11 +49,6 @@ def queues_for(base: str, modes: Iterable[str] = MODES) -> list[str]:
     """Every queue of these modes, interactive lanes first (the order a worker consumes them in)."""
     modes = list(modes)
     return [queue_for(base, mode, lane) for lane in LANES for mode in modes]
-
-
-def lane_of(queue: str) -> Lane:
-    """The lane a queue belongs to."""
-    return "bulk" if queue.endswith(BULK_SUFFIX) else "interactive"
 
 
 def default_lane(task: str, *, stream: bool = False) -> Lane:

@@ -99,6 +99,12 @@ REDIS_HEALTH_CHECK_INTERVAL_S = 1
 #: "Too many connections" (benchmarks/fleet.py, 128 waiting threads).
 REDIS_MAX_CONNECTIONS = 1024
 
+# kombu's Redis transport (the broker database): read by ``ttsq.delivery.broker``, written by ``ttsq.records.holders``.
+#: kombu's hash of delivered, unacknowledged messages (delivery tag -> message), all queues.
+UNACKED_KEY = "unacked"
+#: kombu's index of the same messages by delivery time: its visibility timeout is measured from there.
+UNACKED_INDEX_KEY = "unacked_index"
+
 # The accepted-job ledger (the cache database): every job a producer accepted, until it finishes, so a
 # message lost between the broker and a worker is sent again (``ttsq.records.accepted``).
 # + task id -> hash: task, queue, kwargs, headers, seq, accepted_at, seen_at, attempts (engine calls with the job in
@@ -153,7 +159,7 @@ HELD_PREFIX = "ttsq:held:"  # + incarnation -> set: delivery tags it holds, besi
 HOLDER_BEAT_S = 2.0
 HOLDER_TTL_S = 10.0
 
-#: Dead letters (the broker database): messages a worker refused to run, raw (``ttsq.worker.envelope``).
+#: Dead letters (the broker database): messages a worker refused to run, raw (``ttsq.delivery.envelope``).
 DEAD_LETTERS_KEY = "ttsq:dead"
 
 # The HTTP gateway's API keys and limits (the cache database; ``ttsq.gateway.apikeys``).

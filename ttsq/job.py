@@ -38,6 +38,15 @@ Lane = Literal["interactive", "bulk"]
 MODES: tuple[str, ...] = get_args(Mode)
 FORMATS: tuple[str, ...] = get_args(AudioFormat)
 LANES: tuple[str, ...] = get_args(Lane)
+#: The suffix of a bulk lane's queue (``ttsq.app.queue_for``).
+BULK_SUFFIX = ".bulk"
+
+
+def lane_of(queue: str) -> Lane:
+    """The lane a queue belongs to."""
+    return "bulk" if queue.endswith(BULK_SUFFIX) else "interactive"
+
+
 #: Request fields that say when and for whom the audio is made, not what it sounds like: no part of
 #: a content key or a document's fields, so the same audio is one cache entry whatever they were.
 SCHEDULING_FIELDS: tuple[str, ...] = ("deadline", "stream", "lane", "tenant")

@@ -64,7 +64,7 @@ class Observer:
     any task thread and from the batcher thread: implementations are thread-safe."""
 
     def message_refused(self, reason: str) -> None:
-        """The envelope gate refused a message (one of ``ttsq.worker.envelope.REASONS``) and dead-lettered it."""
+        """The envelope gate refused a message (one of ``ttsq.delivery.envelope.REASONS``) and dead-lettered it."""
 
     def duplicate_dropped(self) -> None:
         """The gate dropped a second copy of a job a worker had already received."""

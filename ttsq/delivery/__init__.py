@@ -15,6 +15,10 @@ back (``tests/test_delivery_holders_sim.py``).
 makes it, and what the job's one record in the ledger says in each state (the record's scripts run under
 ``tests/test_ledger_simulation.py``).
 
+``ttsq.delivery.cycle``: the order a worker's ``BRPOP`` asks its queues in (lanes, docs/scheduling.md).
+``ttsq.delivery.envelope``: what a broker message may look like before a worker takes it in (the checks
+the worker's envelope gate, ``ttsq.worker.gate``, runs).
+
 kombu's side, each fenced against the version it was written for (``tests/test_fence.py``):
 ``ttsq.delivery.broker``: kombu's key layout (its lists, priority lists and ``unacked`` hash), read
 straight from Redis.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+from ttsq.constants import UNACKED_KEY
 from ttsq.records.connection import within
 
 if TYPE_CHECKING:
@@ -18,10 +19,6 @@ if TYPE_CHECKING:
 # kombu's Redis transport keeps priority levels other than 0 in lists named queue + sep + level.
 _PRIORITY_SEP = "\x06\x16"
 _PRIORITY_STEPS = (3, 6, 9)
-#: kombu's hash of delivered, unacknowledged messages (delivery tag -> message), all queues.
-UNACKED_KEY = "unacked"
-#: kombu's index of the same messages by delivery time: its visibility timeout is measured from there.
-UNACKED_INDEX_KEY = "unacked_index"
 
 
 def _lists(queue: str) -> list[str]:

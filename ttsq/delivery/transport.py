@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 from queue import Empty
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 from celery.worker.consumer import Consumer
@@ -24,11 +24,10 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.json import dumps
 
-from ttsq.app import lane_of
+from ttsq.delivery.cycle import CAPPED_BRPOP_TIMEOUT_S, LaneCycle
+from ttsq.delivery.envelope import MAX_MESSAGE_BYTES, Refused, check_raw
+from ttsq.job import lane_of
 from ttsq.records.connection import SentinelConnection
-from ttsq.worker.envelope import MAX_MESSAGE_BYTES, Refused, check_raw
-from ttsq.worker.gate import Gate, raw_of
-from ttsq.worker.lanes import CAPPED_BRPOP_TIMEOUT_S, LaneCycle
 
 #: The transport option that carries a worker's ``Gate`` to its channels.
 GATE_OPTION = "ttsq_gate"
@@ -36,6 +35,29 @@ GATE_OPTION = "ttsq_gate"
 #: while interactive work is coming, to the channel's ``LaneCycle``.
 BULK_SHARE_OPTION = "ttsq_bulk_share_percent"
 BULK_CAP_OPTION = "ttsq_bulk_cap"
+
+
+class Gate(Protocol):
+    """What the transport asks of the worker's envelope gate (``ttsq.worker.gate.Gate``), which rides on
+    the transport options (``GATE_OPTION``) and on the worker's app."""
+
+    held_key: str | None
+    live_tags: set[str]
+
+    def admit(self, message: Any) -> bool: ...
+
+    def refuse(self, raw: bytes | str, *, queue: str, refused: Refused, headers: Any = None) -> None: ...
+
+    def ack_later(self, delivery_tag: Any, multiple: bool = False) -> None: ...
+
+
+def raw_of(message: Any) -> bytes:
+    """A message as the broker held it (kombu keeps the popped payload), for a dead letter."""
+    raw = getattr(message, "_raw", None)
+    if isinstance(raw, dict):
+        return json.dumps(raw).encode("utf-8")
+    body = message.body
+    return body if isinstance(body, bytes) else str(body).encode("utf-8", "replace")
 
 
 def _headers_of(item: bytes | str, refused: Refused) -> Any:

@@ -18,8 +18,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from ttsq.constants import HELD_PREFIX, HOLDER_PREFIX, HOLDERS_KEY
-from ttsq.delivery.broker import UNACKED_INDEX_KEY, UNACKED_KEY
+from ttsq.constants import HELD_PREFIX, HOLDER_PREFIX, HOLDERS_KEY, UNACKED_INDEX_KEY, UNACKED_KEY
 from ttsq.records.scripts import register
 
 if TYPE_CHECKING:

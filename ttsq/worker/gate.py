@@ -10,15 +10,15 @@ logged, and the worker keeps consuming. Why two places, and what a refusal leave
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from ttsq.constants import DOCUMENT_HEADER, SEQ_HEADER
+from ttsq.delivery.envelope import Refused, check_task
+from ttsq.delivery.transport import raw_of
 from ttsq.records.accepted import AcceptedJobs, Receipt
-from ttsq.worker.envelope import Refused, check_task
 
 if TYPE_CHECKING:
     from ttsq.observer import Observer
@@ -151,12 +151,3 @@ class Gate:
 
     def close(self) -> None:
         """Nothing to release: the connections are closed with the process."""
-
-
-def raw_of(message: Any) -> bytes:
-    """A message as the broker held it (kombu keeps the popped payload), for a dead letter."""
-    raw = getattr(message, "_raw", None)
-    if isinstance(raw, dict):
-        return json.dumps(raw).encode("utf-8")
-    body = message.body
-    return body if isinstance(body, bytes) else str(body).encode("utf-8", "replace")

@@ -24,9 +24,9 @@ from prometheus_client.registry import Collector
 
 from ttsq.constants import DEFAULT_TENANT
 from ttsq.delivery.broker import queue_depth, unacked_by_queue
+from ttsq.delivery.envelope import REASONS
 from ttsq.observer import OUTCOMES, BatchReport, JobReport, Observer
 from ttsq.records.stats import tenant_waits
-from ttsq.worker.envelope import REASONS
 from ttsq.worker.health import Health, with_health
 
 if TYPE_CHECKING:

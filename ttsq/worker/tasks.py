@@ -19,10 +19,11 @@ from celery.exceptions import Ignore, Reject, Retry
 from celery.signals import task_postrun, task_success
 
 import ttsq.tracing as tracing
-from ttsq.app import lane_of, make_app
+from ttsq.app import make_app
 from ttsq.constants import CLAIM_HEADER, DOCUMENT_TASK_NAME, SENT_AT_HEADER, STITCH_TASK_NAME, TASK_NAME
 from ttsq.delivery.transport import BULK_CAP_OPTION, BULK_SHARE_OPTION, GATE_OPTION, GatedConsumer, gated_transport
 from ttsq.errors import InvalidRequest, JobCancelled
+from ttsq.job import lane_of
 from ttsq.records.holders import held_key, incarnation
 from ttsq.results import FAILURE, SUCCESS
 from ttsq.worker.documents import Documents
