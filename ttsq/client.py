@@ -26,7 +26,6 @@ import ttsq.tracing as tracing
 from ttsq.app import lane_for, make_app, queue_for, queues_for, stored_result
 from ttsq.constants import (
     CLAIM_HEADER,
-    DEFAULT_TENANT,
     DOCUMENT_TASK_NAME,
     IDENTITY_TTL_S,
     SENT_AT_HEADER,
@@ -46,7 +45,7 @@ from ttsq.errors import (
     TTSQError,
     UnknownJob,
 )
-from ttsq.job import JobResult, Limits, RequestFields, SynthesisRequest
+from ttsq.job import JobResult, Limits, RequestFields, SynthesisRequest, turn_of
 from ttsq.keys import content_key
 from ttsq.records.attempts import ParkedJob
 from ttsq.records.connection import patiently
@@ -550,7 +549,7 @@ class Client:
             kwargs=kwargs,
             headers=headers,
             kwargsrepr=kwargsrepr,
-            tenant=kwargs.get("tenant") or DEFAULT_TENANT,
+            tenant=turn_of(kwargs.get("tenant")),
         )
         # Recorded before it is claimed and sent: a job that owns a claim always has a record until it
         # finishes, and a message lost on its way to a worker is sent again from it (``ttsq.records.accepted``).

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast, get_args
 
 from ttsq.alignment import TIMESTAMPS, Timestamps
-from ttsq.constants import TENANT_PATTERN
+from ttsq.constants import CHUNKS_SUFFIX, DEFAULT_TENANT, TENANT_PATTERN
 from ttsq.errors import InvalidRequest
 
 if TYPE_CHECKING:
@@ -45,6 +45,22 @@ BULK_SUFFIX = ".bulk"
 def lane_of(queue: str) -> Lane:
     """The lane a queue belongs to."""
     return "bulk" if queue.endswith(BULK_SUFFIX) else "interactive"
+
+
+def turn_of(tenant: str | None, *, chunk: bool = False) -> str:
+    """Whose turn a job waits for under the release window (``AcceptedJobs.defer``; docs/scheduling.md):
+    its tenant's place, the default tenant's when it names none; a document's ``chunk`` waits in its
+    tenant's chunk place (``CHUNKS_SUFFIX``).
+
+    Every sender of a new job asks here, so nothing new reaches a queue past the window. Chunks wait
+    too, in a place of their own: they take turns with the other tenants instead of filling the list, and
+    are held to no per-tenant cap, since their document already counts against its tenant's cap and waits
+    for them (counted with it, under a cap of one, they would wait for it for ever). The fan-out defers
+    them with no cap (defer.lua counts nothing), and release.lua knows the place by its suffix and neither
+    checks nor counts a cap there. Sent with no tenant, as they once were, chunks went to the queue at once, past the
+    window (tests/test_ledger_simulation.py fails so). A job sent again (the sweeper, ``ttsq retry``) is
+    sent with no tenant on purpose and does not ask: it waited its turn once."""
+    return (tenant or DEFAULT_TENANT) + (CHUNKS_SUFFIX if chunk else "")
 
 
 #: Request fields that say when and for whom the audio is made, not what it sounds like: no part of

@@ -56,8 +56,8 @@ class Outgoing:
     kwargs: dict[str, Any]
     headers: dict[str, Any]
     kwargsrepr: str
-    #: Whose job it is, for fair shares: it may be deferred while its queue is full. None: send it now
-    #: whatever the queue holds (a job sent again: it waited its turn once).
+    #: Whose turn it waits for, for fair shares (``ttsq.job.turn_of``): it may be deferred while its queue
+    #: is full. None: send it now whatever the queue holds (a job sent again: it waited its turn once).
     tenant: str | None = None
 
 

@@ -30,8 +30,6 @@ from ttsq.app import default_lane, queue_for
 from ttsq.audio import EncodedFile, Joiner, StreamEncoder, decode, join, resample
 from ttsq.constants import (
     CHORD_HEADER,
-    CHUNKS_SUFFIX,
-    DEFAULT_TENANT,
     DOCUMENT_HEADER,
     DOCUMENT_PREFIX,
     DOCUMENT_TASK_NAME,
@@ -56,7 +54,7 @@ from ttsq.document import (
 )
 from ttsq.engines.base import reading_seconds
 from ttsq.errors import CorruptRecord, InvalidRequest, JobFailed, JobParked
-from ttsq.job import StoredAudio
+from ttsq.job import StoredAudio, turn_of
 from ttsq.keys import canonical_json, content_key
 from ttsq.records.attempts import ParkedJob
 from ttsq.records.plans import SENDING, chord_group_id, chunk_task_ids
@@ -198,8 +196,8 @@ class Documents:
         )
         body.freeze(task_id)  # as ``Task.replace`` freezes a chord: the stitch carries the document's id
         stitch = json.loads(json.dumps(body))  # the body as each chunk's record keeps it, plain JSON
-        # A tenant's chunks wait under the release window in a place of their own (``CHUNKS_SUFFIX``).
-        tenant = (document.tenant or DEFAULT_TENANT) + CHUNKS_SUFFIX
+        # A tenant's chunks wait under the release window in a place of their own (``turn_of``).
+        tenant = turn_of(document.tenant, chunk=True)
         chunks = [
             Outgoing(
                 task_id=ids[index],
