@@ -4,7 +4,10 @@ failure: ``TTSQ_SIM_SEED=<seed>`` replays it).
 
 The world is Python; the only I/O is the ledger. Producers accept jobs and send them, through the
 release window (``defer``) when the job has a tenant, as ``ttsq.sending`` does: two deployments, one with
-a window alone, one with a window and a per-tenant cap. A releaser releases what the room allows and
+a window alone, one with a window and a per-tenant cap. Workers fan documents out: a fan-out sends 2 to 8
+chunks one after another, each a job of its own, under the window and no cap. Whose turn a job or a chunk
+waits for is the product's one rule (``ttsq.job.turn_of``, the world's ``turn``): a chunk waits in its
+tenant's chunk place, which release.lua holds to no cap. A releaser releases what the room allows and
 sends it. Workers pop messages (up to ``PREFETCH`` each), mark each received and act on the receipt
 (RUN: run it; DUPLICATE, CANCELLED: drop it), look whether a running job was cancelled, settle its
 outcome, store the result in a dict that stands for Celery's result backend and finish its record. A
@@ -22,9 +25,10 @@ is the answer), else ``finish`` and store REVOKED (the answer). After every step
   workers run a job at once unless one of the copies is a redelivery, and DUPLICATE and CANCELLED answer
   only a job that was received, or whose cancel won;
 - a released job is sent with the headers it was deferred with (its sender's trace), not the recorded ones;
-- the jobs of a tenant that no worker has received yet (each counted once, however many copies) never
-  exceed the window on their queue; every ``UNSEEN_CHECK_EVERY`` steps the ledger's unseen set is exactly
-  the jobs the world has sent and no worker has received;
+- the jobs of a tenant that no worker has received yet (each counted once, however many copies), a
+  document's chunks among them whatever place they wait in, never exceed the window on their queue;
+  every ``UNSEEN_CHECK_EVERY`` steps the ledger's unseen set is exactly the jobs the world has sent and
+  no worker has received;
 - and at the end, with faults, sends and new cancels stopped and everything driven to completion, every
   job has one final state and no record, and no deferred job or in-flight count is left.
 
@@ -38,11 +42,12 @@ it waited had none, and stayed PENDING). A run's outcome is always the job's own
 settles what the first run settled, as a cache hit does): where a rerun can end otherwise (a transient
 failure), ``settle`` sets its state over one settled before, so a cancel that answered the first run's
 outcome would see the job end with the second's; that gap is open (docs/guarantees.md, "Cancel"). Not
-modelled: documents and their chunks, ``touch``, retries (``unsettle``), outcomes that expire, Redis
-restarts.
+modelled: the document job itself (its fan-out is one step, its stitch none), a document's cancel reaching
+its chunks, ``touch``, retries (``unsettle``), outcomes that expire, Redis restarts.
 
 Mutation tests at the end: each breaks one rule of one script (in ``MUTATIONS``, the one place that
-knows the scripts' text) and the simulation must fail.
+knows the scripts' text) and the simulation must fail; and the senders' rule as it was before chunks
+waited their turn (sent with no tenant, so at once, past the window) must fail the window check.
 """
 
 from __future__ import annotations
@@ -53,11 +58,12 @@ import random
 import re
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import pytest
 import redis
 
+from ttsq.job import turn_of
 from ttsq.records.accepted import AcceptedJobs, Receipt
 from ttsq.records.scripts import source
 
@@ -68,19 +74,23 @@ SUCCESS, FAILURE, REVOKED = "SUCCESS", "FAILURE", "REVOKED"
 FINAL = frozenset({SUCCESS, FAILURE, REVOKED})
 TASK = "ttsq.synthesize"
 TRACE = "traceparent"  # a header a release must send the job with: its sender's trace
-TENANTS = (None, "t0", "t1", "t2")  # None: a job without a tenant is sent at once, outside the window
+#: None: a job sent with no tenant (as ``ttsq retry`` sends one: it waited its turn once) goes to its queue at
+#: once, outside the window; a document that names none is the default tenant's, its chunks wait all the same.
+TENANTS = (None, "t0", "t1", "t2")
 WINDOW = 3
 CAP = 2
 WORKERS = 4
 PREFETCH = 2
 RECOVERY_STEPS = (5, 200)  # a dead worker's messages come back this many steps later
 TTL_S = 3600  # what outlives a finished record (its cancel, its settled outcome) outlives the run
+CHUNKS = (2, 8)  # a fan-out sends this many chunks at once
 STEPS = 100_000
 UNSEEN_CHECK_EVERY = 97
 CANCELLER_DIES = 0.1  # of a canceller's steps after its cancel won
 #: What each step does, by weight (steps whose action cannot happen fall through to a pop).
 WEIGHTS = {
-    "produce": 8,
+    "produce": 7,
+    "fan_out": 0.3,
     "release": 4,
     "pop": 15,
     "receive": 15,
@@ -90,6 +100,12 @@ WEIGHTS = {
     "sweep": 1.5,
     "die": 0.4,
 }
+
+
+class Turn(Protocol):
+    """Whose turn a job waits for under the window (``ttsq.job.turn_of``); None: it is sent at once."""
+
+    def __call__(self, tenant: str | None, *, chunk: bool = False) -> str | None: ...
 
 
 @dataclass
@@ -106,6 +122,7 @@ class Job:
     tenant: str | None
     deployment: Deployment
     outcome: str  # what its runs settle (SUCCESS or FAILURE)
+    document: str | None = None  # the document a chunk belongs to
     deferred: bool = False
     received: bool = False  # a copy was answered RUN or CANCELLED: out of the ledger's unseen set
     ran: bool = False  # a copy was answered RUN
@@ -115,6 +132,11 @@ class Job:
     answers: list[str] = field(default_factory=list)
     runs: int = 0
     history: list[str] = field(default_factory=list)
+
+    @property
+    def windowed(self) -> bool:
+        """The window counts it: a job of a tenant, or a document's chunk, whatever place it waits in."""
+        return self.tenant is not None or self.document is not None
 
 
 @dataclass
@@ -143,10 +165,11 @@ class Cancel:
 
 
 class World:
-    def __init__(self, rng: random.Random, ledger: AcceptedJobs, run: str) -> None:
+    def __init__(self, rng: random.Random, ledger: AcceptedJobs, run: str, *, turn: Turn = turn_of) -> None:
         self.rng = rng
         self.ledger = ledger
         self.run = run
+        self.turn = turn  # the senders' rule: the product's, or a test's with a defect
         self.deployments = [
             Deployment(f"sim-{run}-a", [f"sim-{run}-a", f"sim-{run}-a-bulk"], 0),
             Deployment(f"sim-{run}-b", [f"sim-{run}-b"], CAP),
@@ -195,9 +218,13 @@ class World:
         self.stats[f"cancel answered {state}"] += 1
 
     def check_window(self, queue: str) -> None:
-        waiting = sum(1 for task_id in self.unseen[queue] if self.jobs[task_id].tenant is not None)
-        if waiting > WINDOW:
-            raise AssertionError(f"{queue}: {waiting} jobs of tenants unreceived, over the window of {WINDOW}")
+        waiting = [task_id for task_id in self.unseen[queue] if self.jobs[task_id].windowed]
+        if len(waiting) > WINDOW:
+            chunks = sum(1 for task_id in waiting if self.jobs[task_id].document is not None)
+            raise AssertionError(
+                f"{queue}: {len(waiting)} jobs of tenants unreceived ({chunks} of them document chunks), over the "
+                f"window of {WINDOW}"
+            )
 
     def check_unseen(self) -> None:
         for queue, expected in self.unseen.items():
@@ -226,31 +253,56 @@ class World:
         job.deferred = False
         self.unseen[job.queue].discard(job.task_id)
 
+    def new_job(self, queue: str, tenant: str | None, deployment: Deployment, document: str | None = None) -> Job:
+        task_id = f"sim-{self.run}-{len(self.order)}"
+        outcome = SUCCESS if self.rng.random() < 0.8 else FAILURE
+        job = Job(task_id, queue, tenant, deployment, outcome, document=document)
+        self.jobs[task_id] = job
+        self.order.append(task_id)
+        return job
+
+    def send(self, job: Job, turn: str | None, *, cap: int) -> None:
+        """Accept ``job`` and send it as ``ttsq.sending`` does: with a ``turn`` (its ``Outgoing``'s tenant),
+        deferred in that place if the window (or ``cap``) says so; with none, to its queue at once."""
+        seq = self.ledger.accept(job.task_id, task=TASK, queue=job.queue, kwargs={}, headers={}, owner=job.tenant or "")
+        kind = "chunk" if job.document is not None else "job"
+        # ``ttsq.sending`` records the job, then defers it with the headers of its send: its trace.
+        if turn is not None and self.ledger.defer(
+            job.task_id,
+            queue=job.queue,
+            tenant=turn,
+            window=WINDOW,
+            cap=cap,
+            scope=job.deployment.scope,
+            headers={TRACE: job.task_id},
+        ):
+            job.deferred = True
+            self.note(job, f"accepted, deferred in {turn}")
+            self.stats[f"{kind} deferred"] += 1
+        else:
+            self.note(job, "accepted, sent")
+            self.stats[f"{kind} sent at once"] += 1
+            self.push(job.queue, Message(job.task_id, seq, plain=True))
+
     def produce(self) -> bool:
+        deployment = self.rng.choice(self.deployments)
+        tenant = self.rng.choice(TENANTS)
+        job = self.new_job(self.rng.choice(deployment.queues), tenant, deployment)
+        self.send(job, None if tenant is None else self.turn(tenant), cap=deployment.cap)
+        self.check_window(job.queue)
+        return True
+
+    def fan_out(self) -> bool:
+        """A worker fans a document out: it sends its chunks one after another, each in the turn the rule
+        gives a chunk of the document's tenant, under the window and no cap (``ttsq.worker.documents``)."""
         deployment = self.rng.choice(self.deployments)
         queue = self.rng.choice(deployment.queues)
         tenant = self.rng.choice(TENANTS)
-        task_id = f"sim-{self.run}-{len(self.order)}"
-        job = Job(task_id, queue, tenant, deployment, SUCCESS if self.rng.random() < 0.8 else FAILURE)
-        self.jobs[task_id] = job
-        self.order.append(task_id)
-        seq = self.ledger.accept(task_id, task=TASK, queue=queue, kwargs={}, headers={}, owner=tenant or "")
-        # ``ttsq.sending`` records the job, then defers it with the headers of its send: its trace.
-        if tenant is not None and self.ledger.defer(
-            task_id,
-            queue=queue,
-            tenant=tenant,
-            window=WINDOW,
-            cap=deployment.cap,
-            scope=deployment.scope,
-            headers={TRACE: task_id},
-        ):
-            job.deferred = True
-            self.note(job, "accepted, deferred")
-            self.stats["deferred"] += 1
-        else:
-            self.note(job, "accepted, sent")
-            self.push(queue, Message(task_id, seq, plain=True))
+        document = f"sim-{self.run}-doc-{self.stats['documents']}"
+        self.stats["documents"] += 1
+        for _ in range(self.rng.randint(*CHUNKS)):
+            chunk = self.new_job(queue, tenant, deployment, document)
+            self.send(chunk, self.turn(tenant, chunk=True), cap=0)
         self.check_window(queue)
         return True
 
@@ -457,7 +509,7 @@ class World:
     def step(self) -> None:
         self.steps += 1
         action = self.rng.choices(self.actions, self.weights)[0]
-        if not self.faults and action in ("produce", "cancel", "sweep", "die"):
+        if not self.faults and action in ("produce", "fan_out", "cancel", "sweep", "die"):
             action = "release" if self.rng.random() < 0.1 else "client"
         if not getattr(self, action)():
             self.pop()
@@ -499,10 +551,13 @@ class World:
                 assert answer == job.stored, f"{job.task_id}: a cancel answered {answer}, and it ended {job.stored}"
 
 
-def run(seed: int, steps: int, client: redis.Redis, ledger: AcceptedJobs, *, drain: bool = True) -> World:
-    """``steps`` steps of a world seeded with ``seed`` on ``ledger`` (on ``client``), then (``drain``) to
-    its end; what it wrote is deleted either way. Its keys are named by a random run id, not the seed."""
-    world = World(random.Random(seed), ledger, os.urandom(8).hex())
+def run(
+    seed: int, steps: int, client: redis.Redis, ledger: AcceptedJobs, *, drain: bool = True, turn: Turn = turn_of
+) -> World:
+    """``steps`` steps of a world seeded with ``seed`` on ``ledger`` (on ``client``) whose senders wait
+    their ``turn``, then (``drain``) to its end; what it wrote is deleted either way. Its keys are named by
+    a random run id, not the seed."""
+    world = World(random.Random(seed), ledger, os.urandom(8).hex(), turn=turn)
     try:
         for _ in range(steps):
             world.step()
@@ -547,7 +602,8 @@ def test_cancel_settle_and_receipt_hold_in_the_real_ledger(decoded: redis.Redis)
     elapsed = time.monotonic() - started
     print(f"seed {seed}: {world.steps} steps, {len(world.jobs)} jobs in {elapsed:.1f}s: {dict(world.stats)}")
     # The run met what it is for: cancels both ways, duplicates dropped, deaths after a settle.
-    for seen in ("cancel answered REVOKED", "cancel answered SUCCESS", "receipt DUPLICATE", "receipt CANCELLED"):
+    seen_all = ("cancel answered REVOKED", "cancel answered SUCCESS", "receipt DUPLICATE", "receipt CANCELLED")
+    for seen in (*seen_all, "job deferred", "chunk deferred", "chunk sent at once"):
         assert world.stats[seen] > 0, f"TTSQ_SIM_SEED={seed}: no {seen!r} in {dict(world.stats)}"
 
 
@@ -596,3 +652,28 @@ def test_the_simulation_fails_when_a_rule_is_cut(decoded: redis.Redis, mutation:
         assert re.search(FAILS_WITH[mutation], str(exc)), f"TTSQ_SIM_SEED={seed}: failed otherwise: {exc}"
     else:
         pytest.fail(f"TTSQ_SIM_SEED={seed}: the simulation passed {MUTATION_STEPS} steps with {mutation}'s rule cut")
+
+
+# --- the senders' rule cut: chunks sent with no turn, as before they waited under the window ------------
+
+
+def chunks_sent_at_once(tenant: str | None, *, chunk: bool = False) -> str | None:
+    """The rule before the fix: a document's fan-out sent its chunks with no tenant, so ``ttsq.sending``
+    sent them to the queue at once, past the window; other jobs waited their turn as today."""
+    return None if chunk else turn_of(tenant)
+
+
+CHUNK_MUTATION_STEPS = 10_000
+
+
+def test_the_simulation_fails_when_chunks_skip_the_window(decoded: redis.Redis) -> None:
+    seed = seeded()
+    ledger = AcceptedJobs(decoded, keep_s=TTL_S, outcome_s=TTL_S)
+    try:
+        run(seed, CHUNK_MUTATION_STEPS, decoded, ledger, drain=False, turn=chunks_sent_at_once)
+    except AssertionError as exc:
+        assert re.search(r"\([1-9][0-9]* of them document chunks\), over the window", str(exc)), (
+            f"TTSQ_SIM_SEED={seed}: failed otherwise: {exc}"
+        )
+    else:
+        pytest.fail(f"TTSQ_SIM_SEED={seed}: {CHUNK_MUTATION_STEPS} steps passed with chunks sent past the window")
