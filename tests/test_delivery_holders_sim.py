@@ -1,6 +1,6 @@
-"""Recovery's rules (``ttsq.delivery.holders``) driven through a simulated fleet of worker processes that
-hold messages, many thousands of steps with a fresh seed each run (printed on failure:
-``TTSQ_SIM_SEED=<seed>`` replays it).
+"""Recovery's rules (``ttsq.delivery.holders``) and the acks' (``ttsq.delivery.acks``) driven through a
+simulated fleet of worker processes that hold messages, many thousands of steps with a fresh seed each
+run (printed on failure: ``TTSQ_SIM_SEED=<seed>`` replays it).
 
 The world is the broker's records as ``ttsq.records.holders`` and kombu keep them: a queue, kombu's
 ``unacked`` hash (by delivery tag: a message given back keeps its tag), each process's held set and
@@ -13,8 +13,17 @@ holders it answered hold (one ``restore_by_tag`` transaction per tag: pushed onl
 launcher marks them dead, or there is no launcher and they fall silent) and a supervisor starts a new
 incarnation; processes stall (alive, paused: no beat, no look, no progress, then carry on); Redis
 restarts (down for a while; heartbeats lost or kept; every broker connection is lost, so an ack of a
-message popped before it fails and its entry stays for the visibility timeout, as in the product);
+message popped before it cannot go on its connection, and the process makes it at its next look on a
+new one; half of them lose the writes of their last moments, up to ``LOST_WRITES_S``, the acks and
+results among them: the process takes up again the acks it made lately once it finds its connection
+lost, and gives back to the queue, instead of acking, a message of its own whose job has no result);
 Redis's clock jumps forward (heartbeats expire early). After every step:
+
+- **every ack made**: a live process acknowledges a message it finished within a look of Redis and
+  itself being up; kombu alone (``CouldNotAck``), or acks not made again after a lost connection
+  (``ForgetsItsAcks``), leave entries for the visibility timeout, an hour, and fail it; acks made again
+  blindly (``AcksBlindly``) leave a job whose result was lost with neither result nor message, which
+  fails the end's check;
 
 - **the recovery bound**: nothing stays held by a dead process longer than ``SILENT_BOUND_S`` after its
   heartbeat went (``HOLDER_TTL_S`` at most after its death) or ``MARKED_BOUND_S`` after its launcher's
@@ -24,9 +33,8 @@ Redis's clock jumps forward (heartbeats expire early). After every step:
   (paused, or woken less than a look ago, or its heartbeat expired by a jump of Redis's clock since it
   last beat); anything else fails the run;
 - and at the end, with faults stopped: every accepted job has its result, no copy of any message is
-  queued or held by a dead process, every ``unacked`` entry left is one a live process could not ack
-  on a lost connection (its job done), and a job was synthesized more than once only where two of its
-  runs overlapped (a later run finds the result in the cache).
+  queued, no entry is left in ``unacked``, and a job was synthesized more than once only where two of its
+  runs overlapped (a later run finds the result in the cache) or a restart lost its result.
 
 What this shows about the product (the test prints the counts). A paused process whose messages went
 back keeps running them when it wakes, beside the process that took them: a double run, and nothing
@@ -63,7 +71,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from ttsq.constants import HOLDER_BEAT_S, HOLDER_TTL_S
+from ttsq.constants import ACKS_REMEMBERED_S, HOLDER_BEAT_S, HOLDER_TTL_S
+from ttsq.delivery.acks import ACK, GIVE_BACK, LEAVE, Acks, on_new_connection
 from ttsq.delivery.holders import ALIVE, DeadHolders
 from ttsq.records.holders import DEAD
 from ttsq.worker.recovery import CONFIRM_S, LOOK_INTERVAL_S
@@ -80,6 +89,9 @@ GIVING_S = 2 * (2 * PREFETCH + 2) * STEP_S
 #: The most between two looks of a running process.
 LOOP_S = LOOK_INTERVAL_S + LOOK_WORK_S + STEP_S + GIVING_S
 STEPS = 200_000
+#: A restart that loses writes loses those of its last moments, up to this long (the data nodes'
+#: ``min-replicas-max-lag`` bounds it: docs/high-availability.md).
+LOST_WRITES_S = 2.0
 #: A silent holder: seen silent at the next look, confirmed ``CONFIRM_S`` later, given back at the look
 #: after that (each look up to ``LOOP_S`` apart). Counted from its heartbeat's going, at most
 #: ``HOLDER_TTL_S`` after its death: about 16 s from a SIGKILL with no launcher in the product, where a
@@ -103,8 +115,10 @@ class Run:
 class Worker:
     name: str
     view: DeadHolders
+    acks: Acks
     active_since: float
     status: str = "running"  # running, stalled or dead
+    epoch: int = 0  # the Redis incarnation its consumer last connected to
     next_loop: float = 0.0
     last_beat: float = -math.inf
     stalled_at: float = 0.0
@@ -127,10 +141,13 @@ class World:
     #: while it is silent and holds nothing (``retire_holder.lua``). False: recovery before that fix,
     #: which read the held set, restored each tag and retired the holder whole (``Unclaimed``).
     CLAIM = True
+    #: What a process makes of an ack due on a new connection (``Recovery.acknowledge_late``).
+    ON_NEW_CONNECTION = staticmethod(on_new_connection)
 
-    def __init__(self, rng: random.Random, view: type[DeadHolders] = DeadHolders) -> None:
+    def __init__(self, rng: random.Random, view: type[DeadHolders] = DeadHolders, acks: type[Acks] = Acks) -> None:
         self.rng = rng
         self.view = view
+        self.acks = acks
         self.now = 0.0
         # Redis.
         self.up = True
@@ -138,6 +155,9 @@ class World:
         self.down_until = 0.0
         self.lose_beats = False
         self.epoch = 0
+        #: Acks Redis took lately, for a restart that loses its last writes: (when, tag, the process whose
+        #: entry it deleted if any, the process that acked it, whether the tag left that one's held set).
+        self.acks_taken: collections.deque[tuple[float, str, str | None, str, bool]] = collections.deque()
         self.skew = 0.0  # Redis's clock minus real time
         self.jumped_at = -math.inf
         self.queue: collections.deque[str] = collections.deque()  # tags (a job's tag is its id), head left
@@ -156,9 +176,14 @@ class World:
         # Jobs.
         self.accepted = 0
         self.results: dict[str, float] = {}  # job -> when its result was first stored
+        self.results_lost: collections.Counter[str] = collections.Counter()  # job -> results a restart lost
         self.synthesized: collections.Counter[str] = collections.Counter()
         self.overlapping: collections.Counter[str] = collections.Counter()  # job -> runs begun beside a live one
-        self.stale: set[str] = set()  # tags a live process could not ack (lost connection)
+        self.stale: set[str] = set()  # tags a live process could not ack on their connection (lost)
+        self.lost_acks = 0  # acks a restart lost with its last writes
+        #: Tags whose run ended, with the live process that ran it and when it ended (or when a restart
+        #: brought its entry back): the process acks it, later on a new connection if need be.
+        self.ended: dict[str, tuple[str, float]] = {}
         self.alive_given_back: list[float] = []  # how long each live holder had been stalled
         self.excused: set[tuple[str, str]] = set()  # (process, tag): given back while it was paused
         self.faults: collections.Counter[str] = collections.Counter()
@@ -170,7 +195,14 @@ class World:
     def start(self) -> None:
         self.incarnations += 1
         name = f"w{self.incarnations}"
-        self.workers[name] = Worker(name, self.view(me=name, confirm_s=CONFIRM_S), self.now, next_loop=self.now)
+        self.workers[name] = Worker(
+            name,
+            self.view(me=name, confirm_s=CONFIRM_S),
+            self.acks(remember_s=ACKS_REMEMBERED_S),
+            self.now,
+            epoch=self.epoch,
+            next_loop=self.now,
+        )
 
     def living(self) -> list[Worker]:
         return [w for w in self.workers.values() if w.status != "dead"]
@@ -213,14 +245,50 @@ class World:
         elif roll < 0.0815:
             if self.up:
                 self.up, self.down_until = False, self.now + self.rng.uniform(0.2, 6)
-                self.lose_beats = self.rng.random() < 0.5
+                # One draw, its bits taken apart: whether the heartbeats are lost, whether the last
+                # writes are, and how many (a second draw would move every later fault of a seed).
+                draw = self.rng.random()
+                self.lose_beats = draw < 0.5
                 self.epoch += 1  # every broker connection is lost
                 self.faults["redis restart"] += 1
+                if (draw * 2) % 1 < 0.5:
+                    self.lose_writes((draw * 4) % 1 * LOST_WRITES_S)
         elif roll < 0.0817:
             self.skew += self.rng.uniform(0.5, 30)
             self.jumped_at = self.now
             self.faults["clock jump"] += 1
         self.settle()
+
+    def lose_writes(self, lag: float) -> None:
+        """The restart loses the writes of its last ``lag`` seconds (a failover to a replica that had not
+        received them, or an unsynced append-only file): the acks among them, whose entries are back in
+        ``unacked`` and their recorders' held sets, and the results. (Its lost pops, give-backs and ledger
+        records are other simulations' and the process tests' business.)"""
+        self.faults["restart losing writes"] += 1
+        for task_id, at in list(self.results.items()):
+            if at > self.now - lag:
+                del self.results[task_id]
+                self.results_lost[task_id] += 1
+        for at, tag, recorder, acker, had in reversed(self.acks_taken):  # the latest undone first
+            if at <= self.now - lag:
+                break
+            if had:  # the ack took it out of the acker's own held set
+                self.held.setdefault(acker, set()).add(tag)
+            if recorder is not None and tag not in self.unacked:
+                self.unacked[tag] = recorder
+                self.lost_acks += 1
+                worker = self.workers[recorder]
+                if worker.status != "dead":
+                    if all(run.task_id != tag for run in worker.runs):  # else its run's own ack is to come
+                        self.ended[tag] = (recorder, self.now)
+                elif recorder not in self.holders:
+                    # Given back and retired since its ack: that retire came later, and is lost too. It
+                    # is a silent holder again, whose message goes back within the bound.
+                    self.holders.add(recorder)
+                    self.dead_holding.add(recorder)
+                    worker.silent_from, worker.marked_at = None, None
+                    worker.held_at_death = len(self.held[recorder])
+        self.acks_taken.clear()
 
     def kill(self) -> None:
         living = self.living()
@@ -265,19 +333,30 @@ class World:
             if worker.status == "running" and self.up:
                 self.act(worker)
         self.check()
+        self.check_acks()
 
     def act(self, worker: Worker) -> None:
         now = self.now
+        if worker.epoch != self.epoch:  # its consumer finds the connection lost, and connects again
+            worker.acks.lost()
+            worker.epoch = self.epoch
         for run in [r for r in worker.runs if r.ends_at <= now]:
             worker.runs.remove(run)
             self.results.setdefault(run.task_id, now)
             if run.synthesizes:
                 self.synthesized[run.task_id] += 1
-            if run.epoch == self.epoch:  # kombu's ack: whoever's entry the tag has
-                self.unacked.pop(run.task_id, None)
-                self.held.get(worker.name, set()).discard(run.task_id)
-            else:  # on a connection lost since: the ack fails, the entry waits for the visibility timeout
-                self.stale.add(run.task_id)
+            tag = run.task_id
+            # (Unless it runs another copy of the message, popped again under the same tag once it was
+            # given back while this process was paused: that copy's run acks their one entry.)
+            if self.unacked.get(tag) == worker.name and all(r.task_id != tag for r in worker.runs):
+                self.ended[tag] = (worker.name, now)
+            if run.epoch == self.epoch:  # kombu's ack (``HeldQoS.ack``): whoever's entry the tag has
+                self.ack(worker, tag)
+                worker.acks.dropped(tag)
+                worker.acks.acked(tag, now)
+            else:  # on a connection lost since: the channel is dead, the ack is made later
+                worker.acks.later(tag)
+                self.stale.add(tag)
         if worker.giving:
             self.give_back(worker)
         elif now >= worker.next_loop:
@@ -285,6 +364,7 @@ class World:
                 self.holders.add(worker.name)
                 self.beats[worker.name] = (ALIVE, self.redis_now + HOLDER_TTL_S)
                 worker.last_beat = now
+            self.acknowledge_late(worker)
             worker.giving = [(name, why, None) for name, why in worker.view.look(now, self.states(), server=self.epoch)]
             if worker.giving:
                 self.give_back(worker)
@@ -294,7 +374,45 @@ class World:
             tag = self.queue.popleft()
             self.unacked[tag] = worker.name
             self.held.setdefault(worker.name, set()).add(tag)
+            worker.acks.held(tag)
             self.begin(worker, tag)
+
+    def ack(self, worker: Worker, tag: str) -> None:
+        """An ack: the tag's entry, whoever recorded it, and the tag in the acking process's held set."""
+        recorder = self.unacked.pop(tag, None)
+        had = tag in self.held.get(worker.name, ())
+        self.held.get(worker.name, set()).discard(tag)
+        self.ended.pop(tag, None)
+        if recorder is not None or had:
+            self.acks_taken.append((self.now, tag, recorder, worker.name, had))
+            while self.acks_taken[0][0] < self.now - LOST_WRITES_S:
+                self.acks_taken.popleft()
+
+    def acknowledge_late(self, worker: Worker) -> None:
+        """``Recovery.acknowledge_late``: of the acks due on a new connection, those of its own entries it
+        does not run again made in one transaction, those whose job has no result given back to the head
+        of the queue instead, the others left to whoever holds them."""
+        decided: dict[str, list[str]] = {ACK: [], GIVE_BACK: [], LEAVE: []}
+        for tag in sorted(worker.acks.due()):
+            decision = self.ON_NEW_CONNECTION(
+                present=tag in self.unacked,
+                mine=tag in self.held.get(worker.name, ()),
+                running=worker.acks.running(tag),
+                over=tag in self.results,
+            )
+            decided[decision].append(tag)
+        acked, again = decided[ACK], decided[GIVE_BACK]
+        for tag in acked:
+            self.ack(worker, tag)
+        for tag in again:
+            del self.unacked[tag]
+            self.ended.pop(tag, None)
+            self.held[worker.name].discard(tag)
+            self.queue.appendleft(tag)
+            self.faults["given back for want of a result"] += 1
+        worker.acks.made(acked, self.now)
+        worker.acks.gave_back(again)
+        worker.acks.left(decided[LEAVE])
 
     def give_back(self, worker: Worker) -> None:
         """One round trip of ``Recovery._give_back``: read a holder's held set, claim one of its tags,
@@ -414,22 +532,43 @@ class World:
                 f"{name}, dead since {worker.died_at:.2f} s ({state}), still holds {held[:3]} at {self.now:.2f} s"
             )
 
+    def check_acks(self) -> None:
+        """A live process acknowledges a message whose run ended within a look of Redis being up and the
+        process running: on the connection it came on, or on a new one at its next look."""
+        for tag, (name, ended_at) in list(self.ended.items()):
+            worker = self.workers[name]
+            if self.unacked.get(tag) != name or worker.status == "dead":
+                del self.ended[tag]
+                continue
+            if not self.up or worker.status != "running":
+                continue
+            due = max(ended_at, self.up_at, worker.active_since) + LOOP_S
+            assert self.now <= due, (
+                f"{tag}, whose run ended at {ended_at:.2f} s, still unacknowledged by {name} at {self.now:.2f} s"
+            )
+
     def drain(self) -> None:
         """No more faults or jobs: every stall ends, Redis stays up, the fleet finishes the work."""
         for worker in self.living():
             worker.stall_ends = min(worker.stall_ends, self.now)
         self.down_until = min(self.down_until, self.now)
         give_up = self.now + 600
-        while self.queue or any(w.runs or w.giving for w in self.living()) or self.dead_holding or self.marks:
+        while (
+            self.queue
+            or any(w.runs or w.giving or w.acks.due() for w in self.living())
+            or self.dead_holding
+            or self.marks
+        ):
             assert self.now < give_up, f"not done: queued {list(self.queue)[:3]}, dead holding {self.dead_holding}"
             self.now += 0.05
             self.settle()
         missing = [f"job-{n}" for n in range(1, self.accepted + 1) if f"job-{n}" not in self.results]
         assert not missing, f"never ran: {missing[:3]}"
-        for tag, holder in self.unacked.items():
-            assert tag in self.stale and self.workers[holder].status != "dead", f"{tag} left held by {holder}"
+        assert not self.unacked, f"left unacknowledged: {sorted(self.unacked.items())[:3]}"
         for task_id, count in self.synthesized.items():
-            assert count <= 1 + self.overlapping[task_id], f"{task_id} synthesized {count} times"
+            assert count <= 1 + self.overlapping[task_id] + self.results_lost[task_id], (
+                f"{task_id} synthesized {count} times"
+            )
 
 
 class Unclaimed(World):
@@ -439,8 +578,14 @@ class Unclaimed(World):
     CLAIM = False
 
 
-def run(seed: int, steps: int, world: type[World] = World, view: type[DeadHolders] = DeadHolders) -> World:
-    simulated = world(random.Random(seed), view)
+def run(
+    seed: int,
+    steps: int,
+    world: type[World] = World,
+    view: type[DeadHolders] = DeadHolders,
+    acks: type[Acks] = Acks,
+) -> World:
+    simulated = world(random.Random(seed), view, acks)
     for _ in range(steps):
         simulated.step()
     simulated.drain()
@@ -462,7 +607,7 @@ def simulate(seed: int, world: type[World]) -> World:
         f"seed {seed}: {STEPS} steps, {simulated.now:.0f} s simulated, {simulated.accepted} jobs,",
         f"{dict(simulated.faults)}; {len(stalls)} message(s) of paused holders given back (the shortest pause",
         f"{stalls[0] if stalls else None}), {sum(simulated.overlapping.values())} double run(s),",
-        f"{len(simulated.stale)} stale unacked;",
+        f"{len(simulated.stale)} ack(s) made later on a new connection, {simulated.lost_acks} lost by a restart;",
         f"{time.monotonic() - started:.1f} s, {time.process_time() - cpu:.1f} CPU-s",
     )
     assert simulated.faults["kill"] > 0 and simulated.faults["redis restart"] > 0
@@ -473,11 +618,11 @@ def test_dead_holders_messages_go_back_within_the_bound_and_only_a_paused_holder
     simulate(seed_of_this_run(), World)
 
 
-def failures(world: type[World], view: type[DeadHolders], steps: int, match: str) -> int:
+def failures(world: type[World], view: type[DeadHolders], steps: int, match: str, acks: type[Acks] = Acks) -> int:
     failed = 0
     for seed in range(5):
         try:
-            run(seed, steps, world, view)
+            run(seed, steps, world, view, acks)
         except AssertionError as exc:
             assert match in str(exc), exc
             failed += 1
@@ -498,7 +643,7 @@ def test_one_silent_look_is_not_enough() -> None:
         def look(self, now: float, states: Mapping[str, str], *, server: object = None) -> list[tuple[str, str]]:
             return [(name, state) for name, state in states.items() if name != self.me and state != ALIVE]
 
-    assert failures(World, OneLook, 60_000, "ran it and beat") == 5
+    assert failures(World, OneLook, 100_000, "ran it and beat") == 5
 
 
 def test_a_view_that_never_gives_back_breaks_the_bound() -> None:
@@ -525,5 +670,48 @@ def test_a_holder_seen_alive_starts_its_silence_over() -> None:
             ]
 
     # Rarer than the others: the holder must read silent at a look before its first beat after the
-    # restart; three of the five runs catch it.
-    assert failures(World, Remembers, 80_000, "ran it and beat") >= 3
+    # restart; four of the five runs catch it within 200,000 steps.
+    assert failures(World, Remembers, 200_000, "ran it and beat") >= 4
+
+
+class CouldNotAck(Acks):
+    """kombu alone: an ack that cannot go on the connection its message came on is logged and dropped."""
+
+    def failed(self, tag: str) -> None:
+        pass
+
+    def later(self, tag: str) -> None:
+        self.abandoned(tag)
+
+
+class ForgetsItsAcks(Acks):
+    """Acks made on a connection are not made again when it drops."""
+
+    def lost(self) -> None:
+        self._recent.clear()
+        super().lost()
+
+
+def test_an_ack_that_cannot_go_on_its_connection_is_made_on_a_new_one() -> None:
+    """Issue 42's "2 stale unacked entries after a failover": the acks of messages finished after the
+    connection they came on dropped, dropped as kombu drops them, leave entries for the visibility
+    timeout (an hour: the job runs again then)."""
+    assert failures(World, DeadHolders, 30_000, "still unacknowledged", CouldNotAck) == 5
+
+
+def test_an_ack_a_restart_lost_is_made_again() -> None:
+    """Issue 42's "a job whose ack died with the old primary waits the visibility timeout": a restart or
+    failover that loses its last writes brings back the entries of acks made just before it."""
+    assert failures(World, DeadHolders, 30_000, "still unacknowledged", ForgetsItsAcks) == 5
+
+
+class AcksBlindly(World):
+    """Every ack due on a new connection made, whether or not its job has a result."""
+
+    ON_NEW_CONNECTION = staticmethod(lambda *, present, mine, running, over: "ack" if present else "leave")
+
+
+def test_a_message_whose_result_a_restart_lost_goes_back_instead_of_being_acked() -> None:
+    """A restart that loses its last writes may lose a job's result with its ack: made again blindly, the
+    ack leaves the job with neither (the sweeper sends again only a job no worker received)."""
+    assert failures(AcksBlindly, DeadHolders, 30_000, "never ran") == 5

@@ -297,9 +297,56 @@ def test_a_job_held_across_a_redis_restart_is_acknowledged_once_it_is_done(
             assert client.submit("After the restart.").wait(timeout=SLACK_S)["duration_s"] > 0
         # Its ack follows its stored result by a moment (Celery acks a late-ack task after storing it).
         wait_until(lambda: unacked(settings) == 0, 30, "the job after the restart acknowledged")
-        assert "acknowledged 1 message(s) finished after their broker connection was lost" in worker.log()
+        assert "acknowledged 1 message(s) on a new broker connection" in worker.log()
         assert len(s3_keys(settings)) == 2 and worker.process.poll() is None
     finally:
+        hold.unlink(missing_ok=True)
+        if worker is not None:
+            worker.stop()
+        server.stop()
+
+
+def test_a_job_whose_result_and_ack_a_restart_lost_runs_again_at_once(
+    faulty: Settings, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    """Redis comes back without the writes of its last moments (here: a crash after a snapshot taken
+    while the job was held; in production, a failover to a replica that had not received them): the
+    job's result and ack are among them, and its entry is back in kombu's ``unacked`` hash. The worker
+    takes up, on its new connection, the acks it made lately: this one's job has no result, so its
+    message goes back to the queue and the job runs again now, not when the visibility timeout passes
+    (600 s here, an hour by default); an ack made blindly would have left it with neither."""
+    server = RedisServer(directory=str(tmp_path / "redis"))
+    os.makedirs(server.directory)
+    server.start()
+    url = server.url
+    settings = faulty.replace(
+        broker_url=f"{url}/0", result_backend=f"{url}/1", cache_url=f"{url}/2", visibility_timeout_s=600
+    )
+    hold = tmp_path / "hold"
+    hold.touch()
+    worker: WorkerProcess | None = None
+    broker = redis.Redis.from_url(settings.broker_url)
+    try:
+        worker = start_worker(settings)
+        assert worker.process is not None
+        with Client(settings) as client:
+            job = client.submit("[held] A job acknowledged just before Redis lost its last writes.")
+            wait_until(lambda: batches_started(tmp_path, worker.process.pid) >= 1, 30, "the held batch")
+            assert unacked(settings) == 1
+            broker.save()  # what Redis will come back with: the job held, not yet acknowledged
+            hold.unlink()
+            assert client.wait(job.id or "", timeout=SLACK_S)["duration_s"] > 0
+            wait_until(lambda: unacked(settings) == 0, 30, "the job acknowledged")
+        server.stop(keep_data=True, crash=True)
+        server.start()
+        assert unacked(settings) == 1  # the ack was lost with the last writes, and so was the result
+        with Client(settings) as client:
+            assert client.wait(job.id or "", timeout=SLACK_S)["duration_s"] > 0
+        wait_until(lambda: unacked(settings) == 0, 30, "the job run again acknowledged")
+        assert "1 message(s) acknowledged before Redis lost its last writes have no result" in worker.log()
+        assert worker.process.poll() is None
+    finally:
+        broker.close()
         hold.unlink(missing_ok=True)
         if worker is not None:
             worker.stop()

@@ -158,6 +158,13 @@ HELD_PREFIX = "ttsq:held:"  # + incarnation -> set: delivery tags it holds, besi
 #: How often a worker process renews its heartbeat, and how long one lasts without renewal (seconds).
 HOLDER_BEAT_S = 2.0
 HOLDER_TTL_S = 10.0
+#: How long a worker process remembers an ack it made, to make it again on a new connection once its
+#: broker connection drops (``ttsq.delivery.acks``): a failover loses the writes of the old primary's
+#: last moments that its replica had not received, and an entry of kombu's ``unacked`` hash an ack lost
+#: so deleted would wait for the visibility timeout and run its job again. At least the data nodes'
+#: ``min-replicas-max-lag``, which bounds what a failover loses (docs/high-availability.md: 2 s advised,
+#: Redis's default 10 s); what it costs is the acks a process makes in that time, a few strings each.
+ACKS_REMEMBERED_S = 10.0
 
 #: Dead letters (the broker database): messages a worker refused to run, raw (``ttsq.delivery.envelope``).
 DEAD_LETTERS_KEY = "ttsq:dead"

@@ -57,9 +57,9 @@ def turn_of(tenant: str | None, *, chunk: bool = False) -> str:
     are held to no per-tenant cap, since their document already counts against its tenant's cap and waits
     for them (counted with it, under a cap of one, they would wait for it for ever). The fan-out defers
     them with no cap (defer.lua counts nothing), and release.lua knows the place by its suffix and neither
-    checks nor counts a cap there. Sent with no tenant, as they once were, chunks went to the queue at once, past the
-    window (tests/test_ledger_simulation.py fails so). A job sent again (the sweeper, ``ttsq retry``) is
-    sent with no tenant on purpose and does not ask: it waited its turn once."""
+    checks nor counts a cap there. Sent with no tenant, as they once were, chunks went to the queue at
+    once, past the window (tests/test_ledger_simulation.py fails so). A job sent again (the sweeper,
+    ``ttsq retry``) is sent with no tenant on purpose and does not ask: it waited its turn once."""
     return (tenant or DEFAULT_TENANT) + (CHUNKS_SUFFIX if chunk else "")
 
 

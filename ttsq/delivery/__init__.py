@@ -11,6 +11,8 @@ through many thousands of interleavings:
 (``tests/test_fanout_simulation.py``).
 ``ttsq.delivery.holders``: when a worker process holding messages counts as dead and recovery gives them
 back (``tests/test_delivery_holders_sim.py``).
+``ttsq.delivery.acks``: which of a worker's acks go on its broker connection and which on a new one once
+it is lost, and what a failover's lost writes ask of them (``tests/test_delivery_holders_sim.py``).
 ``ttsq.delivery.lifecycle``: a job's delivery lifecycle as a table of moves, each naming the code that
 makes it, and what the job's one record in the ledger says in each state (the record's scripts run under
 ``tests/test_ledger_simulation.py``).

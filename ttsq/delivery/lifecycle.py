@@ -222,9 +222,9 @@ TRANSITIONS: tuple[Transition, ...] = (
         _KILLED,
     ),
     # kombu's last resort, whoever holds the message: for one no holder recorded (a worker of an older
-    # ttsq), and one whose ack the old primary took but never passed to its replica. A live worker's are
-    # renewed by its beat; what it finished after losing its connection it acknowledges on a new one
-    # (``Recovery.acknowledge_late``).
+    # ttsq). A live worker's are renewed by its beat; what it finished after losing its connection, and
+    # what it acknowledged in that connection's last moments (a failover may have lost it), it
+    # acknowledges on a new one (``ttsq.delivery.acks``, ``Recovery.acknowledge_late``).
     T(S.HELD, E.VISIBILITY_PASSED, S.QUEUED, ("kombu.transport.redis:QoS.restore_visible",), _KILLED),
     T(S.HELD, E.CANCELLED, S.CANCELLED, _CANCELLING, _CANCEL),
     T(

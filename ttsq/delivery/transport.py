@@ -24,6 +24,7 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.json import dumps
 
+from ttsq.delivery.acks import Acks
 from ttsq.delivery.cycle import CAPPED_BRPOP_TIMEOUT_S, LaneCycle
 from ttsq.delivery.envelope import MAX_MESSAGE_BYTES, Refused, check_raw
 from ttsq.job import lane_of
@@ -42,13 +43,11 @@ class Gate(Protocol):
     the transport options (``GATE_OPTION``) and on the worker's app."""
 
     held_key: str | None
-    live_tags: set[str]
+    acks: Acks
 
     def admit(self, message: Any) -> bool: ...
 
     def refuse(self, raw: bytes | str, *, queue: str, refused: Refused, headers: Any = None) -> None: ...
-
-    def ack_later(self, delivery_tag: Any, multiple: bool = False) -> None: ...
 
 
 def raw_of(message: Any) -> bytes:
@@ -97,27 +96,31 @@ class HeldQoS(kombu_redis.QoS):
                 dumps([message._raw, delivery["exchange"], delivery["routing_key"]]),  # type: ignore[no-untyped-call]
             ).sadd(held, delivery_tag).execute()
         virtual.QoS.append(self, message, delivery_tag)  # type: ignore[no-untyped-call]
-        self._gate().live_tags.add(str(delivery_tag))
+        self._gate().acks.held(str(delivery_tag))
 
     def ack(self, delivery_tag: Any) -> None:
-        """kombu's ack; one that cannot reach Redis (the connection dropped as the job finished, before the
-        consumer noticed) is made later on a new connection (``Gate.ack_later``), where kombu would log
-        "Couldn't ack" and leave the entry to the visibility timeout."""
+        """kombu's ack, remembered a while (a failover may lose it: ``ttsq.delivery.acks``); one that
+        cannot reach Redis (the connection dropped as the job finished, before the consumer noticed) is
+        made later on a new connection, where kombu would log "Couldn't ack" and leave the entry to the
+        visibility timeout."""
         try:
             super().ack(delivery_tag)  # type: ignore[no-untyped-call]
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
             gate = self._gate()
             if gate is None or self.held_key is None:
                 raise
-            gate.ack_later(delivery_tag)
+            gate.acks.failed(str(delivery_tag))
             virtual.QoS.ack(self, delivery_tag)  # type: ignore[no-untyped-call]  # settled here, as kombu's would be
+            return
+        if self.held_key is not None:
+            self._gate().acks.acked(str(delivery_tag), time.monotonic())
 
     def _remove_from_indices(self, delivery_tag: Any, pipe: Any = None) -> Any:
         pipe = super()._remove_from_indices(delivery_tag, pipe)  # type: ignore[no-untyped-call]
         held = self.held_key
         if held is None:
             return pipe
-        self._gate().live_tags.discard(str(delivery_tag))
+        self._gate().acks.dropped(str(delivery_tag))
         return pipe.srem(held, delivery_tag)
 
 
@@ -237,7 +240,7 @@ class GatedConsumer(Consumer):  # type: ignore[misc]
     Before Celery's clean-up, the dead channel is told not to push messages back; the consumer
     reconnects as after any connection loss. The worker finishes the messages it held, and their acks,
     which cannot go on the dead channel, are kept for the recovery thread to make on a new connection
-    (``Gate.ack_later``, ``Holders.acknowledge``): they leave no entry in kombu's ``unacked`` hash. A
+    (``ttsq.delivery.acks``, ``Holders.acknowledge``): they leave no entry in kombu's ``unacked`` hash. A
     reject on the dead channel fails as the connection error it is (Celery logs it and carries on):
     that message stays unacknowledged and comes back after the visibility timeout.
     """
@@ -271,14 +274,36 @@ class GatedConsumer(Consumer):  # type: ignore[misc]
     def on_connection_error_after_connected(self, exc: Any) -> None:
         gate: Gate | None = getattr(self.app, "ttsq_gate", None)
         if gate is not None:
-            gate.live_tags.clear()  # their acks cannot reach Redis now: no longer kept alive
+            # What it held is no longer kept alive; its recent acks, which a failover may have lost, and
+            # those still to come are made on a new connection.
+            gate.acks.lost()
         channel = getattr(self.connection, "_default_channel", None)
         if channel is not None:
             channel.do_restore = False
-            channel.basic_reject = _dead_channel
+            channel.basic_reject = _reject_dead(gate.acks) if gate is not None else _dead_channel
             # Without a held set there is no recovery thread to make the ack later.
-            channel.basic_ack = gate.ack_later if gate is not None and gate.held_key is not None else _dead_channel
+            acks = gate.acks if gate is not None and gate.held_key is not None else None
+            channel.basic_ack = _ack_later(acks) if acks is not None else _dead_channel
         super().on_connection_error_after_connected(exc)
+
+
+def _ack_later(acks: Acks) -> Any:
+    """``basic_ack`` of a channel whose connection was lost: the ack is made later, on a new one."""
+
+    def basic_ack(delivery_tag: Any, multiple: bool = False) -> None:
+        acks.later(str(delivery_tag))
+
+    return basic_ack
+
+
+def _reject_dead(acks: Acks) -> Any:
+    """``basic_reject`` of a channel whose connection was lost: the message stays unacknowledged."""
+
+    def basic_reject(delivery_tag: Any, requeue: bool = False) -> None:
+        acks.abandoned(str(delivery_tag))
+        _dead_channel()
+
+    return basic_reject
 
 
 def _dead_channel(*args: Any, **kwargs: Any) -> None:

@@ -112,6 +112,19 @@ class Holders:
         pipe.srem(held_key(name), *tags)
         return int(pipe.execute()[0] or 0)
 
+    def entries(self, name: str, tags: Collection[str]) -> dict[str, tuple[Any, bool]]:
+        """kombu's ``unacked`` entry of each of ``tags`` (None where it is gone), and whether incarnation
+        ``name``'s held set has the tag."""
+        ordered = list(tags)
+        if not ordered:
+            return {}
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hmget(UNACKED_KEY, ordered)
+        for tag in ordered:
+            pipe.sismember(held_key(name), tag)
+        raws, *mine = pipe.execute()
+        return {tag: (raw, bool(held)) for tag, raw, held in zip(ordered, raws, mine, strict=True)}
+
     def claim(self, name: str, tag: str, *, into: str) -> bool:
         """Move ``tag`` from incarnation ``name``'s held set to ``into``'s (the process about to give it
         back), unless ``name`` beats again or another process moved it first: whether ``into`` may give

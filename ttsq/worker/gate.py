@@ -11,11 +11,11 @@ logged, and the worker keeps consuming. Why two places, and what a refusal leave
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
-from ttsq.constants import DOCUMENT_HEADER, SEQ_HEADER
+from ttsq.constants import ACKS_REMEMBERED_S, DOCUMENT_HEADER, SEQ_HEADER
+from ttsq.delivery.acks import Acks
 from ttsq.delivery.envelope import Refused, check_task
 from ttsq.delivery.transport import raw_of
 from ttsq.records.accepted import AcceptedJobs, Receipt
@@ -45,16 +45,9 @@ class Gate:
         (the app's result backend), for a cancelled job whose message the gate drops."""
         self.revoke = revoke
         self.held_key = held_key
-        #: The delivery tags this process holds on its live broker connection, for the heartbeat to keep
-        #: alive (``ttsq.worker.recovery``). Emptied when the connection is lost: those messages' acks
-        #: cannot go on the connection they came on, and wait in ``late_acks``.
-        self.live_tags: set[str] = set()
-        #: Tags of messages finished after the connection they came on was lost, whose acks the recovery
-        #: thread makes on a new connection (``Holders.acknowledge``). Left alone, their entries stayed in
-        #: kombu's ``unacked`` hash until the visibility timeout (an hour) and ran once more then. Bounded
-        #: by what the process held when the connection went: its prefetch.
-        self._late_acks: set[str] = set()
-        self._late_lock = threading.Lock()
+        #: Which of this process's acks go on its broker connection and which on a new one, later
+        #: (``ttsq.delivery.acks``): kept by the transport, made by the recovery thread.
+        self.acks = Acks(remember_s=ACKS_REMEMBERED_S)
         self.tasks = frozenset(tasks)
         self.observer = observer
         self.accepted = accepted
@@ -133,21 +126,6 @@ class Gate:
             return True
         message.ack()
         return False
-
-    def ack_later(self, delivery_tag: Any, multiple: bool = False) -> None:
-        """``basic_ack`` of a channel whose connection was lost: the ack is made later, on a new one."""
-        with self._late_lock:
-            self._late_acks.add(str(delivery_tag))
-
-    def late_acks(self) -> frozenset[str]:
-        """The acks still to make on a new connection."""
-        with self._late_lock:
-            return frozenset(self._late_acks)
-
-    def acked_late(self, tags: Collection[str]) -> None:
-        """``tags`` were acknowledged on a new connection."""
-        with self._late_lock:
-            self._late_acks.difference_update(tags)
 
     def close(self) -> None:
         """Nothing to release: the connections are closed with the process."""

@@ -18,7 +18,8 @@ A live process renews the delivery time of what it holds on its live broker conn
 (``Holders.keep_alive``): a long stitch or batch is never given to a second worker by kombu's visibility
 timeout while the first still works on it. Messages it held on a connection it lost (a Redis restart, a
 failover) it still finishes; their acks, which cannot go on that connection, it makes here on a new one
-(``Holders.acknowledge``) at its next look. A message a worker of an older ttsq held is left to the
+(``Holders.acknowledge``) at its next look, with the acks it made on the lost one in its last moments,
+which a failover may have lost (``ttsq.delivery.acks``). A message a worker of an older ttsq held is left to the
 visibility timeout. A
 message no holder recorded (the worker died between kombu popping it and recording it) is in no
 record of the broker's: the accepted-job ledger's sweeper sends it again (``ttsq.worker.sweeper``).
@@ -30,11 +31,16 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ttsq.constants import HOLDER_BEAT_S, HOLDER_TTL_S, REQUEUED_STATE
+from celery.states import READY_STATES
+
+from ttsq.app import stored_result
+from ttsq.constants import ACKS_REMEMBERED_S, HOLDER_BEAT_S, HOLDER_TTL_S, REQUEUED_STATE
+from ttsq.delivery.acks import ACK, GIVE_BACK, LEAVE, Acks, on_new_connection
 from ttsq.delivery.holders import DeadHolders
+from ttsq.errors import CorruptRecord
 from ttsq.records.holders import Holders
 from ttsq.records.scripts import register
 
@@ -63,23 +69,18 @@ class Recovery:
         name: str,
         node: str,
         stopping: Callable[[], bool] = lambda: False,
-        live_tags: Callable[[], Collection[str]] = frozenset,
-        late_acks: Callable[[], Collection[str]] = frozenset,
-        acked_late: Callable[[Collection[str]], None] = lambda tags: None,
+        acks: Acks | None = None,
     ) -> None:
-        """``name``: this process's incarnation; ``app``: the worker's own, whose channel gives tags back."""
+        """``name``: this process's incarnation; ``app``: the worker's own, whose channel gives tags back;
+        ``acks``: what it holds on its live broker connection and the acks to make on a new one
+        (``ttsq.worker.gate.Gate.acks``)."""
         self.name = name
         self.node = node
         self.holders = holders
         self.observer = observer
         self._app = app
         self._stopping = stopping  # the runtime's: this ends with the worker it serves
-        #: The tags this process holds on its live broker connection (``Gate.live_tags``).
-        self._live_tags = live_tags
-        #: The acks this process could not make on the connection their messages came on
-        #: (``Gate.late_acks``), made here on a new one, and said made (``Gate.acked_late``).
-        self._late_acks = late_acks
-        self._acked_late = acked_late
+        self.acks = acks if acks is not None else Acks(remember_s=ACKS_REMEMBERED_S)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ttsq-recovery", daemon=True)
         #: Which other holders are dead, from look to look (time.monotonic()).
@@ -103,7 +104,7 @@ class Recovery:
             try:
                 if time.monotonic() - last_beat >= HOLDER_BEAT_S:
                     self.holders.beat(self.name, ttl_s=HOLDER_TTL_S, info={"node": self.node})
-                    self.holders.keep_alive(self._live_tags())
+                    self.holders.keep_alive(self.acks.live())
                     last_beat = time.monotonic()
                 self.acknowledge_late()
                 self.recover()
@@ -113,19 +114,53 @@ class Recovery:
                 return
 
     def acknowledge_late(self) -> int:
-        """Make the acks of messages finished after their connection was lost; return how many entries of
-        kombu's ``unacked`` hash they removed. Redis still away: they wait for the next look."""
-        tags = self._late_acks()
+        """Make the acks due on a new connection (``ttsq.delivery.acks``: of messages finished after
+        their connection was lost, and the acks made on it lately, which a failover may have lost); return
+        how many entries of kombu's ``unacked`` hash they removed. A message of this process's whose job
+        has no final result (lost with the same writes as its ack, most likely) goes back to the head of
+        its queue instead, to run now. Redis still away: they wait for the next look."""
+        tags = self.acks.due()
         if not tags:
             return 0
-        removed = self.holders.acknowledge(self.name, tags)
-        self._acked_late(tags)
+        entries = self.holders.entries(self.name, tags)
+        decided: dict[str, list[str]] = {ACK: [], GIVE_BACK: [], LEAVE: []}
+        for tag, (raw, mine) in entries.items():
+            present, running = raw is not None, self.acks.running(tag)
+            over = self._over(raw) if present and mine and not running else True
+            decided[on_new_connection(present=present, mine=mine, running=running, over=over)].append(tag)
+        acked, again = decided[ACK], decided[GIVE_BACK]
+        removed = self.holders.acknowledge(self.name, acked)
+        if again:
+            with self._app.connection_for_write() as connection:
+                qos = connection.default_channel.qos
+                for tag in again:
+                    qos.restore_by_tag(tag, leftmost=False)  # to the head of its queue: next to run
+            self.observer.jobs_requeued(len(again))
+            logger.warning(
+                "%d message(s) acknowledged before Redis lost its last writes have no result: back to the queue",
+                len(again),
+            )
+        self.acks.made(acked, time.monotonic())
+        self.acks.gave_back(again)
+        self.acks.left(decided[LEAVE])
         logger.info(
-            "acknowledged %d message(s) finished after their broker connection was lost (%d still unacknowledged)",
-            len(tags),
+            "acknowledged %d message(s) on a new broker connection after the last was lost (%d still unacknowledged)",
+            len(acked),
             removed,
         )
         return removed
+
+    def _over(self, raw: Any) -> bool:
+        """Whether the job of an ``unacked`` entry has a final result (or the entry names no job: a
+        refused message's), or one that is not ttsq's. The result backend away: ``BrokerError``, and the
+        acks wait for the next look."""
+        task_id = _task_id_of(raw)
+        if task_id is None:
+            return True
+        try:
+            return stored_result(self._app, task_id).state in READY_STATES
+        except CorruptRecord:
+            return True
 
     def recover(self) -> int:
         """Give back what every dead holder held (``ttsq.delivery.holders`` decides who is dead); return how
@@ -163,13 +198,9 @@ class Recovery:
 
     def _mark_requeued(self, raw: Any, holder: str) -> None:
         """``ttsq status`` of a job given back says its worker died, unless the job has a final result."""
-        try:
-            payload = json.loads(raw) if raw else None
-            task_id = payload[0]["headers"]["id"] if isinstance(payload, list) else None
-        except (ValueError, TypeError, KeyError, IndexError):
+        task_id = _task_id_of(raw)
+        if task_id is None:
             return  # the message goes back all the same; its state only says less
-        if not isinstance(task_id, str):
-            return
         backend = self._app.backend
         if self._store_unless_done is None:
             self._store_unless_done = register(backend.client, "progress_unless_done")
@@ -189,3 +220,13 @@ class Recovery:
             )
         except Exception as exc:  # the state is for watching; the message goes back regardless
             logger.debug("could not mark job %s requeued: %s", task_id, type(exc).__name__)
+
+
+def _task_id_of(raw: Any) -> str | None:
+    """The job id of an entry of kombu's ``unacked`` hash (its message, exchange and routing key)."""
+    try:
+        payload = json.loads(raw) if raw else None
+        task_id = payload[0]["headers"]["id"] if isinstance(payload, list) else None
+    except (ValueError, TypeError, KeyError, IndexError):
+        return None
+    return task_id if isinstance(task_id, str) else None

@@ -89,9 +89,7 @@ def worker_app(settings: Settings, runtime: WorkerRuntime) -> Celery:
         name=name,
         node=runtime.node,
         stopping=lambda: runtime.stopping,
-        live_tags=gate.live_tags.copy,
-        late_acks=gate.late_acks,
-        acked_late=gate.acked_late,
+        acks=gate.acks,
     )
     app.ttsq_recovery.start()
     return app
