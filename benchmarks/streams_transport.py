@@ -72,7 +72,8 @@ from redis.connection import AbstractConnection
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ttsq.app import make_app, queue_for
 from ttsq.config import Settings
-from ttsq.constants import HOLDER_BEAT_S, HOLDER_TTL_S, SEQ_HEADER, TASK_NAME
+from ttsq.constants import ACKS_REMEMBERED_S, HOLDER_BEAT_S, HOLDER_TTL_S, SEQ_HEADER, TASK_NAME
+from ttsq.delivery.acks import Acks
 from ttsq.delivery.transport import BULK_CAP_OPTION, BULK_SHARE_OPTION, GATE_OPTION, GatedTransport
 from ttsq.observer import Observer
 from ttsq.ops.redis_server import RedisServer
@@ -145,7 +146,7 @@ def as_ttsq_worker(app: Any, settings: Settings, name: str) -> Any:
     """Give ``app`` the transport a ttsq worker consumes through (``ttsq.worker.tasks``): kombu's Redis
     channel with the envelope check, the lane cycle and ``HeldQoS``, whose held set is written in the same
     pipelines as kombu's ``unacked`` bookkeeping. Returns what ``HeldQoS`` reads of the worker's gate."""
-    holding = SimpleNamespace(held_key=held_key(name), live_tags=set())
+    holding = SimpleNamespace(held_key=held_key(name), acks=Acks(remember_s=ACKS_REMEMBERED_S))
     app.conf.broker_transport = GatedTransport
     app.conf.broker_transport_options = {
         **app.conf.broker_transport_options,
@@ -417,10 +418,10 @@ def _holding_consumer(url: str, queue: str, name: str, count: int, ready: Any) -
         consumer = Consumer(connection.channel(), queues, callbacks=hold, accept=["json"])  # type: ignore[no-untyped-call]
         consumer.qos(prefetch_count=count)  # type: ignore[no-untyped-call]
         consumer.consume()  # type: ignore[no-untyped-call]
-        while len(holding.live_tags) < count:
+        while len(holding.acks.live()) < count:
             with suppress(TimeoutError):
                 connection.drain_events(timeout=0.2)
-        ready.put(len(holding.live_tags))
+        ready.put(len(holding.acks.live()))
         while True:
             time.sleep(1)
 
