@@ -263,19 +263,26 @@ def test_redis_restart_mid_burst_loses_no_accepted_job_and_workers_consume_after
         server.stop()
 
 
-def test_a_job_held_across_a_redis_restart_is_acknowledged_once_it_is_done(
-    faulty: Settings, start_worker: StartWorker, tmp_path: Path
-) -> None:
-    """A worker finishes the job it held when its broker connection dropped, and that job's ack, which
-    cannot go on the connection the message came on, is made on a new one: no entry is left in kombu's
-    ``unacked`` hash to run the job again when the visibility timeout passes (here long after the test)."""
-    server = RedisServer(directory=str(tmp_path / "redis"), appendonly=True)
+def redis_of_its_own(faulty: Settings, tmp_path: Path, *, appendonly: bool) -> tuple[RedisServer, Settings]:
+    """A Redis this test may stop and start (its folder kept across), and settings on it whose visibility
+    timeout (600 s) outlasts the test: nothing comes back by kombu's restore within it."""
+    server = RedisServer(directory=str(tmp_path / "redis"), appendonly=appendonly)
     os.makedirs(server.directory)
     server.start()
     url = server.url
     settings = faulty.replace(
         broker_url=f"{url}/0", result_backend=f"{url}/1", cache_url=f"{url}/2", visibility_timeout_s=600
     )
+    return server, settings
+
+
+def test_a_job_held_across_a_redis_restart_is_acknowledged_once_it_is_done(
+    faulty: Settings, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    """A worker finishes the job it held when its broker connection dropped, and that job's ack, which
+    cannot go on the connection the message came on, is made on a new one: no entry is left in kombu's
+    ``unacked`` hash to run the job again when the visibility timeout passes (here long after the test)."""
+    server, settings = redis_of_its_own(faulty, tmp_path, appendonly=True)
     hold = tmp_path / "hold"
     hold.touch()
     worker: WorkerProcess | None = None
@@ -315,13 +322,7 @@ def test_a_job_whose_result_and_ack_a_restart_lost_runs_again_at_once(
     takes up, on its new connection, the acks it made lately: this one's job has no result, so its
     message goes back to the queue and the job runs again now, not when the visibility timeout passes
     (600 s here, an hour by default); an ack made blindly would have left it with neither."""
-    server = RedisServer(directory=str(tmp_path / "redis"))
-    os.makedirs(server.directory)
-    server.start()
-    url = server.url
-    settings = faulty.replace(
-        broker_url=f"{url}/0", result_backend=f"{url}/1", cache_url=f"{url}/2", visibility_timeout_s=600
-    )
+    server, settings = redis_of_its_own(faulty, tmp_path, appendonly=False)
     hold = tmp_path / "hold"
     hold.touch()
     worker: WorkerProcess | None = None
