@@ -37,39 +37,61 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return min(2 * len(os.sched_getaffinity(0)), 16)
 
 
-#: The files that take longest, longest first (``--durations`` of a full run on the 2-core CI machine,
-#: summed per file), which the test processes take first. xdist hands out files by their number of tests
-#: (``--loadscope-reorder``, its default), which sent these last: a run ended with one process finishing
-#: a minute-long file while the others had nothing left. With ``--no-loadscope-reorder`` (pyproject.toml)
-#: it hands them out in this order; the files not named here follow in their own.
+#: The files that take 15 s or more, longest first (``--durations=0`` of a full run on the 2-core CI
+#: machine, summed per file: 2,757 s in all), which the test processes take first. xdist hands out files
+#: by their number of tests (``--loadscope-reorder``, its default), which sent these last: a run ended
+#: with one process finishing a minute-long file while the others had nothing left (14:11, 164 % of the
+#: two cores; 12:10 and 180 % with the first version of this list). With ``--no-loadscope-reorder``
+#: (pyproject.toml) xdist hands them out in this order; the files not named here follow in their own.
 LONGEST_FILES = (
-    "test_faults.py",
-    "test_fidelity.py",
-    "test_recovery.py",
-    "test_failover.py",
     "test_gateway_streaming.py",
-    "test_lanes.py",
-    "test_qwen_worker.py",
-    "test_health.py",
-    "test_gpu_suite.py",
-    "test_qwen_streaming.py",
+    "test_failover.py",
+    "test_gateway.py",
+    "test_recovery.py",
+    "test_faults.py",
     "test_document.py",
-    "test_fleet_soak.py",
+    "test_qwen_streaming.py",
+    "test_fidelity.py",
+    "test_qwen_worker.py",
+    "test_cli_papercuts.py",
+    "test_newcomer.py",
+    "test_health.py",
+    "test_lanes.py",
+    "test_gpu_suite.py",
+    "test_streaming.py",
+    "test_qwen_fast.py",
     "test_lost_jobs.py",
     "test_qwen_fast_worker.py",
-    "test_document_scale.py",
-    "test_heap.py",
-    "test_playground.py",
-    "test_streaming.py",
-    "test_cli_papercuts.py",
-    "test_embedded.py",
-    "test_one_engine.py",
-    "test_tenant_cap.py",
-    "test_cli_outage.py",
+    "test_client.py",
     "test_timestamps.py",
+    "test_fleet_soak.py",
+    "test_document_scale.py",
+    "test_cli.py",
+    "test_one_engine.py",
     "test_supervisor.py",
+    "test_tenant_cap.py",
+    "test_send.py",
+    "test_docs.py",
+    "test_cli_outage.py",
+    "test_envelope.py",
+    "test_playground.py",
+    "test_embedded.py",
     "test_engine_contract.py",
-    "test_quality.py",
+    "test_qwen_benchmark.py",
+    "test_cancel.py",
+    "test_heap.py",
+    "test_timestamps_streams.py",
+    "test_bad_inputs.py",
+    "test_tracing.py",
+    "test_fleet.py",
+    "test_engine_qwen.py",
+    "test_delivery_holders_sim.py",
+    "test_lanes_gateway.py",
+    "test_worker.py",
+    "test_tenancy.py",
+    "test_observability.py",
+    "test_log_guard.py",
+    "test_qwen_aligner.py",
 )
 
 
