@@ -365,8 +365,21 @@ async function speakStream(run, textValue, format) {
     replay: jobId ? null : body,
   });
   if (jobId && page.config.timestamps) {
-    const status = await (await api(`/v1/jobs/${encodeURIComponent(jobId)}`, { signal: run.abort.signal })).json();
-    if (status.result) showWords(status.result.words);
+    const status = await endedStatus(run, jobId);
+    if (status !== null && status.result) showWords(status.result.words);
+  }
+}
+
+// A job's status once it ended, or null when the run was stopped. The stream ends a moment before the job
+// does: the worker writes the stream's end, then its result is stored, and a status read at once could
+// still be STARTED, without the words.
+async function endedStatus(run, jobId) {
+  const path = `/v1/jobs/${encodeURIComponent(jobId)}`;
+  for (;;) {
+    const status = await (await api(path, { signal: run.abort.signal })).json();
+    if (run !== page.run) return null;
+    if (["SUCCESS", "FAILURE", "REVOKED"].includes(status.state)) return status;
+    await new Promise((resolve) => setTimeout(resolve, POLL_MS));
   }
 }
 
