@@ -100,10 +100,10 @@ class Holders:
         lost: drop them from kombu's ``unacked`` hash and index and from ``name``'s set, as kombu's own ack
         does, in one transaction. Return how many were still there.
 
-        Only for messages whose job is over (Celery acknowledges a late-ack task once its outcome is
-        stored): if kombu gave one back meanwhile and another worker holds it again under the same tag,
-        dropping that entry costs nothing but the rerun of a job that has its result. kombu's
-        ``restore_by_tag`` watches the hash, so a tag is never both given back and dropped."""
+        Only for entries of ``name``'s own whose job has its final result, and no copy of which ``name``
+        runs again (``ttsq.delivery.acks.on_new_connection``, read through ``entries`` just before): the
+        rest are left to whoever holds them, or given back. kombu's ``restore_by_tag`` watches the hash,
+        so a tag is never both given back and dropped."""
         if not tags:
             return 0
         pipe = self._redis.pipeline(transaction=True)
