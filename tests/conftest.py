@@ -28,6 +28,14 @@ from ttsq.ops.redis_server import RedisServer, free_port
 # team was CPU the others waited for (test_qwen_fast.py alone: 60 CPU-s spinning, 47 passive).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+# The test machine's image sets PYTHONDONTWRITEBYTECODE: every process a test starts (about one a test:
+# workers, gateways, the command line, benchmarks) then compiled ttsq and the test helpers from source
+# again, and every test process rewrote every test module. The suite writes their bytecode beside them,
+# as Python does by default (``__pycache__/`` is ignored by git; the installed packages have theirs):
+# tests/test_cli.py and tests/test_cli_papercuts.py took 80 CPU-s instead of 94 on the 2-core machine.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto`` (the default, pyproject.toml): two test processes per core. Most of a test's time is

@@ -162,8 +162,11 @@ def test_full_size_streamed_chunks_join_to_the_whole_row_decode() -> None:
     streamed = joined(stream_decode(decoder, codes), frames)
     assert float(np.abs(streamed - whole).max()) <= FULL_MAX_ERROR
     assert snr_db(whole, streamed) >= FULL_MIN_SNR_DB
-    blind = np.concatenate(stream_decode(decoder, codes, context=0))
-    assert float(np.abs(blind - whole).max()) > 10 * FULL_MAX_ERROR
+    # Without left context the joins break from the first one on (chunks 0-2, 2-6, 6-14): the row's first
+    # 14 frames show it as the whole row does (95 times the bound either way, measured), at an eighth of
+    # the decode's CPU on the test machine's two cores.
+    blind = np.concatenate(stream_decode(decoder, codes[:14], context=0))
+    assert float(np.abs(blind - whole[: blind.size]).max()) > 10 * FULL_MAX_ERROR
 
 
 # -- the engine -----------------------------------------------------------------------------------
