@@ -148,11 +148,11 @@ def test_a_stitch_longer_than_the_visibility_timeout_runs_once(
     still works on it, however long (here an Opus stitch of 40 minutes of audio, past the smallest
     visibility timeout these settings allow).
 
-    The smallest timeout comes from a short job timeout (6 s: 18 s of visibility, and batches of espeak
-    chunks take a tenth of a second against their 3-second limit), so a document of 12,000 characters
-    is enough: its stitch took 32 s on an idle two-core machine (20,000 characters: 53 s), and longer
-    beside the rest of the suite."""
-    tight = settings.replace(job_timeout_s=6, storage_attempts=1, storage_timeout_s=2)
+    The smallest timeout comes from a short job timeout (8 s: 20 s of visibility; batches of four espeak
+    chunks took 0.4 s at most against their 4-second limit), so a document of 12,000 characters is
+    enough: its stitch took 31 s on an idle two-core machine (20,000 characters: 53 s), and longer beside
+    the rest of the suite."""
+    tight = settings.replace(job_timeout_s=8, storage_attempts=1, storage_timeout_s=2)
     tight = tight.replace(visibility_timeout_s=tight.min_visibility_timeout_s)
     first, second = start_worker(tight, "first"), start_worker(tight, "second")
     text = corpus(12_000)
