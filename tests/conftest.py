@@ -32,7 +32,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # workers, gateways, the command line, benchmarks) then compiled ttsq and the test helpers from source
 # again, and every test process rewrote every test module. The suite writes their bytecode beside them,
 # as Python does by default (``__pycache__/`` is ignored by git; the installed packages have theirs):
-# tests/test_cli.py and tests/test_cli_papercuts.py took 80 CPU-s instead of 94 on the 2-core machine.
+# tests/test_cli.py and tests/test_cli_papercuts.py took 82 CPU-s instead of 94 on the 2-core machine.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 

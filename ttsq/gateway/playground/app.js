@@ -365,22 +365,26 @@ async function speakStream(run, textValue, format) {
     replay: jobId ? null : body,
   });
   if (jobId && page.config.timestamps) {
+    // The stream ends a moment before the job does: the worker writes the stream's end, then its result is
+    // stored, and a status read at once could still be STARTED, without the words.
     const status = await endedStatus(run, jobId);
     if (status !== null && status.result) showWords(status.result.words);
   }
 }
 
-// A job's status once it ended, or null when the run was stopped. The stream ends a moment before the job
-// does: the worker writes the stream's end, then its result is stored, and a status read at once could
-// still be STARTED, without the words.
-async function endedStatus(run, jobId) {
+const ENDED_STATES = new Set(["SUCCESS", "FAILURE", "REVOKED"]);
+
+// A job's status once it has ended, or null when the run was stopped: read every POLL_MS from `status`
+// (the last one known; none: read at once), each read handed to `seen`.
+async function endedStatus(run, jobId, status = null, seen = () => {}) {
   const path = `/v1/jobs/${encodeURIComponent(jobId)}`;
-  for (;;) {
-    const status = await (await api(path, { signal: run.abort.signal })).json();
+  while (status === null || !ENDED_STATES.has(status.state)) {
+    if (status !== null) await new Promise((resolve) => setTimeout(resolve, POLL_MS));
     if (run !== page.run) return null;
-    if (["SUCCESS", "FAILURE", "REVOKED"].includes(status.state)) return status;
-    await new Promise((resolve) => setTimeout(resolve, POLL_MS));
+    status = await (await api(path, { signal: run.abort.signal })).json();
+    seen(status);
   }
+  return run === page.run ? status : null;
 }
 
 // A document: submitted through the jobs API, which answers with its id and chunk count at once, and followed
@@ -423,15 +427,11 @@ async function speakDocument(run, textValue, format) {
 
 // Poll a document's state until it ends; its result, or null when the run was stopped.
 async function followDocument(run, submitted, textValue, format) {
-  let status = submitted.result ? { state: "SUCCESS", result: submitted.result } : submitted;
-  while (!["SUCCESS", "FAILURE", "REVOKED"].includes(status.state)) {
-    await new Promise((resolve) => setTimeout(resolve, POLL_MS));
-    if (run !== page.run) return null;
-    const path = `/v1/jobs/${encodeURIComponent(submitted.id)}`;
-    status = await (await api(path, { signal: run.abort.signal })).json();
-    if (status.progress) showProgress(status.progress);
-  }
-  if (run !== page.run) return null;
+  const known = submitted.result ? { state: "SUCCESS", result: submitted.result } : submitted;
+  const status = await endedStatus(run, submitted.id, known, (read) => {
+    if (read.progress) showProgress(read.progress);
+  });
+  if (status === null) return null;
   if (status.state !== "SUCCESS") {
     const message = status.error && status.error.message ? status.error.message : status.state;
     throw new ApiError(0, `the document ended ${status.state}: ${message}`, null);
