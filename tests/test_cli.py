@@ -173,6 +173,17 @@ def test_submit_help_never_imports_torch() -> None:
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
+def test_a_producer_never_imports_numpy() -> None:
+    """The command line's Redis commands and a web backend's Client only send requests and read results:
+    numpy (0.07 s of every ``ttsq status``, a tenth of its start) stays with the worker's audio."""
+    code = "import sys, ttsq.cli.main, ttsq.client, ttsq.document\nprint('numpy' in sys.modules)"
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
 def test_version() -> None:
     from ttsq import __version__
 

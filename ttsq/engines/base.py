@@ -16,14 +16,16 @@ import math
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from ttsq.errors import InvalidRequest
 
 if TYPE_CHECKING:
+    # Types only: producers (the command line, the gateway, a web backend's Client) import this module
+    # for EngineIdentity and never touch samples, so they need not pay numpy's import (0.07 s a process).
+    import numpy as np
+    import numpy.typing as npt
+
     from ttsq.alignment import Word
     from ttsq.config import Settings
     from ttsq.job import SynthesisRequest
@@ -176,7 +178,7 @@ class EngineOutput:
 #: ``None`` says the row starts over (it is run again, after a failure it shared with others), so
 #: what was handed over so far is not part of its audio. Called on the batcher thread or an engine's
 #: decode thread: it only hands the samples over and returns, never waits on I/O.
-Piece = Callable[[npt.NDArray[Any] | None], object]
+Piece: TypeAlias = "Callable[[npt.NDArray[Any] | None], object]"
 
 
 def word_sink(piece: Piece | None) -> Callable[[Sequence[Word]], object] | None:
