@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 import re
+import subprocess
+import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -166,9 +168,6 @@ def test_submit_help_never_imports_torch() -> None:
         assert not heavy, heavy
         print("ok")
     """)
-    import subprocess
-    import sys
-
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
@@ -177,9 +176,6 @@ def test_a_producer_never_imports_numpy() -> None:
     """The command line's Redis commands and a web backend's Client only send requests and read results:
     numpy (0.07 s of every ``ttsq status``, a tenth of its start) stays with the worker's audio."""
     code = "import sys, ttsq.cli.main, ttsq.client, ttsq.document\nprint('numpy' in sys.modules)"
-    import subprocess
-    import sys
-
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
 
@@ -203,9 +199,6 @@ def test_version() -> None:
 def test_worker_that_cannot_start_says_why_in_one_line(
     settings: Settings, env: dict[str, str], code: int, message: str
 ) -> None:
-    import subprocess
-    import sys
-
     out = subprocess.run(
         [sys.executable, "-m", "ttsq.cli.main", "worker"],
         env={**settings_env(settings), **env},

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 from ttsq.errors import InvalidRequest
 
 if TYPE_CHECKING:
-    # Types only: producers (the command line, the gateway, a web backend's Client) import this module
-    # for EngineIdentity and never touch samples, so they need not pay numpy's import (0.07 s a process).
+    # Types only: producers (the command line, a web backend's Client) import this module for
+    # EngineIdentity and never touch samples, so they need not pay numpy's import (0.07 s a process).
     import numpy as np
     import numpy.typing as npt
 
